@@ -1,0 +1,229 @@
+// mpnfs: mount an NFSv3 export through FUSE.
+//
+// Start-up order matters: options are parsed, then (unless -f) the process
+// forks before any thread exists; the child mounts and reports the outcome
+// through a pipe, so the command returns only once the mount is usable or
+// has failed, with a message and exit code saying why. Exit codes follow
+// mount(8): 1 bad usage or option, 32 mount failure.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "cli/options.h"
+#include "common/log.h"
+#include "engine/engine.h"
+#include "fs/filesystem.h"
+#include "fuse/fuse_ops.h"
+#include "mpnfs_config.h"
+#include "nfs/libnfs_transport.h"
+#include "nfs/mount3.h"
+#include "nfs/nfs3.h"
+
+namespace mpnfs {
+namespace {
+
+constexpr int kExitUsage = 1;
+constexpr int kExitMountFailed = 32;
+
+// Reports the mount outcome to the waiting parent (or stderr in foreground).
+class Reporter {
+ public:
+  explicit Reporter(int fd) : fd_(fd) {}
+  void Done(int code, const std::string& msg) {
+    if (fd_ < 0) {
+      if (!msg.empty()) fprintf(stderr, "%s\n", msg.c_str());
+      return;
+    }
+    std::string line = std::to_string(code) + " " + msg;
+    ssize_t n = write(fd_, line.data(), line.size());
+    (void)n;
+    close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+Result<std::string> Resolve(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Error::Errno(EHOSTUNREACH,
+                        "cannot resolve server name '" + host + "': " + gai_strerror(rc));
+  }
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof(buf));
+  freeaddrinfo(res);
+  return std::string(buf);
+}
+
+template <class T>
+Result<T> Wait(std::function<void(nfs::Cb<T>)> start) {
+  auto p = std::make_shared<std::promise<Result<T>>>();
+  auto f = p->get_future();
+  start([p](Result<T> r) { p->set_value(std::move(r)); });
+  return f.get();
+}
+
+int RunMount(cli::MountOptions m, Reporter& rep) {
+  auto log = Log("mount");
+  auto addr = Resolve(m.server);
+  if (!addr) {
+    rep.Done(kExitMountFailed, "mpnfs: " + addr.error().what);
+    return kExitMountFailed;
+  }
+  const auto timeout = std::chrono::seconds(m.mount_timeout_s);
+  auto root = nfs::MountExport(*addr, m.mount_port, m.export_path, timeout);
+  if (!root) {
+    rep.Done(kExitMountFailed, "mpnfs: mounting " + m.server + ":" + m.export_path +
+                                   " failed: " + root.error().what);
+    return kExitMountFailed;
+  }
+
+  m.engine.paths = {engine::Endpoint{*addr, m.port, {}}};
+  const int tcp_to = static_cast<int>(m.engine.tcp_user_timeout.count());
+  engine::Engine eng(m.engine, [tcp_to](engine::TransportSink* sink) {
+    return std::make_unique<nfs::LibnfsTransport>(sink, tcp_to);
+  });
+  eng.Start();
+  nfs::Nfs3 nfs(eng);
+  engine::SubmitOptions so{std::chrono::milliseconds(timeout)};
+  auto info = Wait<nfs::FsInfo>([&](nfs::Cb<nfs::FsInfo> cb) { nfs.Fsinfo(*root, {}, cb, so); });
+  if (!info) {
+    rep.Done(kExitMountFailed, "mpnfs: NFS service of " + m.server + " (port " +
+                                   std::to_string(m.port) + ") not usable: " + info.error().what);
+    return kExitMountFailed;
+  }
+  if (info->rtmax > 0) m.fs.rsize = std::min(m.fs.rsize, info->rtmax);
+  if (info->wtmax > 0) m.fs.wsize = std::min(m.fs.wsize, info->wtmax);
+  if (info->dtpref > 0) m.fs.dtpref = info->dtpref;
+  auto pc = Wait<nfs::PathConf>([&](nfs::Cb<nfs::PathConf> cb) { nfs.Pathconf(*root, {}, cb, so); });
+  if (pc && pc->name_max > 0) m.fs.name_max = pc->name_max;
+  log->info("mounted {}:{} (rsize {} wsize {}, {} connection(s))", m.server, m.export_path,
+            m.fs.rsize, m.fs.wsize, m.engine.conns_per_path);
+
+  fs::Filesystem filesystem(nfs, *root, m.fs);
+  fuse::FuseContext ctx;
+  ctx.fs = &filesystem;
+  ctx.opts.max_write = 1u << 20;  // larger FUSE writes split into wsize calls
+  ctx.opts.max_background = static_cast<unsigned>(m.max_background);
+  ctx.opts.readdirplus = m.readdirplus;
+
+  std::string fuse_o = "fsname=" + m.server + ":" + m.export_path + ",subtype=mpnfs";
+  for (const auto& o : m.fuse_opts) fuse_o += "," + o;  // a user's fsname=/subtype= comes later and wins
+  std::vector<std::string> fargs = {"mpnfs", "-o", fuse_o};
+  if (m.debug) fargs.push_back("-d");
+  std::vector<char*> argv;
+  for (auto& a : fargs) argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  fuse_session* se = fuse_session_new(&args, fuse::Operations(), sizeof(fuse_lowlevel_ops), &ctx);
+  if (se == nullptr) {
+    rep.Done(kExitMountFailed, "mpnfs: cannot create the FUSE session (bad FUSE option?)");
+    return kExitMountFailed;
+  }
+  if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, m.mountpoint.c_str()) != 0) {
+    fuse_session_destroy(se);
+    rep.Done(kExitMountFailed, "mpnfs: cannot mount on " + m.mountpoint +
+                                   " (does it exist, and is /dev/fuse usable?)");
+    return kExitMountFailed;
+  }
+  rep.Done(0, "");
+  if (!m.foreground) {
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      dup2(devnull, 0);
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+      if (devnull > 2) close(devnull);
+    }
+  }
+  fuse_loop_config* cfg = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_clone_fd(cfg, 1);
+  fuse_loop_cfg_set_max_threads(cfg, 64);
+  fuse_loop_cfg_set_idle_threads(cfg, 8);
+  int rc = fuse_session_loop_mt(se, cfg);
+  fuse_loop_cfg_destroy(cfg);
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  eng.Stop();
+  log->info("unmounted {}", m.mountpoint);
+  return rc == 0 ? 0 : kExitMountFailed;
+}
+
+}  // namespace
+}  // namespace mpnfs
+
+int main(int argc, char** argv) {
+  using namespace mpnfs;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto parsed = cli::ParseMountArgs(args);
+  if (!parsed) {
+    fprintf(stderr, "mpnfs: %s\n%s", parsed.error().what.c_str(), cli::UsageText().c_str());
+    return kExitUsage;
+  }
+  cli::MountOptions m = std::move(parsed).value();
+  if (m.help) {
+    printf("%s", cli::UsageText().c_str());
+    return 0;
+  }
+  if (m.version) {
+    printf("mpnfs %s\n", MPNFS_VERSION);
+    return 0;
+  }
+  spdlog::level::level_enum level = spdlog::level::info;
+  ParseLogLevel(m.debug ? "debug" : m.log_level, &level);
+  // A daemon logs to syslog from the start; what the user must see on the
+  // terminal (the mount outcome) travels through the status pipe.
+  InitLogging(m.foreground ? LogSink::kStderr : LogSink::kSyslog, level);
+  signal(SIGPIPE, SIG_IGN);
+
+  if (m.foreground) {
+    Reporter rep(-1);
+    return RunMount(std::move(m), rep);
+  }
+  int fds[2];
+  if (pipe(fds) != 0) {
+    perror("mpnfs: pipe");
+    return kExitMountFailed;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("mpnfs: fork");
+    return kExitMountFailed;
+  }
+  if (pid > 0) {
+    close(fds[1]);
+    std::string msg;
+    char buf[512];
+    ssize_t n;
+    while ((n = read(fds[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(n));
+    if (msg.empty()) {
+      fprintf(stderr, "mpnfs: the mount process died before mounting\n");
+      return kExitMountFailed;
+    }
+    int code = atoi(msg.c_str());
+    auto sp = msg.find(' ');
+    if (sp != std::string::npos && sp + 1 < msg.size()) fprintf(stderr, "%s\n", msg.c_str() + sp + 1);
+    return code;
+  }
+  close(fds[0]);
+  setsid();
+  if (chdir("/") != 0) {
+  }
+  Reporter rep(fds[1]);
+  return RunMount(std::move(m), rep);
+}

@@ -1,0 +1,176 @@
+#include "cli/options.h"
+
+#include <charconv>
+#include <functional>
+#include <map>
+#include <set>
+
+namespace mpnfs::cli {
+namespace {
+
+Error Bad(const std::string& msg) { return Error::Errno(EINVAL, msg); }
+
+bool ToInt(const std::string& s, long lo, long hi, long* out) {
+  long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+// Options handed to the FUSE kernel mount unchanged.
+const std::set<std::string> kFusePassthrough = {
+    "allow_other", "allow_root", "default_permissions", "auto_unmount", "ro", "rw", "suid",
+    "nosuid", "dev", "nodev", "exec", "noexec", "atime", "noatime", "relatime", "norelatime",
+    "strictatime", "nostrictatime", "dirsync", "sync_read", "async"};
+// Accepted for /etc/fstab and mount(8), meaningless to mpnfs.
+const std::set<std::string> kFstabOnly = {"_netdev", "nofail", "noauto", "auto", "user", "nouser",
+                                          "users", "owner", "group", "defaults", "bg", "fg"};
+
+}  // namespace
+
+bool SplitSource(const std::string& src, std::string* server, std::string* export_path) {
+  auto colon = src.find(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  // [v6addr]:/export
+  if (src[0] == '[') {
+    auto close = src.find(']');
+    if (close == std::string::npos || close + 1 >= src.size() || src[close + 1] != ':') return false;
+    *server = src.substr(1, close - 1);
+    *export_path = src.substr(close + 2);
+  } else {
+    *server = src.substr(0, colon);
+    *export_path = src.substr(colon + 1);
+  }
+  return !export_path->empty() && (*export_path)[0] == '/';
+}
+
+std::string UsageText() {
+  return "usage: mpnfs SERVER:/EXPORT MOUNTPOINT [-f] [-d] [-o OPTION[,OPTION...]]\n"
+         "       mpnfs -h | --help | -V | --version\n"
+         "Mounts an NFSv3 export through FUSE. Options: see mpnfs(8).\n";
+}
+
+Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
+  MountOptions m;
+  std::vector<std::string> positional;
+  std::vector<std::string> opt_strings;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      m.help = true;
+    } else if (a == "-V" || a == "--version") {
+      m.version = true;
+    } else if (a == "-f") {
+      m.foreground = true;
+    } else if (a == "-d") {
+      m.debug = true;
+      m.foreground = true;
+    } else if (a == "-s") {
+      // single-threaded FUSE: accepted for compatibility, mpnfs is always multi-threaded
+    } else if (a == "-o") {
+      if (i + 1 >= args.size()) return Bad("option -o needs an argument");
+      opt_strings.push_back(args[++i]);
+    } else if (a.rfind("-o", 0) == 0 && a.size() > 2) {
+      opt_strings.push_back(a.substr(2));
+    } else if (!a.empty() && a[0] == '-') {
+      return Bad("unknown argument '" + a + "'");
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (m.help || m.version) return m;
+  if (positional.size() != 2) return Bad("expected SERVER:/EXPORT and MOUNTPOINT");
+  if (!SplitSource(positional[0], &m.server, &m.export_path)) {
+    return Bad("source '" + positional[0] + "' is not SERVER:/EXPORT");
+  }
+  m.mountpoint = positional[1];
+
+  long timeo_ds = 600;
+  bool have_actimeo = false;
+  double actimeo = 0;
+  struct Num {
+    long lo, hi;
+    std::function<void(long)> set;
+  };
+  std::map<std::string, Num> nums = {
+      {"port", {1, 65535, [&](long v) { m.port = static_cast<int>(v); }}},
+      {"mountport", {1, 65535, [&](long v) { m.mount_port = static_cast<int>(v); }}},
+      {"timeo", {1, 6000, [&](long v) { timeo_ds = v; }}},
+      {"retrans", {0, 100, [&](long v) { m.engine.retrans = static_cast<int>(v); }}},
+      {"rsize", {4096, 1 << 20, [&](long v) { m.fs.rsize = static_cast<uint32_t>(v); }}},
+      {"wsize", {4096, 1 << 20, [&](long v) { m.fs.wsize = static_cast<uint32_t>(v); }}},
+      {"acregmin", {0, 3600, [&](long v) { m.fs.acregmin = static_cast<double>(v); }}},
+      {"acregmax", {0, 3600, [&](long v) { m.fs.acregmax = static_cast<double>(v); }}},
+      {"acdirmin", {0, 3600, [&](long v) { m.fs.acdirmin = static_cast<double>(v); }}},
+      {"acdirmax", {0, 3600, [&](long v) { m.fs.acdirmax = static_cast<double>(v); }}},
+      {"actimeo", {0, 3600, [&](long v) { have_actimeo = true; actimeo = static_cast<double>(v); }}},
+      {"max_inflight", {1, 65536, [&](long v) { m.engine.max_inflight = static_cast<int>(v); }}},
+      {"conns_per_path", {1, 16, [&](long v) { m.engine.conns_per_path = static_cast<int>(v); }}},
+      {"loops", {0, 64, [&](long v) { m.engine.loops = static_cast<int>(v); }}},
+      {"mount_timeout", {1, 3600, [&](long v) { m.mount_timeout_s = static_cast<int>(v); }}},
+      {"tcp_timeout", {0, 3600, [&](long v) {
+         m.engine.tcp_user_timeout = std::chrono::seconds(v);
+       }}},
+      {"write_behind", {0, 4096, [&](long v) { m.fs.write_behind = static_cast<uint64_t>(v) << 20; }}},
+      {"max_background", {1, 65535, [&](long v) { m.max_background = static_cast<int>(v); }}},
+  };
+  std::map<std::string, std::function<void()>> flags = {
+      {"hard", [&] { m.engine.soft = false; }},
+      {"soft", [&] { m.engine.soft = true; }},
+      {"noac", [&] { have_actimeo = true; actimeo = 0; }},
+      {"cto", [&] { m.fs.cto = true; }},
+      {"nocto", [&] { m.fs.cto = false; }},
+      {"direct_io", [&] { m.fs.direct_io = true; }},
+      {"sync", [&] { m.fs.sync = true; }},
+      {"readdirplus", [&] { m.readdirplus = true; }},
+      {"noreaddirplus", [&] { m.readdirplus = false; }},
+      {"debug", [&] { m.debug = true; m.foreground = true; }},
+  };
+  for (const auto& s : opt_strings) {
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t end = s.find(',', start);
+      if (end == std::string::npos) end = s.size();
+      std::string opt = s.substr(start, end - start);
+      start = end + 1;
+      if (opt.empty()) continue;
+      auto eq = opt.find('=');
+      std::string key = opt.substr(0, eq);
+      std::string val = eq == std::string::npos ? "" : opt.substr(eq + 1);
+      if (auto it = nums.find(key); it != nums.end()) {
+        long v;
+        if (eq == std::string::npos || !ToInt(val, it->second.lo, it->second.hi, &v)) {
+          return Bad("option " + key + "= needs a whole number from " +
+                     std::to_string(it->second.lo) + " to " + std::to_string(it->second.hi));
+        }
+        it->second.set(v);
+      } else if (auto f = flags.find(opt); f != flags.end()) {
+        f->second();
+      } else if (key == "log_level") {
+        static const std::set<std::string> levels = {"trace", "debug", "info", "warn",
+                                                     "error", "critical", "off"};
+        if (!levels.count(val)) return Bad("log_level= must be one of trace, debug, info, warn, error, critical, off");
+        m.log_level = val;
+      } else if (kFusePassthrough.count(opt)) {
+        m.fuse_opts.push_back(opt);
+      } else if (kFstabOnly.count(opt) || key.rfind("x-", 0) == 0 || key == "comment") {
+        // fstab / systemd bookkeeping: not ours to act on
+      } else if (key == "fsname" || key == "subtype") {
+        m.fuse_opts.push_back(opt);
+      } else {
+        return Bad("unknown option '" + opt + "' (see mpnfs(8))");
+      }
+      if (end == s.size()) break;
+    }
+  }
+  if (have_actimeo) m.fs.acregmin = m.fs.acregmax = m.fs.acdirmin = m.fs.acdirmax = actimeo;
+  if (m.fs.acregmin > m.fs.acregmax) return Bad("acregmin must not exceed acregmax");
+  if (m.fs.acdirmin > m.fs.acdirmax) return Bad("acdirmin must not exceed acdirmax");
+  m.engine.timeo = std::chrono::milliseconds(timeo_ds * 100);
+  m.engine.connect_timeout = std::min<std::chrono::milliseconds>(
+      m.engine.timeo, std::chrono::seconds(m.mount_timeout_s));
+  return m;
+}
+
+}  // namespace mpnfs::cli

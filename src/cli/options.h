@@ -1,0 +1,45 @@
+// MountOptions: everything `mpnfs SERVER:/EXPORT MOUNTPOINT -o ...` accepts.
+//
+// ParseMountArgs() is a pure function of argv so that every option, default
+// and error message is unit-tested. Every option here is documented in
+// man/mpnfs.8; fstab-only options (_netdev, nofail, noauto, x-systemd.*, ...)
+// are accepted and ignored, generic mount flags are handed to FUSE, anything
+// else is an error naming the option.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "fs/options.h"
+#include "mpnfs/result.h"
+
+namespace mpnfs::cli {
+
+struct MountOptions {
+  std::string server;       // host name or address
+  std::string export_path;  // "/export"
+  std::string mountpoint;
+  bool foreground = false;
+  bool debug = false;
+  bool help = false;
+  bool version = false;
+  int port = 2049;
+  int mount_port = 0;        // 0: ask the portmapper
+  int mount_timeout_s = 30;
+  std::string log_level = "info";
+  int max_background = 512;
+  bool readdirplus = true;
+  engine::EngineOptions engine;  // paths filled from `server` after resolution
+  fs::FsOptions fs;
+  std::vector<std::string> fuse_opts;  // passed to the kernel mount via FUSE
+};
+
+Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
+
+// "SERVER:/EXPORT" -> server, export.
+bool SplitSource(const std::string& src, std::string* server, std::string* export_path);
+
+std::string UsageText();
+
+}  // namespace mpnfs::cli

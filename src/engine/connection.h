@@ -1,0 +1,115 @@
+// Connection: one TCP connection of a path, driven by one Loop.
+//
+// States: kDown -> kConnecting -> kUp -> kDown ... Calls wait in `pending_`
+// while the connection is not up or has `max_inflight` calls outstanding, and
+// live in `inflight_` (one Attempt each transmission) until answered. When
+// the transport breaks, every unanswered call is rescued: marked reissued and
+// handed to another connection that is up, or kept here until the reconnect.
+//
+// Thread safety: everything but the atomics in `stats_` and `up_` is owned by
+// the loop thread; the picker in Engine reads only the atomics.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "engine/backoff.h"
+#include "engine/engine.h"
+#include "engine/request.h"
+#include "engine/transport.h"
+
+namespace mpnfs::engine {
+
+class Loop;
+
+class Connection : public TransportSink {
+ public:
+  enum class State { kDown, kConnecting, kUp };
+
+  Connection(Engine* engine, Loop* loop, Endpoint ep, int index, const EngineOptions& opts,
+             TransportFactory& factory);
+  ~Connection() override;
+
+  // --- any thread ---
+  bool up() const { return up_.load(std::memory_order_relaxed); }
+  int64_t load() const {
+    return stats_.inflight.load(std::memory_order_relaxed) +
+           stats_.queued.load(std::memory_order_relaxed);
+  }
+  Loop* loop() const { return loop_; }
+  ConnectionStats Snapshot() const;
+
+  // --- loop thread only ---
+  void Enqueue(std::shared_ptr<Request> r);
+  void Connect();
+  // Socket events; then sends what the in-flight limit allows.
+  void OnEvents(int revents);
+  // Deadlines: connect timeout, retransmissions, soft give-up, reconnect.
+  void OnTimer(Clock::time_point now);
+  // The earliest time OnTimer() has something to do.
+  Clock::time_point NextDeadline() const { return next_check_; }
+  void Pump();
+  void Shutdown();
+  int fd() const;
+  int events() const;
+
+  // TransportSink
+  void OnConnected(bool ok, const std::string& error) override;
+  void OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) override;
+
+  int registered_fd = -1;      // loop's epoll bookkeeping
+  uint32_t registered_events = 0;
+
+ private:
+  struct AtomicStats {
+    std::atomic<uint64_t> calls{0}, replies{0}, errors{0}, retransmits{0}, reissues{0},
+        reconnects{0}, bytes_out{0}, bytes_in{0};
+    std::atomic<int64_t> inflight{0}, queued{0};
+  };
+
+  void Send(std::shared_ptr<Request> r, Clock::time_point now);
+  void Fail(const std::string& why);
+  void Finish(const std::shared_ptr<Request>& r, const CallOutcome& o);
+  void NoteDeadline(Clock::time_point t) {
+    if (t < next_check_) next_check_ = t;
+  }
+  const char* StateName() const;
+
+  Engine* const engine_;
+  Loop* const loop_;
+  const Endpoint ep_;
+  const std::string name_;
+  const EngineOptions& opts_;
+  TransportFactory& factory_;
+  std::shared_ptr<spdlog::logger> log_;
+
+  std::unique_ptr<Transport> t_;
+  State state_ = State::kDown;
+  std::atomic<bool> up_{false};
+  std::atomic<int> state_pub_{0};
+  bool closing_ = false;
+  bool servicing_ = false;
+  bool connect_failed_ = false;
+  std::string fail_reason_;
+  bool ever_up_ = false;
+  std::deque<std::shared_ptr<Request>> pending_;
+  std::list<Attempt> inflight_;
+  std::vector<std::shared_ptr<Request>> rescued_;   // collected while closing
+  std::vector<std::shared_ptr<Request>> errored_;   // kError seen during Service()
+  Clock::time_point connect_deadline_{};
+  Clock::time_point reconnect_at_ = Clock::time_point::max();
+  Clock::time_point next_check_ = Clock::time_point::max();
+  Clock::time_point down_since_{};
+  Backoff backoff_;
+  uint64_t failed_connects_ = 0;
+  RateLimit down_log_{std::chrono::seconds(60)};
+  AtomicStats stats_;
+};
+
+}  // namespace mpnfs::engine

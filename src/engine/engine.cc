@@ -1,0 +1,88 @@
+#include "engine/engine.h"
+
+#include <random>
+#include <thread>
+
+#include "engine/connection.h"
+#include "engine/event_loop.h"
+
+namespace mpnfs::engine {
+
+Engine::Engine(EngineOptions opts, TransportFactory factory)
+    : opts_(std::move(opts)), factory_(std::move(factory)), xid_(std::random_device{}()) {}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() {
+  const int nconns = static_cast<int>(opts_.paths.size()) * std::max(1, opts_.conns_per_path);
+  int nloops = opts_.loops > 0 ? opts_.loops
+                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  nloops = std::max(1, std::min(nloops, nconns));
+  for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i));
+  int index = 0;
+  for (int k = 0; k < std::max(1, opts_.conns_per_path); ++k) {
+    for (const auto& ep : opts_.paths) {
+      Loop* loop = loops_[index % nloops].get();
+      conns_.push_back(std::make_unique<Connection>(this, loop, ep, index, opts_, factory_));
+      loop->Add(conns_.back().get());
+      ++index;
+    }
+  }
+  for (auto& l : loops_) l->Start();
+  for (auto& c : conns_) {
+    Connection* conn = c.get();
+    conn->loop()->Run([conn] { conn->Connect(); });
+  }
+  started_ = true;
+}
+
+void Engine::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  for (auto& l : loops_) l->Stop();
+}
+
+Connection* Engine::PickConnection(const Connection* avoid) {
+  const size_t n = conns_.size();
+  if (n == 0) return nullptr;
+  const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
+  Connection* best = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    Connection* c = conns_[(start + i) % n].get();
+    if (c == avoid || !c->up()) continue;
+    if (best == nullptr || c->load() < best->load()) best = c;
+  }
+  if (best == nullptr && avoid == nullptr) best = conns_[start].get();
+  return best;
+}
+
+void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptions so) {
+  auto r = std::make_shared<Request>();
+  r->call = std::move(call);
+  r->cred = cred;
+  if (r->cred.groups.size() > Cred::kMaxGroups) r->cred.groups.resize(Cred::kMaxGroups);
+  r->xid = NextXid();
+  auto now = Clock::now();
+  if (so.deadline) {
+    r->give_up = now + *so.deadline;
+  } else if (opts_.soft) {
+    Millis total{0};
+    for (int n = 1; n <= opts_.retrans + 1; ++n) total += RetransmitTimeout(opts_.timeo, n);
+    r->give_up = now + total;
+  }
+  if (stopped_ || !started_) {
+    r->done = true;
+    r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
+    return;
+  }
+  Connection* c = PickConnection(nullptr);
+  c->loop()->Post(c, std::move(r));
+}
+
+std::vector<ConnectionStats> Engine::Stats() const {
+  std::vector<ConnectionStats> out;
+  for (const auto& c : conns_) out.push_back(c->Snapshot());
+  return out;
+}
+
+}  // namespace mpnfs::engine

@@ -1,0 +1,156 @@
+#include "engine/event_loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <stdexcept>
+
+#include "engine/connection.h"
+
+namespace mpnfs::engine {
+
+Loop::Loop(int index) : index_(index) {
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  evfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error(std::string("epoll/eventfd: ") + strerror(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, evfd_, &ev);
+}
+
+Loop::~Loop() {
+  Stop();
+  close(evfd_);
+  close(epfd_);
+}
+
+void Loop::Start() {
+  thread_ = std::thread([this] { Main(); });
+}
+
+void Loop::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  Wake();
+  thread_.join();
+}
+
+void Loop::Wake() {
+  uint64_t one = 1;
+  ssize_t n = write(evfd_, &one, sizeof(one));
+  (void)n;  // EAGAIN means the counter is already non-zero: the loop will wake
+}
+
+void Loop::Post(Connection* c, std::shared_ptr<Request> r) {
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    mail_.push_back(Delivery{c, std::move(r)});
+    wake = !woken_ && !OnLoopThread();
+    if (wake) woken_ = true;
+  }
+  if (wake) Wake();
+}
+
+void Loop::Run(std::function<void()> fn) {
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(fn));
+    wake = !woken_ && !OnLoopThread();
+    if (wake) woken_ = true;
+  }
+  if (wake) Wake();
+}
+
+void Loop::SyncPoll(Connection* c) {
+  int fd = c->fd();
+  uint32_t want = fd >= 0 ? static_cast<uint32_t>(c->events()) : 0;
+  if (fd != c->registered_fd) {
+    if (c->registered_fd >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, c->registered_fd, nullptr);
+    c->registered_fd = -1;
+    if (fd >= 0) {
+      epoll_event ev{};
+      ev.events = want;
+      ev.data.ptr = c;
+      if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) == 0 ||
+          (errno == EEXIST && epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0)) {
+        c->registered_fd = fd;
+        c->registered_events = want;
+      }
+    }
+  } else if (fd >= 0 && want != c->registered_events) {
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.ptr = c;
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) != 0 && errno == ENOENT) {
+      epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+    }
+    c->registered_events = want;
+  }
+}
+
+void Loop::DrainMailbox() {
+  std::vector<Delivery> mail;
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard lock(mu_);
+    mail.swap(mail_);
+    tasks.swap(tasks_);
+    woken_ = false;
+  }
+  for (auto& d : mail) d.conn->Enqueue(std::move(d.req));
+  for (auto& t : tasks) t();
+}
+
+void Loop::Main() {
+  epoll_event evs[64];
+  for (;;) {
+    int timeout_ms = -1;
+    bool stop;
+    {
+      std::lock_guard lock(mu_);
+      stop = stop_;
+      if (!mail_.empty() || !tasks_.empty()) timeout_ms = 0;
+    }
+    if (stop) break;
+    if (timeout_ms != 0) {
+      auto next = Clock::time_point::max();
+      for (auto* c : conns_) next = std::min(next, c->NextDeadline());
+      if (next != Clock::time_point::max()) {
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
+      }
+    }
+    int n = epoll_wait(epfd_, evs, 64, timeout_ms);
+    for (int i = 0; i < n; ++i) {
+      auto* c = static_cast<Connection*>(evs[i].data.ptr);
+      if (c == nullptr) {
+        uint64_t v;
+        ssize_t r = read(evfd_, &v, sizeof(v));
+        (void)r;
+        continue;
+      }
+      c->OnEvents(static_cast<int>(evs[i].events));
+    }
+    DrainMailbox();
+    auto now = Clock::now();
+    for (auto* c : conns_) {
+      if (now >= c->NextDeadline()) c->OnTimer(now);
+    }
+    for (auto* c : conns_) SyncPoll(c);
+  }
+  DrainMailbox();
+  for (auto* c : conns_) c->Shutdown();
+  DrainMailbox();  // calls completed by the shutdown may have posted more
+}
+
+}  // namespace mpnfs::engine

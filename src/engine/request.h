@@ -1,0 +1,41 @@
+// Request and Attempt: the engine's bookkeeping for one call.
+//
+// A Request is one RpcCall plus its identity on the wire (XID, credentials)
+// and its history. An Attempt is one transmission of it on one connection;
+// a request has several attempts when it is retransmitted after a timeout or
+// sent again after its connection broke. The first reply wins; the others
+// are discarded. Both live on the loop thread of the connection that holds
+// them; a Request moves between connections (and loops) only through a mailbox.
+#pragma once
+
+#include <chrono>
+#include <list>
+#include <memory>
+
+#include "engine/cred.h"
+#include "engine/rpc_call.h"
+#include "engine/transport.h"
+
+namespace mpnfs::engine {
+
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  std::shared_ptr<RpcCall> call;
+  Cred cred;
+  uint32_t xid = 0;
+  int transmissions = 0;      // on the current connection
+  bool reissued = false;      // was in flight on a connection that broke
+  bool done = false;          // Complete() has been called
+  bool rescued = false;       // already collected from a closing connection
+  Clock::time_point give_up = Clock::time_point::max();  // soft limit / SubmitOptions
+};
+
+struct Attempt : CallToken {
+  std::shared_ptr<Request> req;
+  Clock::time_point deadline;
+  bool superseded = false;    // a retransmission replaced it; it still may answer
+  std::list<Attempt>::iterator self;
+};
+
+}  // namespace mpnfs::engine

@@ -1,0 +1,68 @@
+// Transport: one TCP connection to an NFS server, as the engine drives it.
+//
+// This is the seam below the engine. The production implementation wraps a
+// libnfs rpc_context (src/nfs/libnfs_transport.cc); tests plug in a fake that
+// drops, delays, resets or answers calls on command, so timeouts, reconnect
+// and retransmission are tested without a network.
+//
+// Contract: a Transport is used by exactly one loop thread. Replies, errors
+// and cancellations are reported to the TransportSink given at creation, from
+// inside Service() or Close(), exactly once for every Issue() that returned >= 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/cred.h"
+#include "engine/rpc_call.h"
+
+namespace mpnfs::engine {
+
+struct Endpoint {
+  std::string host;  // numeric address
+  int port = 2049;
+  std::string local;  // interface to bind (SO_BINDTODEVICE); empty: any
+};
+
+enum class ReplyStatus { kSuccess, kError, kCancel };
+
+class TransportSink;
+
+// What the engine passes with each call; the transport hands it back to
+// `sink` on completion.
+struct CallToken {
+  TransportSink* sink = nullptr;
+};
+
+class TransportSink {
+ public:
+  virtual ~TransportSink() = default;
+  virtual void OnConnected(bool ok, const std::string& error) = 0;
+  virtual void OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Starts a non-blocking connect; OnConnected() follows from Service().
+  virtual bool StartConnect(const Endpoint& ep, std::string* error) = 0;
+  // The socket to watch, or -1.
+  virtual int Fd() const = 0;
+  // POLLIN / POLLOUT wanted now.
+  virtual int Events() const = 0;
+  // Processes socket events. false: the connection is broken; the caller
+  // must Close() it (in-flight calls may already have been failed with kError).
+  virtual bool Service(int revents) = 0;
+  // Queues `call` with the given XID and credentials. < 0: not queued, no callback.
+  virtual int Issue(RpcCall& call, uint32_t xid, const Cred& cred, CallToken* token) = 0;
+  // Tears the connection down; every call still pending is reported kCancel.
+  virtual void Close() = 0;
+  virtual std::string LastError() const = 0;
+};
+
+using TransportFactory = std::function<std::unique_ptr<Transport>(TransportSink* sink)>;
+
+}  // namespace mpnfs::engine

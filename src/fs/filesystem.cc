@@ -1,0 +1,788 @@
+#include "fs/filesystem.h"
+
+#include <fcntl.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "fs/split.h"
+
+namespace mpnfs::fs {
+namespace {
+
+mode_t TypeBits(nfs::Ftype t) {
+  switch (t) {
+    case nfs::Ftype::kReg: return S_IFREG;
+    case nfs::Ftype::kDir: return S_IFDIR;
+    case nfs::Ftype::kBlk: return S_IFBLK;
+    case nfs::Ftype::kChr: return S_IFCHR;
+    case nfs::Ftype::kLnk: return S_IFLNK;
+    case nfs::Ftype::kSock: return S_IFSOCK;
+    case nfs::Ftype::kFifo: return S_IFIFO;
+    default: return 0;
+  }
+}
+
+Error Stale() { return Error::Errno(ESTALE, "unknown inode"); }
+
+bool NameOk(const std::string& name, uint32_t max, Error* e) {
+  if (name.size() > max) {
+    *e = Error::Errno(ENAMETOOLONG, "name too long");
+    return false;
+  }
+  return true;
+}
+
+uint64_t RandomVerifier() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+}  // namespace
+
+struct stat ToStat(const nfs::Attr& a, uint32_t blksize) {
+  struct stat st {};
+  st.st_ino = a.fileid;
+  st.st_mode = TypeBits(a.type) | a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_size = static_cast<off_t>(a.size);
+  st.st_blocks = static_cast<blkcnt_t>((a.used + 511) / 512);
+  st.st_blksize = blksize;
+  st.st_rdev = makedev(a.rdev_major, a.rdev_minor);
+  st.st_atim = {static_cast<time_t>(a.atime.sec), static_cast<long>(a.atime.nsec)};
+  st.st_mtim = {static_cast<time_t>(a.mtime.sec), static_cast<long>(a.mtime.nsec)};
+  st.st_ctim = {static_cast<time_t>(a.ctime.sec), static_cast<long>(a.ctime.nsec)};
+  return st;
+}
+
+Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts)
+    : nfs_(nfs), opts_(opts), inodes_(std::move(root)), log_(Log("fs")) {}
+
+double Filesystem::AttrTimeout(const InodeP& inode, const nfs::Attr& a) {
+  const bool dir = a.type == nfs::Ftype::kDir;
+  const double lo = dir ? opts_.acdirmin : opts_.acregmin;
+  const double hi = dir ? opts_.acdirmax : opts_.acregmax;
+  std::lock_guard lock(inode->mu);
+  if (inode->ac_timeout <= 0 || !(a.ctime == inode->ac_last_ctime)) {
+    inode->ac_timeout = lo;
+  } else {
+    inode->ac_timeout = std::min(hi, std::max(lo, inode->ac_timeout * 2));
+  }
+  inode->ac_last_ctime = a.ctime;
+  return inode->ac_timeout;
+}
+
+AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
+  AttrOut out;
+  out.st = ToStat(a, opts_.wsize);
+  {
+    std::lock_guard lock(inode->mu);
+    if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
+  }
+  out.timeout = AttrTimeout(inode, a);
+  return out;
+}
+
+EntryOut Filesystem::MakeEntry(const InodeP& inode, const nfs::Attr& a) {
+  AttrOut at = MakeAttr(inode, a);
+  EntryOut e;
+  e.ino = inode->ino();
+  e.st = at.st;
+  e.attr_timeout = at.timeout;
+  e.entry_timeout = opts_.acdirmin;
+  return e;
+}
+
+void Filesystem::EntryFromFh(const Cred& c, const nfs::Fh& fh, std::optional<nfs::Attr> attr,
+                             Cb<EntryOut> cb) {
+  if (attr) {
+    auto inode = inodes_.Intern(fh);
+    return cb(MakeEntry(inode, *attr));
+  }
+  nfs_.Getattr(fh, c, [this, fh, cb = std::move(cb)](Result<nfs::Attr> r) {
+    if (!r) return cb(r.error());
+    auto inode = inodes_.Intern(fh);
+    cb(MakeEntry(inode, *r));
+  });
+}
+
+void Filesystem::Lookup(const Cred& c, uint64_t parent, const std::string& name,
+                        Cb<EntryOut> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  Error e;
+  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  nfs_.Lookup(dir->fh(), name, c, [this, c, cb = std::move(cb)](Result<nfs::LookupReply> r) {
+    if (!r) {
+      if (r.error().err == ENOENT) {
+        EntryOut neg;  // negative entry, cached like a positive one
+        neg.entry_timeout = opts_.acdirmin;
+        return cb(neg);
+      }
+      return cb(r.error());
+    }
+    EntryFromFh(c, r->fh, std::move(r->attr), cb);
+  });
+}
+
+void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
+  const uint64_t seq = NextSeq();
+  nfs_.Getattr(inode->fh(), c, [this, inode, seq, cb = std::move(cb)](Result<nfs::Attr> r) {
+    if (!r) return cb(r.error());
+    {
+      // A GETATTR sent after every write of ours completed is authoritative.
+      std::lock_guard lock(inode->mu);
+      if (inode->writes_inflight == 0 && seq > inode->last_write_done_seq) inode->size_hwm = 0;
+    }
+    cb(MakeAttr(inode, *r));
+  });
+}
+
+void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
+  if (sa.size) {
+    // A truncate must not be overtaken by an older write-behind write.
+    std::unique_lock lock(inode->mu);
+    if (inode->writes_inflight > 0) {
+      lock.unlock();
+      return WhenDrained(inode, [this, c, ino, sa, cb = std::move(cb)]() mutable {
+        Setattr(c, ino, sa, std::move(cb));
+      });
+    }
+  }
+  nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, cb = std::move(cb)](Result<nfs::Wcc> r) {
+    if (!r) return cb(r.error());
+    if (sa.size) {
+      std::lock_guard lock(inode->mu);
+      inode->size_hwm = 0;
+      inode->have_open_attr = false;
+    }
+    if (r->after) return cb(MakeAttr(inode, *r->after));
+    nfs_.Getattr(inode->fh(), c, [this, inode, cb](Result<nfs::Attr> a) {
+      if (!a) return cb(a.error());
+      cb(MakeAttr(inode, *a));
+    });
+  });
+}
+
+void Filesystem::Readlink(const Cred& c, uint64_t ino, Cb<std::string> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
+  nfs_.Readlink(inode->fh(), c, std::move(cb));
+}
+
+void Filesystem::FinishNewObject(const Cred& c, uint64_t parent, const std::string& name,
+                                 Result<nfs::NewObject> r, Cb<EntryOut> cb) {
+  if (!r) return cb(r.error());
+  if (r->fh) return EntryFromFh(c, *r->fh, std::move(r->attr), std::move(cb));
+  // The server may omit the handle; look the name up.
+  Lookup(c, parent, name, [cb = std::move(cb)](Result<EntryOut> e) {
+    if (e && e->ino == 0) return cb(Error::Errno(EIO, "created object vanished"));
+    cb(std::move(e));
+  });
+}
+
+void Filesystem::Mknod(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
+                       dev_t rdev, Cb<EntryOut> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  Error e;
+  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  nfs::SetAttr sa;
+  sa.mode = mode & 07777;
+  auto done = [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
+    FinishNewObject(c, parent, name, std::move(r), std::move(cb));
+  };
+  nfs::Ftype t;
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return nfs_.Create(dir->fh(), name, nfs::CreateMode::kGuarded, sa, 0, c, std::move(done));
+    case S_IFCHR: t = nfs::Ftype::kChr; break;
+    case S_IFBLK: t = nfs::Ftype::kBlk; break;
+    case S_IFSOCK: t = nfs::Ftype::kSock; break;
+    case S_IFIFO: t = nfs::Ftype::kFifo; break;
+    default: return cb(Error::Errno(EINVAL, "unsupported file type"));
+  }
+  nfs_.Mknod(dir->fh(), name, t, sa, major(rdev), minor(rdev), c, std::move(done));
+}
+
+void Filesystem::Mkdir(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
+                       Cb<EntryOut> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  Error e;
+  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  nfs::SetAttr sa;
+  sa.mode = mode & 07777;
+  nfs_.Mkdir(dir->fh(), name, sa, c,
+             [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
+               FinishNewObject(c, parent, name, std::move(r), std::move(cb));
+             });
+}
+
+void Filesystem::Symlink(const Cred& c, const std::string& target, uint64_t parent,
+                         const std::string& name, Cb<EntryOut> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  Error e;
+  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  nfs::SetAttr sa;
+  sa.mode = 0777;
+  nfs_.Symlink(dir->fh(), name, target, sa, c,
+               [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
+                 FinishNewObject(c, parent, name, std::move(r), std::move(cb));
+               });
+}
+
+void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  nfs_.Remove(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
+    if (!r) return cb(r.error());
+    cb(Ok{});
+  });
+}
+
+void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  nfs_.Rmdir(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
+    if (!r) return cb(r.error());
+    cb(Ok{});
+  });
+}
+
+void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
+                        uint64_t newparent, const std::string& newname, unsigned flags,
+                        Cb<Ok> cb) {
+  // NFSv3 has no atomic RENAME_NOREPLACE / RENAME_EXCHANGE.
+  if (flags != 0) return cb(Error::Errno(EINVAL, "rename flags not supported by NFSv3"));
+  auto from = inodes_.Get(parent);
+  auto to = inodes_.Get(newparent);
+  if (!from || !to) return cb(Stale());
+  Error e;
+  if (!NameOk(newname, opts_.name_max, &e)) return cb(e);
+  nfs_.Rename(from->fh(), name, to->fh(), newname, c,
+              [cb = std::move(cb)](Result<nfs::RenameReply> r) {
+                if (!r) return cb(r.error());
+                cb(Ok{});
+              });
+}
+
+void Filesystem::Link(const Cred& c, uint64_t ino, uint64_t newparent, const std::string& newname,
+                      Cb<EntryOut> cb) {
+  auto inode = inodes_.Get(ino);
+  auto dir = inodes_.Get(newparent);
+  if (!inode || !dir) return cb(Stale());
+  Error e;
+  if (!NameOk(newname, opts_.name_max, &e)) return cb(e);
+  nfs_.Link(inode->fh(), dir->fh(), newname, c,
+            [this, c, inode, cb = std::move(cb)](Result<nfs::LinkReply> r) mutable {
+              if (!r) return cb(r.error());
+              // The attributes must show the new link count: fetch them if absent.
+              EntryFromFh(c, inode->fh(), std::move(r->attr), std::move(cb));
+            });
+}
+
+void Filesystem::Access(const Cred& c, uint64_t ino, int mask, Cb<Ok> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
+  if (mask == F_OK) mask = 0;
+  uint32_t want = 0;
+  if (mask & R_OK) want |= nfs::kAccessRead;
+  if (mask & W_OK) want |= nfs::kAccessModify;
+  if (mask & X_OK) want |= nfs::kAccessExecute | nfs::kAccessLookup;
+  if (want == 0) want = nfs::kAccessRead;  // F_OK: existence only; any answer will do
+  nfs_.Access(inode->fh(), want, c, [mask, cb = std::move(cb)](Result<nfs::AccessReply> r) {
+    if (!r) return cb(r.error());
+    const uint32_t got = r->access;
+    bool ok = true;
+    if ((mask & R_OK) && !(got & nfs::kAccessRead)) ok = false;
+    if ((mask & W_OK) && !(got & nfs::kAccessModify)) ok = false;
+    if (mask & X_OK) {
+      const bool is_dir = r->attr && r->attr->type == nfs::Ftype::kDir;
+      if (!(got & (is_dir ? nfs::kAccessLookup : nfs::kAccessExecute))) ok = false;
+    }
+    if (!ok) return cb(Error::Errno(EACCES, "access denied"));
+    cb(Ok{});
+  });
+}
+
+void Filesystem::Statfs(const Cred& c, uint64_t ino, Cb<struct statvfs> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) inode = inodes_.Get(InodeTable::kRootIno);
+  nfs_.Fsstat(inode->fh(), c, [this, cb = std::move(cb)](Result<nfs::FsStat> r) {
+    if (!r) return cb(r.error());
+    struct statvfs s {};
+    constexpr uint64_t kFrag = 4096;
+    s.f_bsize = opts_.wsize;
+    s.f_frsize = kFrag;
+    s.f_blocks = r->tbytes / kFrag;
+    s.f_bfree = r->fbytes / kFrag;
+    s.f_bavail = r->abytes / kFrag;
+    s.f_files = r->tfiles;
+    s.f_ffree = r->ffiles;
+    s.f_favail = r->afiles;
+    s.f_namemax = opts_.name_max;
+    cb(s);
+  });
+}
+
+void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
+  const bool direct = opts_.direct_io || (flags & O_DIRECT);
+  uint32_t want = 0;
+  switch (flags & O_ACCMODE) {
+    case O_RDONLY: want = nfs::kAccessRead; break;
+    case O_WRONLY: want = nfs::kAccessModify | nfs::kAccessExtend; break;
+    default: want = nfs::kAccessRead | nfs::kAccessModify | nfs::kAccessExtend; break;
+  }
+  // One ACCESS call both checks the caller's permission (as the Linux client
+  // does at open) and returns the attributes close-to-open revalidates with.
+  nfs_.Access(inode->fh(), want, c,
+              [this, inode, flags, want, direct, cb = std::move(cb)](Result<nfs::AccessReply> r) {
+                if (!r) return cb(r.error());
+                if ((r->access & want) != want) {
+                  // MODIFY or EXTEND alone is enough to write (append-only servers differ).
+                  const uint32_t w = nfs::kAccessModify | nfs::kAccessExtend;
+                  const bool write_ok = !(want & w) || (r->access & w);
+                  const bool read_ok = !(want & nfs::kAccessRead) || (r->access & nfs::kAccessRead);
+                  if (!write_ok || !read_ok) return cb(Error::Errno(EACCES, "permission denied"));
+                }
+                OpenOut out;
+                out.direct_io = direct;
+                {
+                  std::lock_guard lock(inode->mu);
+                  if (opts_.cto && r->attr) {
+                    out.keep_cache = inode->have_open_attr && r->attr->mtime == inode->open_mtime &&
+                                     r->attr->size == inode->open_size;
+                    inode->open_mtime = r->attr->mtime;
+                    inode->open_size = r->attr->size;
+                    inode->have_open_attr = true;
+                  } else {
+                    out.keep_cache = !opts_.cto;
+                  }
+                }
+                out.file = new OpenFile{inode, flags};
+                cb(out);
+              });
+}
+
+void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
+                        int flags, Cb<std::pair<EntryOut, OpenOut>> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  Error e;
+  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  const bool direct = opts_.direct_io || (flags & O_DIRECT);
+  auto finish = [this, flags, direct, cb](Result<EntryOut> r) {
+    if (!r) return cb(r.error());
+    auto inode = inodes_.Get(r->ino);
+    if (!inode) return cb(Stale());
+    {
+      std::lock_guard lock(inode->mu);
+      inode->open_mtime = {static_cast<uint32_t>(r->st.st_mtim.tv_sec),
+                           static_cast<uint32_t>(r->st.st_mtim.tv_nsec)};
+      inode->open_size = static_cast<uint64_t>(r->st.st_size);
+      inode->have_open_attr = true;
+    }
+    OpenOut o;
+    o.direct_io = direct;
+    o.keep_cache = false;
+    o.file = new OpenFile{inode, flags};
+    cb(std::make_pair(*r, o));
+  };
+  nfs::SetAttr sa;
+  sa.mode = mode & 07777;
+  if (flags & O_EXCL) {
+    // O_EXCL: EXCLUSIVE create with a verifier, safe to resend; the verifier
+    // occupies the times, so a SETATTR then sets mode and times (RFC 1813).
+    nfs_.Create(dir->fh(), name, nfs::CreateMode::kExclusive, {}, RandomVerifier(), c,
+                [this, c, parent, name, sa, finish](Result<nfs::NewObject> r) mutable {
+                  if (!r) return finish(r.error());
+                  FinishNewObject(c, parent, name, std::move(r),
+                                  [this, c, sa, finish](Result<EntryOut> e) mutable {
+                                    if (!e) return finish(e.error());
+                                    nfs::SetAttr fix = sa;
+                                    fix.atime_how = fix.mtime_how = nfs::SetAttr::TimeHow::kServer;
+                                    Setattr(c, e->ino, fix,
+                                            [e = *e, finish](Result<AttrOut> a) mutable {
+                                              if (!a) return finish(a.error());
+                                              e.st = a->st;
+                                              finish(e);
+                                            });
+                                  });
+                });
+    return;
+  }
+  if (flags & O_TRUNC) sa.size = 0;
+  nfs_.Create(dir->fh(), name, nfs::CreateMode::kUnchecked, sa, 0, c,
+              [this, c, parent, name, finish](Result<nfs::NewObject> r) mutable {
+                FinishNewObject(c, parent, name, std::move(r), std::move(finish));
+              });
+}
+
+void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
+                      std::function<void(Result<std::string_view>)> cb) {
+  const InodeP inode = f->inode;
+  if (size == 0) return cb(std::string_view());
+  {
+    std::unique_lock lock(inode->mu);
+    if (inode->writes_inflight > 0) {
+      // A read must see this client's write-behind data: wait for it to land.
+      lock.unlock();
+      return WhenDrained(inode, [this, c, f, size, off, cb = std::move(cb)]() mutable {
+        Read(c, f, size, off, std::move(cb));
+      });
+    }
+  }
+  auto pieces = SplitRange(off, size, opts_.rsize);
+  if (pieces.size() == 1) {
+    // One RPC serves the request: reply straight from the receive buffer.
+    nfs_.Read(inode->fh(), off, static_cast<uint32_t>(size), c,
+              [cb = std::move(cb)](Result<nfs::ReadReply> r) {
+                if (!r) return cb(r.error());
+                cb(std::string_view(r->data, r->len));
+              });
+    return;
+  }
+  auto op = std::make_shared<ReadOp>();
+  op->buf.reset(new char[size]);
+  op->remaining = pieces.size();
+  op->valid = size;
+  op->cb = std::move(cb);
+  for (const auto& p : pieces) ReadPiece(op, inode, c, p.off, p.buf_off, p.len);
+}
+
+void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
+                           uint64_t off, size_t buf_off, size_t len) {
+  nfs_.Read(inode->fh(), off, static_cast<uint32_t>(len), c,
+            [this, op, inode, c, off, buf_off, len](Result<nfs::ReadReply> r) {
+              {
+                std::lock_guard lock(op->mu);
+                if (!r) {
+                  if (!op->err) op->err = r.error();
+                } else {
+                  const size_t n = std::min(r->len, len);
+                  std::memcpy(op->buf.get() + buf_off, r->data, n);
+                  if (n < len && !r->eof && n > 0) {
+                    // Short read before EOF: fetch the rest of this piece.
+                    ReadPiece(op, inode, c, off + n, buf_off + n, len - n);
+                    return;
+                  }
+                  if (n < len) op->valid = std::min(op->valid, buf_off + n);
+                }
+                if (--op->remaining != 0) return;
+              }
+              if (op->err) return op->cb(*op->err);
+              op->cb(std::string_view(op->buf.get(), op->valid));
+            });
+}
+
+void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
+                           size_t buf_off, size_t len, std::function<void(Result<Ok>)> done) {
+  nfs_.Write(
+      inode->fh(), off, data, buf_off, len, opts_.sync, c,
+      [this, inode, c, off, data, buf_off, len, done = std::move(done)](
+          Result<nfs::WriteReply> r) mutable {
+        if (!r) return done(r.error());
+        if (r->count == 0) return done(Error::Errno(EIO, "server wrote nothing"));
+        const size_t n = std::min<size_t>(r->count, len);
+        {
+          std::lock_guard lock(inode->mu);
+          inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + n);
+          if (!r->stable) {
+            inode->uncommitted.push_back(
+                std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf}));
+            inode->uncommitted_bytes += n;
+          }
+          // Our own write moved mtime: keep close-to-open from dropping our cache.
+          if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
+              r->wcc.before->mtime == inode->open_mtime) {
+            inode->open_mtime = r->wcc.after->mtime;
+            inode->open_size = r->wcc.after->size;
+          }
+        }
+        if (n < len) {
+          // Short write: send the rest.
+          return SendWrite(inode, c, off + n, std::move(data), buf_off + n, len - n,
+                           std::move(done));
+        }
+        done(Ok{});
+      });
+}
+
+void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
+  {
+    std::lock_guard lock(inode->mu);
+    if (inode->writes_inflight > 0) {
+      inode->drain_waiters.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+std::optional<Error> Filesystem::TakeWriteError(const InodeP& inode) {
+  std::lock_guard lock(inode->mu);
+  std::optional<Error> e;
+  e.swap(inode->write_error);
+  return e;
+}
+
+void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
+                            bool behind, Cb<size_t> cb) {
+  const size_t size = data->size();
+  auto pieces = SplitRange(off, size, opts_.wsize);
+  struct WriteOp {
+    std::mutex mu;
+    size_t remaining;
+    std::optional<Error> err;
+  };
+  auto op = std::make_shared<WriteOp>();
+  op->remaining = pieces.size();
+  for (const auto& p : pieces) {
+    SendWrite(inode, c, p.off, data, p.buf_off, p.len,
+              [this, op, inode, c, size, behind, cb](Result<Ok> r) {
+                {
+                  std::lock_guard lock(op->mu);
+                  if (!r && !op->err) op->err = r.error();
+                  if (--op->remaining != 0) return;
+                }
+                std::vector<std::function<void()>> run;
+                {
+                  std::lock_guard lock(inode->mu);
+                  inode->writes_inflight--;
+                  inode->last_write_done_seq = NextSeq();
+                  if (behind) {
+                    inode->behind_bytes -= size;
+                    if (op->err && !inode->write_error) inode->write_error = op->err;
+                    // Admit parked writes that now fit the window.
+                    while (!inode->parked.empty() &&
+                           (inode->behind_bytes == 0 ||
+                            inode->behind_bytes + inode->parked.front().bytes <= opts_.write_behind)) {
+                      inode->behind_bytes += inode->parked.front().bytes;
+                      inode->writes_inflight++;
+                      run.push_back(std::move(inode->parked.front().start));
+                      inode->parked.pop_front();
+                    }
+                  }
+                  if (inode->writes_inflight == 0) {
+                    for (auto& w : inode->drain_waiters) run.push_back(std::move(w));
+                    inode->drain_waiters.clear();
+                  }
+                }
+                if (!behind) {
+                  if (op->err) {
+                    cb(*op->err);
+                  } else {
+                    cb(size);
+                  }
+                }
+                for (auto& fn : run) fn();
+                MaybeBackgroundCommit(inode, c);
+              });
+  }
+}
+
+void Filesystem::Write(const Cred& c, OpenFile* f, const char* buf, size_t size, uint64_t off,
+                       Cb<size_t> cb) {
+  InodeP inode = f->inode;
+  if (size == 0) return cb(size_t{0});
+  // The one copy: the kernel's buffer dies when this handler returns. The
+  // same buffer is sent, kept for a COMMIT mismatch, and freed after COMMIT.
+  auto data = std::make_shared<const std::string>(buf, size);
+  const bool behind = opts_.write_behind > 0 && !opts_.sync && !opts_.direct_io &&
+                      !(f->flags & (O_DIRECT | O_SYNC | O_DSYNC));
+  if (!behind) {
+    {
+      std::lock_guard lock(inode->mu);
+      inode->writes_inflight++;
+    }
+    return StartWrite(inode, c, off, std::move(data), false, std::move(cb));
+  }
+  // Write-behind (page-cache opens only, as the kernel NFS client does): the
+  // write is acknowledged once queued; its data stays in memory until a
+  // COMMIT covers it, and a failure is reported by the next write, fsync or
+  // close. At most `write_behind` bytes per file are outstanding.
+  {
+    std::lock_guard lock(inode->mu);
+    if (inode->write_error) return cb(*inode->write_error);
+    if (inode->behind_bytes + size > opts_.write_behind && inode->behind_bytes > 0) {
+      inode->parked.push_back(Inode::Parked{size, [this, inode, c, off, data, cb] {
+                                               StartWrite(inode, c, off, data, true, nullptr);
+                                               cb(data->size());
+                                             }});
+      return;
+    }
+    inode->behind_bytes += size;
+    inode->writes_inflight++;
+  }
+  StartWrite(inode, c, off, std::move(data), true, nullptr);
+  cb(size);
+}
+
+void Filesystem::MaybeBackgroundCommit(const InodeP& inode, const Cred& c) {
+  {
+    std::lock_guard lock(inode->mu);
+    if (inode->commit_running || inode->uncommitted_bytes < opts_.commit_threshold) return;
+    inode->commit_running = true;
+  }
+  Commit(inode, c, [this, inode](Result<Ok> r) {
+    {
+      std::lock_guard lock(inode->mu);
+      inode->commit_running = false;
+    }
+    if (!r) log_->warn("background COMMIT failed: {} (data is kept and retried)", r.error().what);
+  });
+}
+
+void Filesystem::Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb) {
+  std::vector<std::shared_ptr<Buffered>> kept;
+  {
+    std::lock_guard lock(inode->mu);
+    kept.swap(inode->uncommitted);
+    inode->uncommitted_bytes = 0;
+  }
+  if (kept.empty()) return cb(Ok{});
+  nfs_.Commit(inode->fh(), c, [this, inode, c, kept, cb = std::move(cb)](
+                                  Result<nfs::CommitReply> r) mutable {
+    if (!r) {
+      std::lock_guard lock(inode->mu);
+      for (auto& b : kept) inode->uncommitted_bytes += b->len;
+      inode->uncommitted.insert(inode->uncommitted.begin(), kept.begin(), kept.end());
+      return cb(r.error());
+    }
+    std::vector<std::shared_ptr<Buffered>> lost;
+    for (auto& b : kept) {
+      if (b->verf != r->verf) lost.push_back(b);
+    }
+    if (lost.empty()) return cb(Ok{});
+    // The server's write verifier changed: it restarted and may have lost
+    // UNSTABLE data. Send it again, synchronously this time.
+    uint64_t bytes = 0;
+    for (auto& b : lost) bytes += b->len;
+    log_->warn("server write verifier changed (server restart?): resending {} bytes of {} writes",
+               bytes, lost.size());
+    struct Resend {
+      std::mutex mu;
+      size_t remaining;
+      std::optional<Error> err;
+    };
+    auto rs = std::make_shared<Resend>();
+    rs->remaining = lost.size();
+    for (auto& b : lost) {
+      nfs_.Write(inode->fh(), b->off, b->buf, b->buf_off, b->len, /*stable=*/true, c,
+                 [rs, cb](Result<nfs::WriteReply> w) {
+                   bool last;
+                   {
+                     std::lock_guard lock(rs->mu);
+                     if (!w && !rs->err) rs->err = w.error();
+                     if (w && w->count == 0 && !rs->err) rs->err = Error::Errno(EIO, "short resend");
+                     last = --rs->remaining == 0;
+                   }
+                   if (!last) return;
+                   if (rs->err) return cb(*rs->err);
+                   cb(Ok{});
+                 });
+    }
+  });
+}
+
+void Filesystem::Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb) {
+  InodeP inode = f->inode;
+  WhenDrained(inode, [this, inode, c, cb = std::move(cb)]() mutable {
+    if (auto e = TakeWriteError(inode)) return cb(*e);
+    Commit(inode, c, std::move(cb));
+  });
+}
+
+void Filesystem::Flush(const Cred& c, OpenFile* f, Cb<Ok> cb) {
+  if (opts_.cto) return Fsync(c, f, std::move(cb));
+  // nocto: no commit on close, but write-behind errors are still reported.
+  InodeP inode = f->inode;
+  WhenDrained(inode, [this, inode, cb = std::move(cb)] {
+    if (auto e = TakeWriteError(inode)) return cb(*e);
+    cb(Ok{});
+  });
+}
+
+void Filesystem::Release(OpenFile* f) {
+  bool pending;
+  {
+    std::lock_guard lock(f->inode->mu);
+    pending = !f->inode->uncommitted.empty();
+  }
+  if (pending) {
+    // nocto: nobody waited for these; commit them now rather than at unmount.
+    auto inode = f->inode;
+    Commit(inode, Cred{}, [this](Result<Ok> r) {
+      if (!r) log_->warn("COMMIT after close failed: {}", r.error().what);
+    });
+  }
+  delete f;
+}
+
+void Filesystem::Opendir(const Cred& /*c*/, uint64_t ino, Cb<DirHandle*> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
+  auto* d = new DirHandle;
+  d->dir = inode;
+  cb(d);
+}
+
+void Filesystem::LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t verf,
+                         Cb<DirHandle*> cb) {
+  auto on_page = [this, c, d, cb](Result<nfs::DirPage> r) mutable {
+    if (!r) return cb(r.error());
+    uint64_t last = 0;
+    {
+      std::lock_guard lock(d->mu);
+      for (auto& e : r->entries) {
+        last = e.cookie;
+        d->entries.push_back(std::move(e));
+      }
+      if (r->eof || r->entries.empty()) {
+        d->loaded = true;
+      }
+    }
+    if (r->eof || r->entries.empty()) return cb(d);
+    LoadDir(c, d, last, r->verf, std::move(cb));
+  };
+  const uint32_t count = std::max<uint32_t>(opts_.dtpref, 32768);
+  if (d->plus) {
+    nfs_.Readdirplus(d->dir->fh(), cookie, verf, count, count * 4, c, std::move(on_page));
+  } else {
+    nfs_.Readdir(d->dir->fh(), cookie, verf, count, c, std::move(on_page));
+  }
+}
+
+void Filesystem::Readdir(const Cred& c, DirHandle* d, uint64_t off, bool plus,
+                         Cb<DirHandle*> cb) {
+  {
+    std::unique_lock lock(d->mu);
+    if (d->loaded && off != 0 && (d->plus || !plus)) {
+      lock.unlock();
+      return cb(d);
+    }
+    d->entries.clear();
+    d->loaded = false;
+    d->plus = plus;
+  }
+  LoadDir(c, d, 0, 0, std::move(cb));
+}
+
+EntryOut Filesystem::InternEntry(const nfs::DirEntry& e) {
+  auto inode = inodes_.Intern(*e.fh);
+  return MakeEntry(inode, *e.attr);
+}
+
+}  // namespace mpnfs::fs

@@ -1,0 +1,182 @@
+// Filesystem: POSIX filesystem semantics over NFSv3, independent of FUSE.
+//
+// The FUSE front end (src/fuse/) decodes a kernel request, calls one method
+// here, and turns the callback's Result into a reply. Everything NFS-specific
+// lives here or below: the inode table, close-to-open consistency, attribute
+// timeouts, splitting of large reads and writes into rsize/wsize calls, and
+// the UNSTABLE-write + COMMIT protocol with write-verifier checking.
+//
+// Callbacks run exactly once, on an engine loop thread (or inline on the
+// calling thread for errors found before any RPC); they must not block.
+//
+// Writes. A write is copied once into a shared buffer that the NFS calls
+// send from and that is kept until a COMMIT returns the same write verifier
+// as the WRITE did. If the verifier changed (the server restarted and lost
+// unstable data) the kept data is sent again with FILE_SYNC. fsync and close
+// (flush, close-to-open) return only after that. Each file's kept data is
+// bounded: past `commit_threshold` a COMMIT starts in the background.
+//
+// Sizes. Servers have coarse ctime (NFS-Ganesha: 4 ms ticks), so two replies
+// can carry the same ctime and arrive in any order. The size reported for a
+// file is never below the end of this client's last completed write unless a
+// GETATTR sent after every write completed says otherwise (Inode::size_hwm).
+//
+// Thread safety: all methods are thread safe.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/log.h"
+#include "fs/inode_table.h"
+#include "fs/options.h"
+#include "mpnfs/result.h"
+#include "nfs/nfs3.h"
+
+namespace mpnfs::fs {
+
+using engine::Cred;
+template <class T>
+using Cb = std::function<void(Result<T>)>;
+
+struct EntryOut {
+  uint64_t ino = 0;  // 0: negative entry (the name does not exist)
+  struct stat st {};
+  double attr_timeout = 0;
+  double entry_timeout = 0;
+};
+
+struct AttrOut {
+  struct stat st {};
+  double timeout = 0;
+};
+
+struct OpenFile {
+  std::shared_ptr<Inode> inode;
+  int flags = 0;
+};
+
+struct OpenOut {
+  OpenFile* file = nullptr;  // owned by the caller until Release()
+  bool direct_io = false;
+  bool keep_cache = false;
+};
+
+struct DirHandle {
+  std::shared_ptr<Inode> dir;
+  std::mutex mu;
+  bool loaded = false;
+  bool plus = false;
+  std::vector<nfs::DirEntry> entries;  // the listing taken at offset 0
+};
+
+// A kept UNSTABLE write (see "Writes" above).
+struct Buffered {
+  uint64_t off;
+  nfs::Buffer buf;
+  size_t buf_off;
+  size_t len;
+  uint64_t verf;
+};
+
+// The stat the kernel sees for NFS attributes (st_ino is the NFS fileid).
+struct stat ToStat(const nfs::Attr& a, uint32_t blksize);
+
+class Filesystem {
+ public:
+  Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts);
+
+  const FsOptions& options() const { return opts_; }
+  InodeTable& inodes() { return inodes_; }
+
+  void Lookup(const Cred& c, uint64_t parent, const std::string& name, Cb<EntryOut> cb);
+  void Forget(uint64_t ino, uint64_t n) { inodes_.Forget(ino, n); }
+  void Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb);
+  void Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
+  void Readlink(const Cred& c, uint64_t ino, Cb<std::string> cb);
+  void Mknod(const Cred& c, uint64_t parent, const std::string& name, mode_t mode, dev_t rdev,
+             Cb<EntryOut> cb);
+  void Mkdir(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
+             Cb<EntryOut> cb);
+  void Symlink(const Cred& c, const std::string& target, uint64_t parent, const std::string& name,
+               Cb<EntryOut> cb);
+  void Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb);
+  void Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb);
+  void Rename(const Cred& c, uint64_t parent, const std::string& name, uint64_t newparent,
+              const std::string& newname, unsigned flags, Cb<Ok> cb);
+  void Link(const Cred& c, uint64_t ino, uint64_t newparent, const std::string& newname,
+            Cb<EntryOut> cb);
+  void Access(const Cred& c, uint64_t ino, int mask, Cb<Ok> cb);
+  void Statfs(const Cred& c, uint64_t ino, Cb<struct statvfs> cb);
+
+  void Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb);
+  void Create(const Cred& c, uint64_t parent, const std::string& name, mode_t mode, int flags,
+              Cb<std::pair<EntryOut, OpenOut>> cb);
+  // The string_view is valid only during the callback (it may point into the
+  // RPC receive buffer).
+  void Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
+            std::function<void(Result<std::string_view>)> cb);
+  void Write(const Cred& c, OpenFile* f, const char* buf, size_t size, uint64_t off,
+             Cb<size_t> cb);
+  void Flush(const Cred& c, OpenFile* f, Cb<Ok> cb);
+  void Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb);
+  void Release(OpenFile* f);
+
+  void Opendir(const Cred& c, uint64_t ino, Cb<DirHandle*> cb);
+  // Loads the listing when `off` is 0 (or the handle has none), then calls
+  // back with the handle; entries[off..] are what follows offset `off`.
+  void Readdir(const Cred& c, DirHandle* d, uint64_t off, bool plus, Cb<DirHandle*> cb);
+  // For a READDIRPLUS entry the kernel accepted: counts a lookup.
+  EntryOut InternEntry(const nfs::DirEntry& e);
+  void Releasedir(DirHandle* d) { delete d; }
+
+ private:
+  using InodeP = std::shared_ptr<Inode>;
+  struct ReadOp {  // a read split into several READ calls
+    std::unique_ptr<char[]> buf;
+    std::mutex mu;
+    size_t remaining = 0;
+    size_t valid = 0;  // bytes valid from the start (shortened at EOF)
+    std::optional<Error> err;
+    std::function<void(Result<std::string_view>)> cb;
+  };
+  void ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
+                 uint64_t off, size_t buf_off, size_t len);
+
+  EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);
+  AttrOut MakeAttr(const InodeP& inode, const nfs::Attr& a);
+  double AttrTimeout(const InodeP& inode, const nfs::Attr& a);
+  // Completes an operation that produced a new object (CREATE, MKDIR, ...).
+  void FinishNewObject(const Cred& c, uint64_t parent, const std::string& name,
+                       Result<nfs::NewObject> r, Cb<EntryOut> cb);
+  void EntryFromFh(const Cred& c, const nfs::Fh& fh, std::optional<nfs::Attr> attr,
+                   Cb<EntryOut> cb);
+  void SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
+                 size_t buf_off, size_t len, std::function<void(Result<Ok>)> done);
+  void StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data, bool behind,
+                  Cb<size_t> cb);
+  // Runs `fn` once no write of this inode is in flight (now, or from the
+  // completion of the last one).
+  void WhenDrained(const InodeP& inode, std::function<void()> fn);
+  std::optional<Error> TakeWriteError(const InodeP& inode);
+  void Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb);
+  void MaybeBackgroundCommit(const InodeP& inode, const Cred& c);
+  void LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t verf, Cb<DirHandle*> cb);
+  uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+  nfs::Nfs3& nfs_;
+  const FsOptions opts_;
+  InodeTable inodes_;
+  std::atomic<uint64_t> seq_{0};
+  std::shared_ptr<spdlog::logger> log_;
+};
+
+}  // namespace mpnfs::fs

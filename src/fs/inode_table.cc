@@ -1,0 +1,57 @@
+#include "fs/inode_table.h"
+
+namespace mpnfs::fs {
+
+InodeTable::InodeTable(nfs::Fh root_fh) {
+  auto root = std::make_shared<Inode>(kRootIno, root_fh);
+  root->nlookup_ = 1;
+  by_fh_.emplace(std::move(root_fh), kRootIno);
+  by_ino_.emplace(kRootIno, std::move(root));
+}
+
+std::shared_ptr<Inode> InodeTable::Intern(const nfs::Fh& fh) {
+  std::lock_guard lock(mu_);
+  auto it = by_fh_.find(fh);
+  if (it != by_fh_.end()) {
+    auto& inode = by_ino_.at(it->second);
+    ++inode->nlookup_;
+    return inode;
+  }
+  uint64_t ino = next_ino_++;
+  auto inode = std::make_shared<Inode>(ino, fh);
+  inode->nlookup_ = 1;
+  by_fh_.emplace(fh, ino);
+  by_ino_.emplace(ino, inode);
+  return inode;
+}
+
+std::shared_ptr<Inode> InodeTable::Get(uint64_t ino) const {
+  std::lock_guard lock(mu_);
+  auto it = by_ino_.find(ino);
+  return it == by_ino_.end() ? nullptr : it->second;
+}
+
+void InodeTable::Forget(uint64_t ino, uint64_t n) {
+  std::lock_guard lock(mu_);
+  auto it = by_ino_.find(ino);
+  if (it == by_ino_.end()) return;
+  auto& inode = it->second;
+  inode->nlookup_ = n >= inode->nlookup_ ? 0 : inode->nlookup_ - n;
+  if (inode->nlookup_ == 0 && ino != kRootIno) {
+    by_fh_.erase(inode->fh());
+    by_ino_.erase(it);
+  }
+}
+
+size_t InodeTable::size() const {
+  std::lock_guard lock(mu_);
+  return by_ino_.size();
+}
+
+uint64_t InodeTable::LookupCount(uint64_t ino) const {
+  std::lock_guard lock(mu_);
+  auto it = by_ino_.find(ino);
+  return it == by_ino_.end() ? 0 : it->second->nlookup_;
+}
+
+}  // namespace mpnfs::fs

@@ -1,0 +1,102 @@
+// InodeTable: FUSE inode numbers <-> NFS file handles, with lookup counts.
+//
+// FUSE gives each inode a lookup count: every successful reply that names an
+// inode (lookup, create, mkdir, readdirplus entry, ...) adds one, and forget
+// subtracts. The table keeps an Inode while its count is above zero; the root
+// (ino 1) is pinned. Numbers are never reused within a mount, so a late
+// request for a forgotten inode gets ESTALE, never another file.
+//
+// Lock order: InodeTable::mu_ before Inode::mu. Forget re-checks the count
+// under mu_, so a concurrent Intern() cannot resurrect a dying inode.
+//
+// Thread safety: all methods are thread safe.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/thread_annotations.h"
+#include "mpnfs/result.h"
+#include "nfs/types.h"
+
+namespace mpnfs::fs {
+
+struct Buffered;  // an uncommitted write kept for resending (file_io.h)
+
+class Inode {
+ public:
+  Inode(uint64_t ino, nfs::Fh fh) : ino_(ino), fh_(std::move(fh)) {}
+  Inode(const Inode&) = delete;
+  Inode& operator=(const Inode&) = delete;
+
+  uint64_t ino() const { return ino_; }
+  const nfs::Fh& fh() const { return fh_; }
+
+  std::mutex mu;
+  // Close-to-open: attributes seen at the last open (or write) by this client.
+  nfs::Time open_mtime GUARDED_BY(mu);
+  uint64_t open_size GUARDED_BY(mu) = 0;
+  bool have_open_attr GUARDED_BY(mu) = false;
+  // Adaptive attribute timeout (acregmin..acregmax / acdirmin..acdirmax).
+  double ac_timeout GUARDED_BY(mu) = 0;
+  nfs::Time ac_last_ctime GUARDED_BY(mu);
+  // Size high-water mark of this client's writes: attributes from replies
+  // that may predate a completed write never report a smaller size.
+  uint64_t size_hwm GUARDED_BY(mu) = 0;
+  int writes_inflight GUARDED_BY(mu) = 0;
+  uint64_t last_write_done_seq GUARDED_BY(mu) = 0;
+  // UNSTABLE writes not yet covered by a COMMIT with the same verifier.
+  std::vector<std::shared_ptr<Buffered>> uncommitted GUARDED_BY(mu);
+  uint64_t uncommitted_bytes GUARDED_BY(mu) = 0;
+  bool commit_running GUARDED_BY(mu) = false;
+  // Write-behind: bytes acknowledged to the application but not yet answered
+  // by the server, writes waiting for room, the first failure not yet reported.
+  struct Parked {
+    size_t bytes;
+    std::function<void()> start;
+  };
+  uint64_t behind_bytes GUARDED_BY(mu) = 0;
+  std::deque<Parked> parked GUARDED_BY(mu);
+  std::optional<Error> write_error GUARDED_BY(mu);
+  // Run when writes_inflight drops to zero (reads, truncates, fsync wait here).
+  std::vector<std::function<void()>> drain_waiters GUARDED_BY(mu);
+
+ private:
+  friend class InodeTable;
+  const uint64_t ino_;
+  const nfs::Fh fh_;
+  uint64_t nlookup_ = 0;  // guarded by InodeTable::mu_
+};
+
+class InodeTable {
+ public:
+  static constexpr uint64_t kRootIno = 1;
+
+  explicit InodeTable(nfs::Fh root_fh);
+
+  // The inode for `fh`, created if new; its lookup count grows by one.
+  std::shared_ptr<Inode> Intern(const nfs::Fh& fh);
+  // nullptr when `ino` is unknown (forgotten or never issued).
+  std::shared_ptr<Inode> Get(uint64_t ino) const;
+  // Drops `n` lookups; removes the inode at zero (never the root).
+  void Forget(uint64_t ino, uint64_t n);
+
+  size_t size() const;
+  uint64_t LookupCount(uint64_t ino) const;  // for tests
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Inode>> by_ino_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint64_t> by_fh_ GUARDED_BY(mu_);
+  uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
+};
+
+}  // namespace mpnfs::fs

@@ -1,0 +1,375 @@
+#include "fuse/fuse_ops.h"
+
+#include <fcntl.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace mpnfs::fuse {
+namespace {
+
+FuseContext* Ctx(fuse_req_t req) { return static_cast<FuseContext*>(fuse_req_userdata(req)); }
+fs::Filesystem& Fs(fuse_req_t req) { return *Ctx(req)->fs; }
+engine::Cred CredOf(fuse_req_t req) { return Ctx(req)->creds.For(req); }
+
+void ReplyError(fuse_req_t req, const Error& e) { fuse_reply_err(req, e.err > 0 ? e.err : EIO); }
+
+fuse_entry_param ToParam(const fs::EntryOut& e) {
+  fuse_entry_param p{};
+  p.ino = e.ino;
+  p.generation = 1;
+  p.attr = e.st;
+  p.attr_timeout = e.attr_timeout;
+  p.entry_timeout = e.entry_timeout;
+  return p;
+}
+
+auto EntryReply(fuse_req_t req) {
+  return [req](Result<fs::EntryOut> r) {
+    if (!r) return ReplyError(req, r.error());
+    fuse_entry_param p = ToParam(*r);
+    if (fuse_reply_entry(req, &p) != 0 && p.ino != 0) {
+      // The kernel did not take the reference (request interrupted): undo it.
+      Fs(req).Forget(p.ino, 1);
+    }
+  };
+}
+
+auto ErrnoReply(fuse_req_t req) {
+  return [req](Result<Ok> r) { fuse_reply_err(req, r ? 0 : (r.error().err > 0 ? r.error().err : EIO)); };
+}
+
+auto AttrReply(fuse_req_t req) {
+  return [req](Result<fs::AttrOut> r) {
+    if (!r) return ReplyError(req, r.error());
+    fuse_reply_attr(req, &r->st, r->timeout);
+  };
+}
+
+fs::OpenFile* File(fuse_file_info* fi) { return reinterpret_cast<fs::OpenFile*>(fi->fh); }
+fs::DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<fs::DirHandle*>(fi->fh); }
+
+void Init(void* userdata, fuse_conn_info* conn) {
+  auto* ctx = static_cast<FuseContext*>(userdata);
+  conn->max_write = std::min(conn->max_write > 0 ? std::max(conn->max_write, ctx->opts.max_write)
+                                                 : ctx->opts.max_write,
+                             ctx->opts.max_write);
+  conn->max_readahead = ctx->opts.max_readahead;
+  conn->max_background = ctx->opts.max_background;
+  conn->congestion_threshold = ctx->opts.max_background * 3 / 4;
+  conn->time_gran = 1;  // NFSv3 carries nanoseconds
+  auto want = [conn](unsigned cap) {
+    if (conn->capable & cap) conn->want |= cap;
+  };
+  want(FUSE_CAP_ASYNC_READ);
+  want(FUSE_CAP_ASYNC_DIO);
+  want(FUSE_CAP_PARALLEL_DIROPS);
+  want(FUSE_CAP_AUTO_INVAL_DATA);  // mtime changes seen by getattr drop stale pages
+  if (ctx->opts.readdirplus) {
+    want(FUSE_CAP_READDIRPLUS);
+    want(FUSE_CAP_READDIRPLUS_AUTO);
+  } else {
+    conn->want &= ~(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
+  }
+  // Never: the kernel would acknowledge writes the server has not seen.
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Fs(req).Lookup(CredOf(req), parent, name, EntryReply(req));
+}
+
+void Forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+  Fs(req).Forget(ino, n);
+  fuse_reply_none(req);
+}
+
+void ForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* list) {
+  for (size_t i = 0; i < count; ++i) Fs(req).Forget(list[i].ino, list[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Fs(req).Getattr(CredOf(req), ino, AttrReply(req));
+}
+
+void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  nfs::SetAttr sa;
+  if (to_set & FUSE_SET_ATTR_MODE) sa.mode = attr->st_mode & 07777;
+  if (to_set & FUSE_SET_ATTR_UID) sa.uid = attr->st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) sa.gid = attr->st_gid;
+  if (to_set & FUSE_SET_ATTR_SIZE) sa.size = static_cast<uint64_t>(attr->st_size);
+  using How = nfs::SetAttr::TimeHow;
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+    sa.atime_how = How::kServer;
+  } else if (to_set & FUSE_SET_ATTR_ATIME) {
+    sa.atime_how = How::kClient;
+    sa.atime = {static_cast<uint32_t>(attr->st_atim.tv_sec), static_cast<uint32_t>(attr->st_atim.tv_nsec)};
+  }
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+    sa.mtime_how = How::kServer;
+  } else if (to_set & FUSE_SET_ATTR_MTIME) {
+    sa.mtime_how = How::kClient;
+    sa.mtime = {static_cast<uint32_t>(attr->st_mtim.tv_sec), static_cast<uint32_t>(attr->st_mtim.tv_nsec)};
+  }
+  // NFSv3 times are unsigned 32-bit seconds: refuse what it cannot store.
+  auto out_of_range = [](const timespec& t) { return t.tv_sec < 0 || t.tv_sec > 0xffffffffLL; };
+  if ((sa.atime_how == How::kClient && out_of_range(attr->st_atim)) ||
+      (sa.mtime_how == How::kClient && out_of_range(attr->st_mtim))) {
+    return (void)fuse_reply_err(req, EOVERFLOW);
+  }
+  Fs(req).Setattr(CredOf(req), ino, sa, AttrReply(req));
+}
+
+void Readlink(fuse_req_t req, fuse_ino_t ino) {
+  Fs(req).Readlink(CredOf(req), ino, [req](Result<std::string> r) {
+    if (!r) return ReplyError(req, r.error());
+    fuse_reply_readlink(req, r->c_str());
+  });
+}
+
+void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  Fs(req).Mknod(CredOf(req), parent, name, mode, rdev, EntryReply(req));
+}
+
+void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  Fs(req).Mkdir(CredOf(req), parent, name, mode, EntryReply(req));
+}
+
+void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Fs(req).Unlink(CredOf(req), parent, name, ErrnoReply(req));
+}
+
+void Rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Fs(req).Rmdir(CredOf(req), parent, name, ErrnoReply(req));
+}
+
+void Symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  Fs(req).Symlink(CredOf(req), link, parent, name, EntryReply(req));
+}
+
+void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+            const char* newname, unsigned int flags) {
+  Fs(req).Rename(CredOf(req), parent, name, newparent, newname, flags, ErrnoReply(req));
+}
+
+void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  Fs(req).Link(CredOf(req), ino, newparent, newname, EntryReply(req));
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  int flags = fi->flags;
+  Fs(req).Open(CredOf(req), ino, flags, [req, fi_copy = *fi](Result<fs::OpenOut> r) mutable {
+    if (!r) return ReplyError(req, r.error());
+    fi_copy.fh = reinterpret_cast<uint64_t>(r->file);
+    fi_copy.direct_io = r->direct_io;
+    fi_copy.keep_cache = r->keep_cache;
+    if (fuse_reply_open(req, &fi_copy) != 0) Fs(req).Release(r->file);
+  });
+}
+
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  Fs(req).Create(CredOf(req), parent, name, mode, fi->flags,
+                 [req, fi_copy = *fi](Result<std::pair<fs::EntryOut, fs::OpenOut>> r) mutable {
+                   if (!r) return ReplyError(req, r.error());
+                   fuse_entry_param p = ToParam(r->first);
+                   fi_copy.fh = reinterpret_cast<uint64_t>(r->second.file);
+                   fi_copy.direct_io = r->second.direct_io;
+                   fi_copy.keep_cache = r->second.keep_cache;
+                   if (fuse_reply_create(req, &p, &fi_copy) != 0) {
+                     Fs(req).Release(r->second.file);
+                     Fs(req).Forget(p.ino, 1);
+                   }
+                 });
+}
+
+void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  Fs(req).Read(CredOf(req), File(fi), size, static_cast<uint64_t>(off),
+               [req](Result<std::string_view> r) {
+                 if (!r) return ReplyError(req, r.error());
+                 fuse_reply_buf(req, r->data(), r->size());
+               });
+}
+
+void Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  Fs(req).Write(CredOf(req), File(fi), buf, size, static_cast<uint64_t>(off),
+                [req](Result<size_t> r) {
+                  if (!r) return ReplyError(req, r.error());
+                  fuse_reply_write(req, *r);
+                });
+}
+
+void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  Fs(req).Flush(CredOf(req), File(fi), ErrnoReply(req));
+}
+
+void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
+  Fs(req).Fsync(CredOf(req), File(fi), ErrnoReply(req));
+}
+
+void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  Fs(req).Release(File(fi));
+  fuse_reply_err(req, 0);
+}
+
+void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Fs(req).Opendir(CredOf(req), ino, [req, fi_copy = *fi](Result<fs::DirHandle*> r) mutable {
+    if (!r) return ReplyError(req, r.error());
+    fi_copy.fh = reinterpret_cast<uint64_t>(*r);
+    fi_copy.cache_readdir = 0;
+    if (fuse_reply_open(req, &fi_copy) != 0) Fs(req).Releasedir(*r);
+  });
+}
+
+bool IsDot(const std::string& n) { return n == "." || n == ".."; }
+
+void DoReaddir(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi, bool plus) {
+  Fs(req).Readdir(
+      CredOf(req), Dir(fi), static_cast<uint64_t>(off), plus,
+      [req, size, off, plus](Result<fs::DirHandle*> r) {
+        if (!r) return ReplyError(req, r.error());
+        fs::DirHandle* d = *r;
+        std::vector<char> buf(size);
+        size_t used = 0;
+        std::lock_guard lock(d->mu);
+        for (size_t i = static_cast<size_t>(off); i < d->entries.size(); ++i) {
+          const nfs::DirEntry& e = d->entries[i];
+          const off_t next = static_cast<off_t>(i + 1);
+          struct stat st {};
+          st.st_ino = e.fileid;
+          if (e.attr) st = fs::ToStat(*e.attr, 0);
+          size_t need;
+          if (plus) {
+            fuse_entry_param p{};
+            p.attr = st;
+            need = fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), &p, next);
+            if (used + need > size) break;
+            if (!IsDot(e.name) && e.fh && e.attr) p = ToParam(Fs(req).InternEntry(e));
+            fuse_add_direntry_plus(req, buf.data() + used, size - used, e.name.c_str(), &p, next);
+          } else {
+            need = fuse_add_direntry(req, nullptr, 0, e.name.c_str(), &st, next);
+            if (used + need > size) break;
+            fuse_add_direntry(req, buf.data() + used, size - used, e.name.c_str(), &st, next);
+          }
+          used += need;
+        }
+        fuse_reply_buf(req, buf.data(), used);
+      });
+}
+
+void Readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  DoReaddir(req, size, off, fi, false);
+}
+
+void Readdirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  DoReaddir(req, size, off, fi, true);
+}
+
+void Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  Fs(req).Releasedir(Dir(fi));
+  fuse_reply_err(req, 0);
+}
+
+void Fsyncdir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
+  // NFSv3 directory operations are synchronous on the server already.
+  fuse_reply_err(req, 0);
+}
+
+void Statfs(fuse_req_t req, fuse_ino_t ino) {
+  Fs(req).Statfs(CredOf(req), ino, [req](Result<struct statvfs> r) {
+    if (!r) return ReplyError(req, r.error());
+    fuse_reply_statfs(req, &*r);
+  });
+}
+
+void Access(fuse_req_t req, fuse_ino_t ino, int mask) {
+  Fs(req).Access(CredOf(req), ino, mask, ErrnoReply(req));
+}
+
+// NFSv3 has no extended attributes (and mpnfs does not speak NFSACL).
+void Setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+  fuse_reply_err(req, EOPNOTSUPP);
+}
+void Getxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { fuse_reply_err(req, EOPNOTSUPP); }
+void Listxattr(fuse_req_t req, fuse_ino_t, size_t) { fuse_reply_err(req, EOPNOTSUPP); }
+void Removexattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EOPNOTSUPP); }
+void Fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
+  fuse_reply_err(req, EOPNOTSUPP);  // NFSv3 has no ALLOCATE; glibc falls back to writing
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops o{};
+  o.init = Init;
+  o.lookup = Lookup;
+  o.forget = Forget;
+  o.forget_multi = ForgetMulti;
+  o.getattr = Getattr;
+  o.setattr = Setattr;
+  o.readlink = Readlink;
+  o.mknod = Mknod;
+  o.mkdir = Mkdir;
+  o.unlink = Unlink;
+  o.rmdir = Rmdir;
+  o.symlink = Symlink;
+  o.rename = Rename;
+  o.link = Link;
+  o.open = Open;
+  o.create = Create;
+  o.read = Read;
+  o.write = Write;
+  o.flush = Flush;
+  o.fsync = Fsync;
+  o.release = Release;
+  o.opendir = Opendir;
+  o.readdir = Readdir;
+  o.readdirplus = Readdirplus;
+  o.releasedir = Releasedir;
+  o.fsyncdir = Fsyncdir;
+  o.statfs = Statfs;
+  o.access = Access;
+  o.setxattr = Setxattr;
+  o.getxattr = Getxattr;
+  o.listxattr = Listxattr;
+  o.removexattr = Removexattr;
+  o.fallocate = Fallocate;
+  return o;
+}
+
+}  // namespace
+
+engine::Cred CredCache::For(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_pid_.find(c->pid);
+    if (it != by_pid_.end() && it->second.expires > now && it->second.cred.uid == c->uid &&
+        it->second.cred.gid == c->gid) {
+      return it->second.cred;
+    }
+  }
+  engine::Cred cred;
+  cred.uid = c->uid;
+  cred.gid = c->gid;
+  gid_t groups[64];
+  int n = c->pid > 0 ? fuse_req_getgroups(req, 64, groups) : -1;
+  if (n > 0) {
+    for (int i = 0; i < std::min(n, 64); ++i) {
+      if (groups[i] == c->gid) continue;
+      if (cred.groups.size() == engine::Cred::kMaxGroups) break;
+      cred.groups.push_back(groups[i]);
+    }
+  }
+  std::lock_guard lock(mu_);
+  if (by_pid_.size() > 4096) by_pid_.clear();
+  by_pid_[c->pid] = Entry{cred, now + std::chrono::seconds(1)};
+  return cred;
+}
+
+const fuse_lowlevel_ops* Operations() {
+  static const fuse_lowlevel_ops ops = MakeOps();
+  return &ops;
+}
+
+}  // namespace mpnfs::fuse

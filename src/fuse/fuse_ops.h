@@ -1,0 +1,56 @@
+// FUSE low-level front end: decodes kernel requests, calls the Filesystem,
+// replies. No NFS knowledge here.
+//
+// Handlers never wait on the network: each hands its request to the
+// Filesystem and returns; the reply is sent from the completion, on an
+// engine loop thread. Names and other pointer arguments die when a handler
+// returns, so they are copied first.
+//
+// Credentials: every request runs as its caller (uid, gid and supplementary
+// groups, read from /proc by fuse_req_getgroups and cached per pid for a
+// second), so the server enforces per-user permissions on an allow_other mount.
+#pragma once
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/thread_annotations.h"
+#include "engine/cred.h"
+#include "fs/filesystem.h"
+
+namespace mpnfs::fuse {
+
+struct FrontOptions {
+  unsigned max_write = 1u << 20;
+  unsigned max_readahead = 1u << 20;
+  unsigned max_background = 512;
+  bool readdirplus = true;
+};
+
+class CredCache {
+ public:
+  engine::Cred For(fuse_req_t req);
+
+ private:
+  struct Entry {
+    engine::Cred cred;
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::mutex mu_;
+  std::unordered_map<pid_t, Entry> by_pid_ GUARDED_BY(mu_);
+};
+
+struct FuseContext {
+  fs::Filesystem* fs = nullptr;
+  FrontOptions opts;
+  CredCache creds;
+};
+
+// The operation table; userdata passed to fuse_session_new must be a FuseContext*.
+const fuse_lowlevel_ops* Operations();
+
+}  // namespace mpnfs::fuse

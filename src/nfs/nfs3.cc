@@ -1,0 +1,574 @@
+#include "nfs/libnfs_api.h"
+#include "nfs/nfs3.h"
+
+
+#include <cstdlib>
+#include <cstring>
+
+namespace mpnfs::nfs {
+namespace {
+
+using engine::CallOutcome;
+using engine::CallStatus;
+
+// One NFSv3 call: the libnfs function, its arguments and the storage they
+// point into. Created with make_shared and never moved, so pointers into
+// `fh1`, `name1`... stay valid for every (re)transmission.
+template <class Args, class Res>
+class Call final : public engine::RpcCall {
+ public:
+  using Fn = int (*)(struct rpc_context*, rpc_cb, Args*, void*);
+  using Done = std::function<void(const CallOutcome&, Res*)>;
+
+  Call(const char* name, Fn fn) : name_(name), fn_(fn) { std::memset(&args, 0, sizeof(args)); }
+
+  const char* Name() const override { return name_; }
+  size_t BytesOut() const override { return bytes_out; }
+  size_t BytesIn() const override { return bytes_in; }
+  int Issue(struct rpc_context* ctx, engine::NativeCb cb, void* token) override {
+    return fn_(ctx, cb, &args, token);
+  }
+  void Complete(const CallOutcome& o) override { done(o, static_cast<Res*>(o.result)); }
+
+  Args args;
+  Fh fh1, fh2;
+  std::string name1, name2;
+  Buffer data;
+  size_t bytes_out = 0, bytes_in = 0;
+  Done done;
+
+ private:
+  const char* name_;
+  Fn fn_;
+};
+
+void SetFh(nfs_fh3* dst, const Fh& src) {
+  dst->data.data_len = static_cast<u_int>(src.size());
+  dst->data.data_val = const_cast<char*>(src.data());
+}
+
+Fh FromFh(const nfs_fh3& fh) { return Fh(fh.data.data_val, fh.data.data_len); }
+
+Ftype FromType(int t) {
+  switch (t) {
+    case NF3REG: return Ftype::kReg;
+    case NF3DIR: return Ftype::kDir;
+    case NF3BLK: return Ftype::kBlk;
+    case NF3CHR: return Ftype::kChr;
+    case NF3LNK: return Ftype::kLnk;
+    case NF3SOCK: return Ftype::kSock;
+    case NF3FIFO: return Ftype::kFifo;
+    default: return Ftype::kNone;
+  }
+}
+
+Attr FromFattr(const fattr3& a) {
+  Attr r;
+  r.type = FromType(a.type);
+  r.mode = a.mode & 07777;
+  r.nlink = a.nlink;
+  r.uid = a.uid;
+  r.gid = a.gid;
+  r.size = a.size;
+  r.used = a.used;
+  r.rdev_major = a.rdev.specdata1;
+  r.rdev_minor = a.rdev.specdata2;
+  r.fsid = a.fsid;
+  r.fileid = a.fileid;
+  r.atime = {a.atime.seconds, a.atime.nseconds};
+  r.mtime = {a.mtime.seconds, a.mtime.nseconds};
+  r.ctime = {a.ctime.seconds, a.ctime.nseconds};
+  return r;
+}
+
+std::optional<Attr> FromPostOp(const post_op_attr& p) {
+  if (!p.attributes_follow) return std::nullopt;
+  return FromFattr(p.post_op_attr_u.attributes);
+}
+
+Wcc FromWcc(const wcc_data& w) {
+  Wcc r;
+  if (w.before.attributes_follow) {
+    const wcc_attr& b = w.before.pre_op_attr_u.attributes;
+    r.before = Wcc::Before{b.size, {b.mtime.seconds, b.mtime.nseconds},
+                           {b.ctime.seconds, b.ctime.nseconds}};
+  }
+  r.after = FromPostOp(w.after);
+  return r;
+}
+
+uint64_t Verf8(const char* v) {
+  uint64_t r;
+  std::memcpy(&r, v, 8);
+  return r;
+}
+
+void ToSattr(const SetAttr& s, sattr3* d) {
+  std::memset(d, 0, sizeof(*d));
+  if (s.mode) { d->mode.set_it = 1; d->mode.set_mode3_u.mode = *s.mode & 07777; }
+  if (s.uid) { d->uid.set_it = 1; d->uid.set_uid3_u.uid = *s.uid; }
+  if (s.gid) { d->gid.set_it = 1; d->gid.set_gid3_u.gid = *s.gid; }
+  if (s.size) { d->size.set_it = 1; d->size.set_size3_u.size = *s.size; }
+  auto how = [](SetAttr::TimeHow h) {
+    switch (h) {
+      case SetAttr::TimeHow::kServer: return SET_TO_SERVER_TIME;
+      case SetAttr::TimeHow::kClient: return SET_TO_CLIENT_TIME;
+      default: return DONT_CHANGE;
+    }
+  };
+  d->atime.set_it = how(s.atime_how);
+  d->atime.set_atime_u.atime = {s.atime.sec, s.atime.nsec};
+  d->mtime.set_it = how(s.mtime_how);
+  d->mtime.set_mtime_u.mtime = {s.mtime.sec, s.mtime.nsec};
+}
+
+// The engine could not get an answer: soft timeout, RPC rejection, shutdown.
+Error TransportError(const CallOutcome& o, const char* op) {
+  std::string what = std::string(op) + ": " + std::string(o.error);
+  switch (o.status) {
+    case CallStatus::kTimedOut: return Error::Errno(EIO, what);
+    case CallStatus::kShutdown: return Error::Errno(EIO, what);
+    default: return Error::Errno(EIO, what);
+  }
+}
+
+Error StatusError(int nfsstat, const char* op) {
+  int e = std::abs(nfsstat3_to_errno(nfsstat));
+  if (nfsstat == NFS3ERR_NOTSUPP) e = EOPNOTSUPP;
+  if (nfsstat == NFS3ERR_JUKEBOX) e = EAGAIN;
+  if (e == 0) e = EIO;
+  return Error::Errno(e, std::string(op) + ": " + nfsstat3_to_str(nfsstat));
+}
+
+template <class Args, class Res>
+std::shared_ptr<Call<Args, Res>> Make(const char* name,
+                                      int (*fn)(struct rpc_context*, rpc_cb, Args*, void*)) {
+  return std::make_shared<Call<Args, Res>>(name, fn);
+}
+
+}  // namespace
+
+void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
+  // NULL has no arguments; wrap the raw function in the common shape.
+  struct NoArgs { int unused; };
+  auto fn = +[](struct rpc_context* ctx, rpc_cb rcb, NoArgs*, void* tok) {
+    return rpc_nfs3_null_async(ctx, rcb, tok);
+  };
+  auto call = Make<NoArgs, void>("NULL", fn);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, void*) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "NULL"));
+    cb(Ok{});
+  };
+  engine_.Submit(call, c, so);
+}
+
+void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so) {
+  auto call = Make<GETATTR3args, GETATTR3res>("GETATTR", &rpc_nfs3_getattr_async);
+  call->fh1 = fh;
+  SetFh(&call->args.object, call->fh1);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, GETATTR3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "GETATTR"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "GETATTR"));
+    cb(FromFattr(r->GETATTR3res_u.resok.obj_attributes));
+  };
+  engine_.Submit(call, c, so);
+}
+
+void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
+  auto call = Make<SETATTR3args, SETATTR3res>("SETATTR", &rpc_nfs3_setattr_async);
+  call->fh1 = fh;
+  SetFh(&call->args.object, call->fh1);
+  ToSattr(sa, &call->args.new_attributes);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, SETATTR3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "SETATTR"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "SETATTR"));
+    cb(FromWcc(r->SETATTR3res_u.resok.obj_wcc));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb) {
+  auto call = Make<LOOKUP3args, LOOKUP3res>("LOOKUP", &rpc_nfs3_lookup_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  SetFh(&call->args.what.dir, call->fh1);
+  call->args.what.name = call->name1.data();
+  call->done = [cb = std::move(cb)](const CallOutcome& o, LOOKUP3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "LOOKUP"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "LOOKUP"));
+    const auto& ok = r->LOOKUP3res_u.resok;
+    cb(LookupReply{FromFh(ok.object), FromPostOp(ok.obj_attributes),
+                   FromPostOp(ok.dir_attributes)});
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb) {
+  auto call = Make<ACCESS3args, ACCESS3res>("ACCESS", &rpc_nfs3_access_async);
+  call->fh1 = fh;
+  SetFh(&call->args.object, call->fh1);
+  call->args.access = mask;
+  call->done = [cb = std::move(cb)](const CallOutcome& o, ACCESS3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "ACCESS"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "ACCESS"));
+    const auto& ok = r->ACCESS3res_u.resok;
+    cb(AccessReply{ok.access, FromPostOp(ok.obj_attributes)});
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
+  auto call = Make<READLINK3args, READLINK3res>("READLINK", &rpc_nfs3_readlink_async);
+  call->fh1 = fh;
+  SetFh(&call->args.symlink, call->fh1);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, READLINK3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READLINK"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READLINK"));
+    const char* d = r->READLINK3res_u.resok.data;
+    cb(std::string(d != nullptr ? d : ""));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb) {
+  auto call = Make<READ3args, READ3res>("READ", &rpc_nfs3_read_async);
+  call->fh1 = fh;
+  SetFh(&call->args.file, call->fh1);
+  call->args.offset = off;
+  call->args.count = count;
+  call->bytes_in = count;
+  call->done = [cb = std::move(cb)](const CallOutcome& o, READ3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READ"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READ"));
+    const auto& ok = r->READ3res_u.resok;
+    ReadReply rr;
+    rr.data = ok.data.data_val;
+    rr.len = std::min<size_t>(ok.data.data_len, ok.count);
+    rr.eof = ok.eof != 0;
+    rr.attr = FromPostOp(ok.file_attributes);
+    cb(std::move(rr));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
+                 const Cred& c, Cb<WriteReply> cb) {
+  auto call = Make<WRITE3args, WRITE3res>("WRITE", &rpc_nfs3_write_async);
+  call->fh1 = fh;
+  call->data = std::move(buf);
+  SetFh(&call->args.file, call->fh1);
+  call->args.offset = off;
+  call->args.count = static_cast<count3>(len);
+  call->args.stable = stable ? FILE_SYNC : UNSTABLE;
+  call->args.data.data_len = static_cast<u_int>(len);
+  call->args.data.data_val = const_cast<char*>(call->data->data() + buf_off);
+  call->bytes_out = len;
+  call->done = [cb = std::move(cb)](const CallOutcome& o, WRITE3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "WRITE"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "WRITE"));
+    const auto& ok = r->WRITE3res_u.resok;
+    cb(WriteReply{ok.count, ok.committed != UNSTABLE, Verf8(ok.verf), FromWcc(ok.file_wcc)});
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
+  auto call = Make<COMMIT3args, COMMIT3res>("COMMIT", &rpc_nfs3_commit_async);
+  call->fh1 = fh;
+  SetFh(&call->args.file, call->fh1);
+  call->args.offset = 0;
+  call->args.count = 0;  // the whole file
+  call->done = [cb = std::move(cb)](const CallOutcome& o, COMMIT3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "COMMIT"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "COMMIT"));
+    const auto& ok = r->COMMIT3res_u.resok;
+    cb(CommitReply{Verf8(ok.verf), FromWcc(ok.file_wcc)});
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
+                             Cb<NewObject> cb) {
+  Lookup(dir, name, c, [cb = std::move(cb)](Result<LookupReply> r) {
+    if (!r) return cb(r.error());
+    NewObject n;
+    n.fh = std::move(r->fh);
+    n.attr = std::move(r->attr);
+    n.dir.after = std::move(r->dir);
+    cb(std::move(n));
+  });
+}
+
+namespace {
+// Shared decoding of CREATE/MKDIR/SYMLINK/MKNOD replies.
+template <class ResOk>
+NewObject FromNewObject(const ResOk& ok) {
+  NewObject n;
+  if (ok.obj.handle_follows) n.fh = FromFh(ok.obj.post_op_fh3_u.handle);
+  n.attr = FromPostOp(ok.obj_attributes);
+  n.dir = FromWcc(ok.dir_wcc);
+  return n;
+}
+}  // namespace
+
+// The four object-creating procedures share the reissue rule for EEXIST.
+#define MPNFS_NEWOBJ_DONE(OP, RES, UNION, reissue_rule)                                     \
+  [this, cb = std::move(cb), dir, name, c, reissue_rule](const CallOutcome& o,            \
+                                                         RES* r) mutable {                \
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, OP));                    \
+    if (r->status == NFS3ERR_EXIST && o.reissued && reissue_rule)                         \
+      return NewObjectOrLookup(dir, name, c, std::move(cb));                              \
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, OP));                      \
+    cb(FromNewObject(r->UNION.resok));                                                    \
+  }
+
+void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
+                  uint64_t verf, const Cred& c, Cb<NewObject> cb) {
+  auto call = Make<CREATE3args, CREATE3res>("CREATE", &rpc_nfs3_create_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  SetFh(&call->args.where.dir, call->fh1);
+  call->args.where.name = call->name1.data();
+  switch (mode) {
+    case CreateMode::kUnchecked:
+      call->args.how.mode = UNCHECKED;
+      ToSattr(sa, &call->args.how.createhow3_u.obj_attributes);
+      break;
+    case CreateMode::kGuarded:
+      call->args.how.mode = GUARDED;
+      ToSattr(sa, &call->args.how.createhow3_u.g_obj_attributes);
+      break;
+    case CreateMode::kExclusive:
+      call->args.how.mode = EXCLUSIVE;
+      std::memcpy(call->args.how.createhow3_u.verf, &verf, 8);
+      break;
+  }
+  bool guarded = mode == CreateMode::kGuarded;
+  call->done = MPNFS_NEWOBJ_DONE("CREATE", CREATE3res, CREATE3res_u, guarded);
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
+                 Cb<NewObject> cb) {
+  auto call = Make<MKDIR3args, MKDIR3res>("MKDIR", &rpc_nfs3_mkdir_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  SetFh(&call->args.where.dir, call->fh1);
+  call->args.where.name = call->name1.data();
+  ToSattr(sa, &call->args.attributes);
+  bool rule = true;
+  call->done = MPNFS_NEWOBJ_DONE("MKDIR", MKDIR3res, MKDIR3res_u, rule);
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& target,
+                   const SetAttr& sa, const Cred& c, Cb<NewObject> cb) {
+  auto call = Make<SYMLINK3args, SYMLINK3res>("SYMLINK", &rpc_nfs3_symlink_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  call->name2 = target;
+  SetFh(&call->args.where.dir, call->fh1);
+  call->args.where.name = call->name1.data();
+  ToSattr(sa, &call->args.symlink.symlink_attributes);
+  call->args.symlink.symlink_data = call->name2.data();
+  bool rule = true;
+  call->done = MPNFS_NEWOBJ_DONE("SYMLINK", SYMLINK3res, SYMLINK3res_u, rule);
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
+                 uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb) {
+  auto call = Make<MKNOD3args, MKNOD3res>("MKNOD", &rpc_nfs3_mknod_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  SetFh(&call->args.where.dir, call->fh1);
+  call->args.where.name = call->name1.data();
+  auto& what = call->args.what;
+  switch (type) {
+    case Ftype::kChr:
+      what.type = NF3CHR;
+      ToSattr(sa, &what.mknoddata3_u.chr_device.dev_attributes);
+      what.mknoddata3_u.chr_device.spec = {major, minor};
+      break;
+    case Ftype::kBlk:
+      what.type = NF3BLK;
+      ToSattr(sa, &what.mknoddata3_u.blk_device.dev_attributes);
+      what.mknoddata3_u.blk_device.spec = {major, minor};
+      break;
+    case Ftype::kSock:
+      what.type = NF3SOCK;
+      ToSattr(sa, &what.mknoddata3_u.sock_attributes);
+      break;
+    default:
+      what.type = NF3FIFO;
+      ToSattr(sa, &what.mknoddata3_u.pipe_attributes);
+      break;
+  }
+  bool rule = true;
+  call->done = MPNFS_NEWOBJ_DONE("MKNOD", MKNOD3res, MKNOD3res_u, rule);
+  engine_.Submit(call, c);
+}
+#undef MPNFS_NEWOBJ_DONE
+
+void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
+  auto call = Make<REMOVE3args, REMOVE3res>("REMOVE", &rpc_nfs3_remove_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  SetFh(&call->args.object.dir, call->fh1);
+  call->args.object.name = call->name1.data();
+  call->done = [cb = std::move(cb)](const CallOutcome& o, REMOVE3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "REMOVE"));
+    if (r->status == NFS3ERR_NOENT && o.reissued) return cb(Wcc{});
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "REMOVE"));
+    cb(FromWcc(r->REMOVE3res_u.resok.dir_wcc));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
+  auto call = Make<RMDIR3args, RMDIR3res>("RMDIR", &rpc_nfs3_rmdir_async);
+  call->fh1 = dir;
+  call->name1 = name;
+  SetFh(&call->args.object.dir, call->fh1);
+  call->args.object.name = call->name1.data();
+  call->done = [cb = std::move(cb)](const CallOutcome& o, RMDIR3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "RMDIR"));
+    if (r->status == NFS3ERR_NOENT && o.reissued) return cb(Wcc{});
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "RMDIR"));
+    cb(FromWcc(r->RMDIR3res_u.resok.dir_wcc));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
+                  const std::string& to, const Cred& c, Cb<RenameReply> cb) {
+  auto call = Make<RENAME3args, RENAME3res>("RENAME", &rpc_nfs3_rename_async);
+  call->fh1 = from_dir;
+  call->fh2 = to_dir;
+  call->name1 = from;
+  call->name2 = to;
+  SetFh(&call->args.from.dir, call->fh1);
+  call->args.from.name = call->name1.data();
+  SetFh(&call->args.to.dir, call->fh2);
+  call->args.to.name = call->name2.data();
+  call->done = [cb = std::move(cb)](const CallOutcome& o, RENAME3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "RENAME"));
+    if (r->status == NFS3ERR_NOENT && o.reissued) return cb(RenameReply{});
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "RENAME"));
+    const auto& ok = r->RENAME3res_u.resok;
+    cb(RenameReply{FromWcc(ok.fromdir_wcc), FromWcc(ok.todir_wcc)});
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
+                Cb<LinkReply> cb) {
+  auto call = Make<LINK3args, LINK3res>("LINK", &rpc_nfs3_link_async);
+  call->fh1 = fh;
+  call->fh2 = dir;
+  call->name1 = name;
+  SetFh(&call->args.file, call->fh1);
+  SetFh(&call->args.link.dir, call->fh2);
+  call->args.link.name = call->name1.data();
+  call->done = [cb = std::move(cb)](const CallOutcome& o, LINK3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "LINK"));
+    if (r->status == NFS3ERR_EXIST && o.reissued) return cb(LinkReply{});
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "LINK"));
+    const auto& ok = r->LINK3res_u.resok;
+    cb(LinkReply{FromPostOp(ok.file_attributes), FromWcc(ok.linkdir_wcc)});
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
+                   Cb<DirPage> cb) {
+  auto call = Make<READDIR3args, READDIR3res>("READDIR", &rpc_nfs3_readdir_async);
+  call->fh1 = dir;
+  SetFh(&call->args.dir, call->fh1);
+  call->args.cookie = cookie;
+  std::memcpy(call->args.cookieverf, &verf, 8);
+  call->args.count = count;
+  call->done = [cb = std::move(cb)](const CallOutcome& o, READDIR3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READDIR"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READDIR"));
+    const auto& ok = r->READDIR3res_u.resok;
+    DirPage p;
+    p.verf = Verf8(ok.cookieverf);
+    p.eof = ok.reply.eof != 0;
+    p.dir = FromPostOp(ok.dir_attributes);
+    for (entry3* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
+      p.entries.push_back(DirEntry{e->fileid, e->name, e->cookie, std::nullopt, std::nullopt});
+    }
+    cb(std::move(p));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
+                       uint32_t maxcount, const Cred& c, Cb<DirPage> cb) {
+  auto call = Make<READDIRPLUS3args, READDIRPLUS3res>("READDIRPLUS", &rpc_nfs3_readdirplus_async);
+  call->fh1 = dir;
+  SetFh(&call->args.dir, call->fh1);
+  call->args.cookie = cookie;
+  std::memcpy(call->args.cookieverf, &verf, 8);
+  call->args.dircount = dircount;
+  call->args.maxcount = maxcount;
+  call->done = [cb = std::move(cb)](const CallOutcome& o, READDIRPLUS3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READDIRPLUS"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READDIRPLUS"));
+    const auto& ok = r->READDIRPLUS3res_u.resok;
+    DirPage p;
+    p.verf = Verf8(ok.cookieverf);
+    p.eof = ok.reply.eof != 0;
+    p.dir = FromPostOp(ok.dir_attributes);
+    for (entryplus3* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
+      DirEntry d{e->fileid, e->name, e->cookie, FromPostOp(e->name_attributes), std::nullopt};
+      if (e->name_handle.handle_follows) d.fh = FromFh(e->name_handle.post_op_fh3_u.handle);
+      p.entries.push_back(std::move(d));
+    }
+    cb(std::move(p));
+  };
+  engine_.Submit(call, c);
+}
+
+void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so) {
+  auto call = Make<FSSTAT3args, FSSTAT3res>("FSSTAT", &rpc_nfs3_fsstat_async);
+  call->fh1 = fh;
+  SetFh(&call->args.fsroot, call->fh1);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, FSSTAT3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "FSSTAT"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "FSSTAT"));
+    const auto& ok = r->FSSTAT3res_u.resok;
+    cb(FsStat{ok.tbytes, ok.fbytes, ok.abytes, ok.tfiles, ok.ffiles, ok.afiles});
+  };
+  engine_.Submit(call, c, so);
+}
+
+void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so) {
+  auto call = Make<FSINFO3args, FSINFO3res>("FSINFO", &rpc_nfs3_fsinfo_async);
+  call->fh1 = fh;
+  SetFh(&call->args.fsroot, call->fh1);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, FSINFO3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "FSINFO"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "FSINFO"));
+    const auto& ok = r->FSINFO3res_u.resok;
+    cb(FsInfo{ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref, ok.dtpref, ok.maxfilesize,
+              {ok.time_delta.seconds, ok.time_delta.nseconds}});
+  };
+  engine_.Submit(call, c, so);
+}
+
+void Nfs3::Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::SubmitOptions so) {
+  auto call = Make<PATHCONF3args, PATHCONF3res>("PATHCONF", &rpc_nfs3_pathconf_async);
+  call->fh1 = fh;
+  SetFh(&call->args.object, call->fh1);
+  call->done = [cb = std::move(cb)](const CallOutcome& o, PATHCONF3res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, "PATHCONF"));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, "PATHCONF"));
+    const auto& ok = r->PATHCONF3res_u.resok;
+    cb(PathConf{ok.linkmax, ok.name_max});
+  };
+  engine_.Submit(call, c, so);
+}
+
+}  // namespace mpnfs::nfs

@@ -1,0 +1,88 @@
+// Nfs3: typed, asynchronous NFSv3 procedures on top of the path engine.
+//
+// Each method builds one RpcCall (arguments owned by the call, so the engine
+// can retransmit it), submits it, and later calls `cb` exactly once on a loop
+// thread with the converted reply or an Error carrying an errno. Callbacks
+// must not block: they run on the thread that drives the connection.
+//
+// Non-idempotent calls sent again after their connection broke (the engine
+// flags them `reissued`) may have executed the first time, and the second
+// execution then fails in a way that is really success. The rules, applied
+// here where the reply is decoded, are those of RFC 1813's implementation notes
+// and of the Linux client:
+//   REMOVE, RMDIR reissued -> ENOENT means our first REMOVE did it: success.
+//   RENAME reissued        -> ENOENT means our first RENAME did it: success.
+//   LINK reissued          -> EEXIST means our first LINK did it: success.
+//   MKDIR, SYMLINK, MKNOD, GUARDED CREATE reissued -> EEXIST: LOOKUP the name
+//                             and return what is there as the new object.
+//   EXCLUSIVE CREATE needs no rule: the server matches the verifier.
+// The residual risk (another client did the same thing in between) is the one
+// every NFSv3 client accepts.
+//
+// Thread safety: all methods are thread safe.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "mpnfs/result.h"
+#include "nfs/types.h"
+
+namespace mpnfs::nfs {
+
+using engine::Cred;
+
+template <class T>
+using Cb = std::function<void(Result<T>)>;
+
+// Data for WRITE, shared so that the call can be resent after a failure.
+using Buffer = std::shared_ptr<const std::string>;
+
+class Nfs3 {
+ public:
+  explicit Nfs3(engine::Engine& engine) : engine_(engine) {}
+
+  void Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so = {});
+  void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so = {});
+  void Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb);
+  void Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb);
+  void Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb);
+  void Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb);
+  // ReadReply::data is valid only during the callback.
+  void Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb);
+  void Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
+             const Cred& c, Cb<WriteReply> cb);
+  void Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb);
+  void Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
+              uint64_t verf, const Cred& c, Cb<NewObject> cb);
+  void Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
+             Cb<NewObject> cb);
+  void Symlink(const Fh& dir, const std::string& name, const std::string& target,
+               const SetAttr& sa, const Cred& c, Cb<NewObject> cb);
+  void Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
+             uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb);
+  void Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb);
+  void Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb);
+  void Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
+              const std::string& to, const Cred& c, Cb<RenameReply> cb);
+  void Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
+            Cb<LinkReply> cb);
+  void Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
+               Cb<DirPage> cb);
+  void Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
+                   uint32_t maxcount, const Cred& c, Cb<DirPage> cb);
+  void Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so = {});
+  void Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so = {});
+  void Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::SubmitOptions so = {});
+
+  engine::Engine& engine() { return engine_; }
+
+ private:
+  void NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
+                         Cb<NewObject> cb);
+  engine::Engine& engine_;
+};
+
+}  // namespace mpnfs::nfs

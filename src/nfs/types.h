@@ -1,0 +1,137 @@
+// NFSv3 values in the gateway's own types.
+//
+// The filesystem layer works with these, never with libnfs's XDR structs, so
+// that libnfs stays inside src/nfs/. Conversions live in nfs3.cc.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mpnfs::nfs {
+
+using Fh = std::string;  // opaque file handle bytes (<= 64)
+
+enum class Ftype : uint8_t { kNone = 0, kReg, kDir, kBlk, kChr, kLnk, kSock, kFifo };
+
+struct Time {
+  uint32_t sec = 0;
+  uint32_t nsec = 0;
+  bool operator==(const Time&) const = default;
+  auto operator<=>(const Time&) const = default;
+};
+
+struct Attr {
+  Ftype type = Ftype::kNone;
+  uint32_t mode = 0;  // permission bits incl. suid/sgid/sticky (no type bits)
+  uint32_t nlink = 0;
+  uint32_t uid = 0, gid = 0;
+  uint64_t size = 0, used = 0;
+  uint32_t rdev_major = 0, rdev_minor = 0;
+  uint64_t fsid = 0, fileid = 0;
+  Time atime, mtime, ctime;
+};
+
+// What a SETATTR changes; unset members are left alone.
+struct SetAttr {
+  std::optional<uint32_t> mode, uid, gid;
+  std::optional<uint64_t> size;
+  enum class TimeHow { kDontChange, kServer, kClient };
+  TimeHow atime_how = TimeHow::kDontChange, mtime_how = TimeHow::kDontChange;
+  Time atime, mtime;
+};
+
+// Weak cache consistency data: attributes before and after an operation.
+struct Wcc {
+  struct Before {
+    uint64_t size;
+    Time mtime, ctime;
+  };
+  std::optional<Before> before;
+  std::optional<Attr> after;
+};
+
+struct NewObject {  // CREATE, MKDIR, SYMLINK, MKNOD
+  std::optional<Fh> fh;
+  std::optional<Attr> attr;
+  Wcc dir;
+};
+
+struct LookupReply {
+  Fh fh;
+  std::optional<Attr> attr;
+  std::optional<Attr> dir;
+};
+
+struct ReadReply {  // data points into the RPC receive buffer: valid only inside the callback
+  const char* data = nullptr;
+  size_t len = 0;
+  bool eof = false;
+  std::optional<Attr> attr;
+};
+
+struct WriteReply {
+  uint32_t count = 0;
+  bool stable = false;  // committed FILE_SYNC/DATA_SYNC by the server
+  uint64_t verf = 0;
+  Wcc wcc;
+};
+
+struct CommitReply {
+  uint64_t verf = 0;
+  Wcc wcc;
+};
+
+struct DirEntry {
+  uint64_t fileid = 0;
+  std::string name;
+  uint64_t cookie = 0;
+  std::optional<Attr> attr;  // READDIRPLUS only
+  std::optional<Fh> fh;      // READDIRPLUS only
+};
+
+struct DirPage {
+  uint64_t verf = 0;
+  bool eof = false;
+  std::vector<DirEntry> entries;
+  std::optional<Attr> dir;
+};
+
+struct FsStat {
+  uint64_t tbytes = 0, fbytes = 0, abytes = 0, tfiles = 0, ffiles = 0, afiles = 0;
+};
+
+struct FsInfo {
+  uint32_t rtmax = 0, rtpref = 0, wtmax = 0, wtpref = 0, dtpref = 0;
+  uint64_t maxfilesize = 0;
+  Time time_delta;
+};
+
+struct PathConf {
+  uint32_t linkmax = 0, name_max = 255;
+};
+
+struct RenameReply {
+  Wcc from, to;
+};
+
+struct LinkReply {
+  std::optional<Attr> attr;
+  Wcc dir;
+};
+
+struct AccessReply {
+  uint32_t access = 0;
+  std::optional<Attr> attr;
+};
+
+enum class CreateMode { kUnchecked, kGuarded, kExclusive };
+
+// NFSv3 ACCESS bits (RFC 1813).
+inline constexpr uint32_t kAccessRead = 0x01, kAccessLookup = 0x02, kAccessModify = 0x04,
+                          kAccessExtend = 0x08, kAccessDelete = 0x10, kAccessExecute = 0x20;
+
+}  // namespace mpnfs::nfs
