@@ -111,7 +111,8 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   if (info->wtmax > 0) m.fs.wsize = std::min(m.fs.wsize, info->wtmax);
   if (info->dtpref > 0) m.fs.dtpref = info->dtpref;
   auto pc = Wait<nfs::PathConf>([&](nfs::Cb<nfs::PathConf> cb) { nfs.Pathconf(*root, {}, cb, so); });
-  if (pc && pc->name_max > 0) m.fs.name_max = pc->name_max;
+  // Linux programs assume NAME_MAX (255); a server may allow more (Ganesha says 1024).
+  if (pc && pc->name_max > 0) m.fs.name_max = std::min<uint32_t>(pc->name_max, 255);
   log->info("mounted {}:{} (rsize {} wsize {}, {} connection(s))", m.server, m.export_path,
             m.fs.rsize, m.fs.wsize, m.engine.conns_per_path);
 

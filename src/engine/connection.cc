@@ -80,11 +80,18 @@ void Connection::OnConnected(bool ok, const std::string& error) {
   failed_connects_ = 0;
 }
 
+void Connection::Deliver(std::shared_ptr<Request> r) {
+  stats_.queued.fetch_add(1, std::memory_order_relaxed);
+  loop_->Post(this, std::move(r));
+}
+
 void Connection::Enqueue(std::shared_ptr<Request> r) {
-  if (r->done) return;
+  if (r->done) {
+    stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
   if (r->give_up != Clock::time_point::max()) NoteDeadline(r->give_up);
   pending_.push_back(std::move(r));
-  stats_.queued.fetch_add(1, std::memory_order_relaxed);
   Pump();
 }
 
@@ -201,7 +208,7 @@ void Connection::Fail(const std::string& why) {
     stats_.reissues.fetch_add(1, std::memory_order_relaxed);
     Connection* other = engine_->PickConnection(this);
     if (other != nullptr) {
-      other->loop()->Post(other, r);
+      other->Deliver(r);
     } else {
       pending_.push_front(r);
       stats_.queued.fetch_add(1, std::memory_order_relaxed);
@@ -213,7 +220,7 @@ void Connection::Fail(const std::string& why) {
     while (!pending_.empty()) {
       Connection* other = engine_->PickConnection(this);
       if (other == nullptr) break;
-      other->loop()->Post(other, std::move(pending_.front()));
+      other->Deliver(std::move(pending_.front()));
       pending_.pop_front();
       stats_.queued.fetch_sub(1, std::memory_order_relaxed);
     }

@@ -45,6 +45,10 @@ class Connection : public TransportSink {
   Loop* loop() const { return loop_; }
   ConnectionStats Snapshot() const;
 
+  // Any thread: hand `r` to this connection through its loop's mailbox. The
+  // call counts as queued from now on, so the picker sees it at once.
+  void Deliver(std::shared_ptr<Request> r);
+
   // --- loop thread only ---
   void Enqueue(std::shared_ptr<Request> r);
   void Connect();

@@ -75,8 +75,7 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
-  Connection* c = PickConnection(nullptr);
-  c->loop()->Post(c, std::move(r));
+  PickConnection(nullptr)->Deliver(std::move(r));
 }
 
 std::vector<ConnectionStats> Engine::Stats() const {

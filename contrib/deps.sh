@@ -1,0 +1,23 @@
+#!/bin/bash
+# Installs (apt, Debian 12) what building, testing and the demo need, and
+# only what is missing. Safe to run repeatedly.
+set -euo pipefail
+PKGS=(meson ninja-build g++ pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
+      libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind fio python3 python3-pytest iproute2 attr
+      acl psmisc util-linux procps)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Ganesha's Debian package may start its own daemon; the test bed runs its own.
+if command -v systemctl >/dev/null && systemctl is-active --quiet nfs-ganesha 2>/dev/null; then
+  systemctl stop nfs-ganesha || true
+fi
+[ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
+[ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing (FUSE not available)" >&2; exit 1; }

@@ -1,0 +1,22 @@
+#!/bin/bash
+# The whole test suite: installs what is missing, builds, runs the unit tests
+# (plain, under ASan+UBSan, and the engine's concurrency tests under TSan),
+# then the integration tests against a real NFS-Ganesha through real FUSE
+# mounts. Run as root on Debian 12. .ci/run calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+contrib/deps.sh
+echo "== build"
+contrib/build.sh build
+echo "== unit tests"
+meson test -C build --suite unit --print-errorlogs
+echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+contrib/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C build-asan --suite unit --print-errorlogs
+echo "== engine concurrency tests under ThreadSanitizer"
+[ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false >/dev/null
+ninja -C build-tsan src/engine_test src/inode_table_test
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan engine inode_table --print-errorlogs
+echo "== integration tests (NFS-Ganesha in a network namespace, real FUSE mounts)"
+MPNFS_BIN="$PWD/build/src/mpnfs" /usr/bin/python3 -m pytest -v -p no:cacheprovider test/integration

@@ -1,0 +1,118 @@
+#include "cli/options.h"
+
+#include <gtest/gtest.h>
+
+namespace mpnfs::cli {
+namespace {
+
+using namespace std::chrono_literals;
+
+Result<MountOptions> Parse(std::vector<std::string> a) { return ParseMountArgs(a); }
+
+TEST(OptionsTest, DefaultsMatchTheManPage) {
+  auto m = Parse({"srv:/exp", "/mnt"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->server, "srv");
+  EXPECT_EQ(m->export_path, "/exp");
+  EXPECT_EQ(m->mountpoint, "/mnt");
+  EXPECT_FALSE(m->foreground);
+  EXPECT_EQ(m->port, 2049);
+  EXPECT_EQ(m->mount_port, 0);
+  EXPECT_FALSE(m->engine.soft);
+  EXPECT_EQ(m->engine.timeo, 60000ms);
+  EXPECT_EQ(m->engine.retrans, 2);
+  EXPECT_EQ(m->engine.max_inflight, 128);
+  EXPECT_EQ(m->engine.conns_per_path, 1);
+  EXPECT_EQ(m->fs.acregmin, 3);
+  EXPECT_EQ(m->fs.acregmax, 60);
+  EXPECT_EQ(m->fs.acdirmin, 30);
+  EXPECT_EQ(m->fs.acdirmax, 60);
+  EXPECT_TRUE(m->fs.cto);
+  EXPECT_FALSE(m->fs.direct_io);
+  EXPECT_EQ(m->fs.write_behind, 64u << 20);
+  EXPECT_EQ(m->mount_timeout_s, 30);
+  EXPECT_EQ(m->log_level, "info");
+}
+
+TEST(OptionsTest, ParsesNfsOptions) {
+  auto m = Parse({"-o", "soft,timeo=20,retrans=5,rsize=65536,wsize=131072,port=2050",
+                  "-omountport=20048,direct_io,nocto", "10.0.0.1:/a/b", "/m", "-f"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_TRUE(m->engine.soft);
+  EXPECT_EQ(m->engine.timeo, 2000ms);
+  EXPECT_EQ(m->engine.retrans, 5);
+  EXPECT_EQ(m->fs.rsize, 65536u);
+  EXPECT_EQ(m->fs.wsize, 131072u);
+  EXPECT_EQ(m->port, 2050);
+  EXPECT_EQ(m->mount_port, 20048);
+  EXPECT_TRUE(m->fs.direct_io);
+  EXPECT_FALSE(m->fs.cto);
+  EXPECT_TRUE(m->foreground);
+}
+
+TEST(OptionsTest, ActimeoAndNoacSetAllFour) {
+  auto m = Parse({"s:/e", "/m", "-o", "actimeo=7"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->fs.acregmin, 7);
+  EXPECT_EQ(m->fs.acdirmax, 7);
+  m = Parse({"s:/e", "/m", "-o", "noac"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->fs.acregmax, 0);
+  EXPECT_EQ(m->fs.acdirmin, 0);
+}
+
+TEST(OptionsTest, AcceptsFstabOnlyOptions) {
+  auto m = Parse({"s:/e", "/m", "-o",
+                  "rw,_netdev,nofail,noauto,defaults,x-systemd.automount,x-systemd.mount-timeout=30,"
+                  "allow_other,default_permissions,nosuid"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->fuse_opts,
+            (std::vector<std::string>{"rw", "allow_other", "default_permissions", "nosuid"}));
+}
+
+TEST(OptionsTest, RejectsBadInputWithAClearMessage) {
+  auto m = Parse({"s:/e", "/m", "-o", "frobnicate"});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().what.find("frobnicate"), std::string::npos);
+  m = Parse({"s:/e", "/m", "-o", "timeo=abc"});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().what.find("timeo"), std::string::npos);
+  m = Parse({"s:/e", "/m", "-o", "rsize=1"});
+  EXPECT_FALSE(m.ok());
+  m = Parse({"s:/e", "/m", "-o", "timeo"});
+  EXPECT_FALSE(m.ok());
+  m = Parse({"server-without-export", "/m"});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().what.find("SERVER:/EXPORT"), std::string::npos);
+  m = Parse({"s:/e"});
+  EXPECT_FALSE(m.ok());
+  m = Parse({"s:/e", "/m", "-o", "acregmin=10,acregmax=5"});
+  EXPECT_FALSE(m.ok());
+  m = Parse({"s:/e", "/m", "-o", "log_level=loud"});
+  EXPECT_FALSE(m.ok());
+  m = Parse({"s:/e", "/m", "--bogus"});
+  EXPECT_FALSE(m.ok());
+}
+
+TEST(OptionsTest, SplitsSources) {
+  std::string s, e;
+  EXPECT_TRUE(SplitSource("host:/x", &s, &e));
+  EXPECT_EQ(s, "host");
+  EXPECT_EQ(e, "/x");
+  EXPECT_TRUE(SplitSource("[fe80::1]:/x", &s, &e));
+  EXPECT_EQ(s, "fe80::1");
+  EXPECT_FALSE(SplitSource("host:x", &s, &e));
+  EXPECT_FALSE(SplitSource(":/x", &s, &e));
+}
+
+TEST(OptionsTest, HelpAndVersionNeedNoSource) {
+  auto m = Parse({"-h"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->help);
+  m = Parse({"--version"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->version);
+}
+
+}  // namespace
+}  // namespace mpnfs::cli

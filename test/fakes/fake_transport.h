@@ -1,0 +1,197 @@
+// FakeNet / FakeTransport: an in-memory engine::Transport for unit tests.
+//
+// The test thread scripts the "network" through FakeNet (answer or drop
+// calls, reset connections, refuse connects); every change is applied on the
+// engine's loop thread inside Service(), woken through an eventfd, exactly as
+// a socket would wake it. Nothing sleeps or polls.
+#pragma once
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "engine/transport.h"
+
+namespace mpnfs::testing {
+
+class FakeTransport;
+
+class FakeNet {
+ public:
+  // Knobs, read under mu on the loop thread.
+  bool refuse_connect = false;
+  bool auto_reply = true;
+  int drop_first_n = 0;  // calls whose first transmission is never answered
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint32_t> issued_xids;  // every transmission, in order
+  int connect_attempts = 0;
+  int max_pending_seen = 0;
+
+  void Set(const std::function<void(FakeNet&)>& fn) {
+    std::vector<FakeTransport*> live;
+    {
+      std::lock_guard lock(mu);
+      fn(*this);
+      live.assign(live_.begin(), live_.end());
+    }
+    for (auto* t : live) Poke(t);
+  }
+  // Answer every pending call on every live transport.
+  void ReplyAll();
+  // Break every live connection (as a reset would).
+  void ResetAll();
+  // Waits (with a generous cap) until pred holds; returns whether it did.
+  bool WaitFor(const std::function<bool(FakeNet&)>& pred, int ms = 5000) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return pred(*this); });
+  }
+
+ private:
+  friend class FakeTransport;
+  void Poke(FakeTransport* t);
+  std::set<FakeTransport*> live_;
+};
+
+class FakeTransport final : public engine::Transport {
+ public:
+  FakeTransport(FakeNet* net, engine::TransportSink* sink) : net_(net), sink_(sink) {
+    efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  }
+  ~FakeTransport() override {
+    Close();
+    close(efd_);
+  }
+
+  bool StartConnect(const engine::Endpoint&, std::string*) override {
+    std::lock_guard lock(net_->mu);
+    net_->connect_attempts++;
+    connect_result_ = !net_->refuse_connect;
+    connecting_ = true;
+    net_->live_.insert(this);
+    net_->cv.notify_all();
+    Signal();
+    return true;
+  }
+  int Fd() const override { return efd_; }
+  int Events() const override { return 1; /* POLLIN */ }
+  bool Service(int) override {
+    uint64_t v;
+    ssize_t n = read(efd_, &v, sizeof(v));
+    (void)n;
+    bool reset, reply_all;
+    {
+      std::lock_guard lock(net_->mu);
+      reset = reset_;
+      reply_all = reply_all_;
+      reset_ = reply_all_ = false;
+    }
+    if (connecting_) {
+      connecting_ = false;
+      if (!connect_result_) {
+        sink_->OnConnected(false, "connection refused (fake)");
+        return false;
+      }
+      sink_->OnConnected(true, {});
+    }
+    if (reset) {
+      auto p = std::move(pending_);
+      pending_.clear();
+      for (auto& c : p) sink_->OnReply(c.token, engine::ReplyStatus::kError, nullptr, "reset");
+      return false;
+    }
+    std::vector<Call> answer;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (reply_all || it->auto_answer) {
+        answer.push_back(*it);
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& c : answer) {
+      static int result = 0;
+      sink_->OnReply(c.token, engine::ReplyStatus::kSuccess, &result, nullptr);
+    }
+    return true;
+  }
+  int Issue(engine::RpcCall&, uint32_t xid, const engine::Cred&, engine::CallToken* token) override {
+    bool answer;
+    {
+      std::lock_guard lock(net_->mu);
+      net_->issued_xids.push_back(xid);
+      bool first = seen_.insert(xid).second;
+      answer = net_->auto_reply;
+      if (first && net_->drop_first_n > 0) {
+        net_->drop_first_n--;
+        answer = false;
+      }
+      net_->max_pending_seen =
+          std::max<int>(net_->max_pending_seen, static_cast<int>(pending_.size()) + 1);
+      net_->cv.notify_all();
+    }
+    pending_.push_back(Call{token, answer});
+    if (answer) Signal();
+    return 0;
+  }
+  void Close() override {
+    {
+      std::lock_guard lock(net_->mu);
+      net_->live_.erase(this);
+    }
+    auto p = std::move(pending_);
+    pending_.clear();
+    for (auto& c : p) sink_->OnReply(c.token, engine::ReplyStatus::kCancel, nullptr, nullptr);
+  }
+  std::string LastError() const override { return "fake error"; }
+
+  void Signal() {
+    uint64_t one = 1;
+    ssize_t n = write(efd_, &one, sizeof(one));
+    (void)n;
+  }
+
+ private:
+  friend class FakeNet;
+  struct Call {
+    engine::CallToken* token;
+    bool auto_answer;
+  };
+  FakeNet* net_;
+  engine::TransportSink* sink_;
+  int efd_;
+  bool connecting_ = false;
+  bool connect_result_ = true;
+  std::deque<Call> pending_;
+  std::set<uint32_t> seen_;
+  bool reset_ = false;      // guarded by net_->mu
+  bool reply_all_ = false;  // guarded by net_->mu
+};
+
+inline void FakeNet::Poke(FakeTransport* t) { t->Signal(); }
+
+inline void FakeNet::ReplyAll() {
+  std::lock_guard lock(mu);
+  for (auto* t : live_) {
+    t->reply_all_ = true;
+    t->Signal();
+  }
+}
+
+inline void FakeNet::ResetAll() {
+  std::lock_guard lock(mu);
+  for (auto* t : live_) {
+    t->reset_ = true;
+    t->Signal();
+  }
+}
+
+}  // namespace mpnfs::testing
