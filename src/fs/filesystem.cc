@@ -35,6 +35,13 @@ bool NameOk(const std::string& name, uint32_t max, Error* e) {
   return true;
 }
 
+// A mode-only SETATTR (what the kernel sends to clear setuid/setgid).
+bool IsKillPriv(const nfs::SetAttr& sa) {
+  return sa.mode && !sa.uid && !sa.gid && !sa.size &&
+         sa.atime_how == nfs::SetAttr::TimeHow::kDontChange &&
+         sa.mtime_how == nfs::SetAttr::TimeHow::kDontChange;
+}
+
 uint64_t RandomVerifier() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   return rng();
@@ -158,6 +165,19 @@ void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb
     }
   }
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, cb = std::move(cb)](Result<nfs::Wcc> r) {
+    if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
+      // The kernel asks to drop setuid/setgid before a non-owner's write; the
+      // server refuses the SETATTR to a non-owner but clears the bits itself
+      // when that user writes. Report the attributes as they are.
+      return nfs_.Getattr(inode->fh(), c, [this, inode, sa, cb](Result<nfs::Attr> a) {
+        if (!a) return cb(a.error());
+        constexpr uint32_t kPriv = S_ISUID | S_ISGID;
+        if ((a->mode & ~kPriv) != (*sa.mode & ~kPriv) || (*sa.mode & ~a->mode) != 0) {
+          return cb(Error::Errno(EPERM, "SETATTR: not permitted"));
+        }
+        cb(MakeAttr(inode, *a));
+      });
+    }
     if (!r) return cb(r.error());
     if (sa.size) {
       std::lock_guard lock(inode->mu);
@@ -564,7 +584,11 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
                   inode->last_write_done_seq = NextSeq();
                   if (behind) {
                     inode->behind_bytes -= size;
-                    if (op->err && !inode->write_error) inode->write_error = op->err;
+                    if (op->err && !inode->write_error) {
+                      inode->write_error = op->err;
+                      log_->warn("write-behind failed ({}); reported at the next write, fsync or close",
+                                 op->err->what);
+                    }
                     // Admit parked writes that now fit the window.
                     while (!inode->parked.empty() &&
                            (inode->behind_bytes == 0 ||

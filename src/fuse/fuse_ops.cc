@@ -3,6 +3,8 @@
 #include <fcntl.h>
 
 #include <cstring>
+
+#include "common/log.h"
 #include <string>
 #include <vector>
 
@@ -13,7 +15,11 @@ FuseContext* Ctx(fuse_req_t req) { return static_cast<FuseContext*>(fuse_req_use
 fs::Filesystem& Fs(fuse_req_t req) { return *Ctx(req)->fs; }
 engine::Cred CredOf(fuse_req_t req) { return Ctx(req)->creds.For(req); }
 
-void ReplyError(fuse_req_t req, const Error& e) { fuse_reply_err(req, e.err > 0 ? e.err : EIO); }
+void ReplyError(fuse_req_t req, const Error& e) {
+  static const auto log = Log("fuse");
+  log->debug("reply {} ({})", strerror(e.err), e.what);
+  fuse_reply_err(req, e.err > 0 ? e.err : EIO);
+}
 
 fuse_entry_param ToParam(const fs::EntryOut& e) {
   fuse_entry_param p{};
@@ -37,7 +43,10 @@ auto EntryReply(fuse_req_t req) {
 }
 
 auto ErrnoReply(fuse_req_t req) {
-  return [req](Result<Ok> r) { fuse_reply_err(req, r ? 0 : (r.error().err > 0 ? r.error().err : EIO)); };
+  return [req](Result<Ok> r) {
+    if (!r) return ReplyError(req, r.error());
+    fuse_reply_err(req, 0);
+  };
 }
 
 auto AttrReply(fuse_req_t req) {
@@ -66,6 +75,11 @@ void Init(void* userdata, fuse_conn_info* conn) {
   want(FUSE_CAP_ASYNC_DIO);
   want(FUSE_CAP_PARALLEL_DIROPS);
   want(FUSE_CAP_AUTO_INVAL_DATA);  // mtime changes seen by getattr drop stale pages
+  // The NFS server clears setuid/setgid when a non-owner writes (it writes
+  // with the caller's identity). Kernels may still send a mode SETATTR first;
+  // Filesystem::Setattr tolerates the server's refusal of it.
+  want(FUSE_CAP_HANDLE_KILLPRIV);
+  Log("fuse")->debug("kernel capabilities {:#x}, wanted {:#x}", conn->capable, conn->want);
   if (ctx->opts.readdirplus) {
     want(FUSE_CAP_READDIRPLUS);
     want(FUSE_CAP_READDIRPLUS_AUTO);
@@ -95,6 +109,8 @@ void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 }
 
 void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  static const auto log = Log("fuse");
+  log->debug("setattr ino {} to_set {:#x} mode {:o}", ino, to_set, attr->st_mode);
   nfs::SetAttr sa;
   if (to_set & FUSE_SET_ATTR_MODE) sa.mode = attr->st_mode & 07777;
   if (to_set & FUSE_SET_ATTR_UID) sa.uid = attr->st_uid;

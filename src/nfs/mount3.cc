@@ -16,8 +16,9 @@ struct MountState {
 
 std::string MountStatText(int st) {
   switch (st) {
-    case MNT3ERR_NOENT: return "the server does not export this path";
-    case MNT3ERR_ACCES: return "permission denied by the server (export access list)";
+    case MNT3ERR_NOENT: return "the server does not export this path (no such export)";
+    // NFS-Ganesha answers ACCES for a path it does not export at all.
+    case MNT3ERR_ACCES: return "not exported to this client, or access denied by the export list";
     case MNT3ERR_PERM: return "not permitted by the server";
     case MNT3ERR_NOTDIR: return "export path is not a directory";
     default: return mountstat3_to_str(st);

@@ -108,13 +108,19 @@ def start_mount(mountpoint, opts="", source=None, foreground=True, extra=()):
     return proc, log
 
 
+MNT_ROOT = pathlib.Path("/tmp/mpnfs-it-mnt")  # traversable by the test's non-root users
+
+
 @pytest.fixture
-def mount_factory(bed, tmp_path):
+def mount_factory(bed, request):
     mounts = []
+    MNT_ROOT.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(MNT_ROOT, 0o755)
+    base = MNT_ROOT / f"{request.node.name[:60]}-{os.getpid()}"
 
     def make(opts="", source=None):
-        mp = tmp_path / f"mnt{len(mounts)}"
-        mp.mkdir()
+        mp = pathlib.Path(f"{base}-{len(mounts)}")
+        mp.mkdir(mode=0o755)
         proc, log = start_mount(mp, opts, source)
         m = Mount(mp, proc, log)
         mounts.append(m)
@@ -128,6 +134,8 @@ def mount_factory(bed, tmp_path):
     yield make
     for m in mounts:
         m.unmount()
+        shutil.rmtree(m.path, ignore_errors=True)
+        pathlib.Path(m.log).unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -86,6 +86,9 @@ def test_root_squash_is_respected(mount_factory):
     m = mount_factory("allow_other", source=f"{SERVER}:{SQUASHED}")
     f = m.path / "by-root"
     f.write_text("x")
-    assert os.stat(f).st_uid == 65534  # root was squashed to nobody
+    assert os.stat(f).st_uid != 0  # root was squashed to the anonymous user
+    private = m.path / "u1-private"
+    r = as_user(U1, U1, [], "sh", "-c", f"umask 077; echo p > {private}")
+    assert r.returncode == 0, r.stderr
     with pytest.raises(PermissionError):
-        os.chown(f, 0, 0)
+        private.read_text()  # root is nobody here: no access to a 0600 file of U1
