@@ -22,7 +22,7 @@ bool ToInt(const std::string& s, long lo, long hi, long* out) {
 const std::set<std::string> kFusePassthrough = {
     "allow_other", "allow_root", "default_permissions", "auto_unmount", "ro", "rw", "suid",
     "nosuid", "dev", "nodev", "exec", "noexec", "atime", "noatime", "relatime", "norelatime",
-    "strictatime", "nostrictatime", "dirsync", "sync_read", "async"};
+    "strictatime", "nostrictatime", "dirsync", "async", "lazytime", "nolazytime"};
 // Accepted for /etc/fstab and mount(8), meaningless to mpnfs.
 const std::set<std::string> kFstabOnly = {"_netdev", "nofail", "noauto", "auto", "user", "nouser",
                                           "users", "owner", "group", "defaults", "bg", "fg"};
