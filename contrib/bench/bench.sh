@@ -37,7 +37,7 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 mbps() { awk -v mib="$1" -v s="$2" 'BEGIN { printf "%.0f", mib * 1.048576 / s }'; }
 cpu() { awk '{ print ($14 + $15) }' "/proc/$PID/stat"; }
 cpu_secs() { awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", (b - a) / hz }'; }
-row() { echo "| $* |" >> "$REPORT"; echo "| $* |"; }
+row() { local line; line="|$(printf ' %s |' "$@")"; echo "$line" >> "$REPORT"; echo "$line"; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
 mount_mpnfs() {

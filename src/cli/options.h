@@ -29,6 +29,7 @@ struct MountOptions {
   int mount_timeout_s = 30;
   std::string log_level = "info";
   int max_background = 512;
+  int read_ahead_kb = 4096;
   bool readdirplus = true;
   engine::EngineOptions engine;  // paths filled from `server` after resolution
   fs::FsOptions fs;

@@ -32,6 +32,8 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->fs.write_behind, 64u << 20);
   EXPECT_EQ(m->mount_timeout_s, 30);
   EXPECT_EQ(m->log_level, "info");
+  EXPECT_EQ(m->read_ahead_kb, 4096);
+  EXPECT_EQ(m->max_background, 512);
 }
 
 TEST(OptionsTest, ParsesNfsOptions) {

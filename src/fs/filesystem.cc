@@ -617,13 +617,10 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   }
 }
 
-void Filesystem::Write(const Cred& c, OpenFile* f, const char* buf, size_t size, uint64_t off,
-                       Cb<size_t> cb) {
+void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb) {
   InodeP inode = f->inode;
+  const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
-  // The one copy: the kernel's buffer dies when this handler returns. The
-  // same buffer is sent, kept for a COMMIT mismatch, and freed after COMMIT.
-  auto data = std::make_shared<const std::string>(buf, size);
   const bool behind = opts_.write_behind > 0 && !opts_.sync && !opts_.direct_io &&
                       !(f->flags & (O_DIRECT | O_SYNC | O_DSYNC));
   if (!behind) {

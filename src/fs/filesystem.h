@@ -124,8 +124,9 @@ class Filesystem {
   // RPC receive buffer).
   void Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
             std::function<void(Result<std::string_view>)> cb);
-  void Write(const Cred& c, OpenFile* f, const char* buf, size_t size, uint64_t off,
-             Cb<size_t> cb);
+  // `data` is the write's only copy inside mpnfs: it is sent from and kept
+  // until a COMMIT covers it.
+  void Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
   void Flush(const Cred& c, OpenFile* f, Cb<Ok> cb);
   void Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb);
   void Release(OpenFile* f);

@@ -208,8 +208,18 @@ void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi
                });
 }
 
-void Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
-  Fs(req).Write(CredOf(req), File(fi), buf, size, static_cast<uint64_t>(off),
+// The request's data is copied once, into the buffer that mpnfs sends from
+// and keeps until COMMIT (libfuse reuses its own buffer for the next request).
+void WriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
+  const size_t size = fuse_buf_size(in);
+  auto data = std::make_shared<nfs::Bytes>(size);
+  fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
+  dst.buf[0].mem = data->data();
+  ssize_t got = fuse_buf_copy(&dst, in, FUSE_BUF_SPLICE_NONBLOCK);
+  if (got < 0 || static_cast<size_t>(got) != size) {
+    return (void)fuse_reply_err(req, got < 0 ? static_cast<int>(-got) : EIO);
+  }
+  Fs(req).Write(CredOf(req), File(fi), std::move(data), static_cast<uint64_t>(off),
                 [req](Result<size_t> r) {
                   if (!r) return ReplyError(req, r.error());
                   fuse_reply_write(req, *r);
@@ -333,7 +343,7 @@ fuse_lowlevel_ops MakeOps() {
   o.open = Open;
   o.create = Create;
   o.read = Read;
-  o.write = Write;
+  o.write_buf = WriteBuf;
   o.flush = Flush;
   o.fsync = Fsync;
   o.release = Release;

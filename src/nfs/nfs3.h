@@ -37,8 +37,6 @@ using engine::Cred;
 template <class T>
 using Cb = std::function<void(Result<T>)>;
 
-// Data for WRITE, shared so that the call can be resent after a failure.
-using Buffer = std::shared_ptr<const std::string>;
 
 class Nfs3 {
  public:

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,21 @@
 namespace mpnfs::nfs {
 
 using Fh = std::string;  // opaque file handle bytes (<= 64)
+
+// Data of a WRITE: a heap buffer that is not zero-filled on creation (it is
+// filled at once), shared so that the call can be resent after a failure.
+class Bytes {
+ public:
+  explicit Bytes(size_t n) : data_(new char[n]), size_(n) {}
+  char* data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_;
+};
+using Buffer = std::shared_ptr<const Bytes>;
 
 enum class Ftype : uint8_t { kNone = 0, kReg, kDir, kBlk, kChr, kLnk, kSock, kFifo };
 
