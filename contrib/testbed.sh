@@ -7,6 +7,7 @@
 #   testbed.sh down
 #   testbed.sh link down|up K    take path K down / up
 #   testbed.sh restart-server    stop and start Ganesha (export kept)
+#   testbed.sh crash-server      SIGKILL Ganesha (no goodbye to clients), start it again
 #   testbed.sh stop-server | start-server
 #   testbed.sh env               print the variables below
 #
@@ -60,8 +61,8 @@ start_server() {
 
 stop_server() {
   # Everything in the namespace was started by us (ganesha, rpcbind).
-  local p
-  for p in $(ip netns pids "$NS" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  local p sig=${1:-TERM}
+  for p in $(ip netns pids "$NS" 2>/dev/null); do kill -"$sig" "$p" 2>/dev/null || true; done
   for _ in $(seq 100); do [ -z "$(ip netns pids "$NS" 2>/dev/null)" ] && break; sleep 0.1; done
   for p in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
   for _ in $(seq 50); do server_listening || break; sleep 0.1; done
@@ -99,6 +100,7 @@ link)
   ip link set "${LP}c$3" "$2"
   ip netns exec "$NS" ip link set "${LP}s$3" "$2" ;;
 restart-server) stop_server; start_server ;;
+crash-server) stop_server KILL; start_server ;;
 stop-server) stop_server ;;
 start-server) start_server ;;
 env) echo "TB=$TB NS=$NS SERVER=10.$NET.1.2 EXPORT=$TB/export" ;;

@@ -682,6 +682,7 @@ void Filesystem::Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb) {
       inode->uncommitted.insert(inode->uncommitted.begin(), kept.begin(), kept.end());
       return cb(r.error());
     }
+    log_->debug("COMMIT of {} kept writes: verifier {:#x}", kept.size(), r->verf);
     std::vector<std::shared_ptr<Buffered>> lost;
     for (auto& b : kept) {
       if (b->verf != r->verf) lost.push_back(b);

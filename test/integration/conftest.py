@@ -44,6 +44,9 @@ class Bed:
     def restart_server(self):
         self.run("restart-server")
 
+    def crash_server(self):
+        self.run("crash-server")
+
     def stop_server(self):
         self.run("stop-server")
 
