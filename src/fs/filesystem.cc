@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "fs/gather.h"
 #include "fs/split.h"
 
 namespace mpnfs::fs {
@@ -26,14 +27,6 @@ mode_t TypeBits(nfs::Ftype t) {
 }
 
 Error Stale() { return Error::Errno(ESTALE, "unknown inode"); }
-
-bool NameOk(const std::string& name, uint32_t max, Error* e) {
-  if (name.size() > max) {
-    *e = Error::Errno(ENAMETOOLONG, "name too long");
-    return false;
-  }
-  return true;
-}
 
 // A mode-only SETATTR (what the kernel sends to clear setuid/setgid).
 bool IsKillPriv(const nfs::SetAttr& sa) {
@@ -64,6 +57,13 @@ struct stat ToStat(const nfs::Attr& a, uint32_t blksize) {
   st.st_mtim = {static_cast<time_t>(a.mtime.sec), static_cast<long>(a.mtime.nsec)};
   st.st_ctim = {static_cast<time_t>(a.ctime.sec), static_cast<long>(a.ctime.nsec)};
   return st;
+}
+
+Result<Filesystem::InodeP> Filesystem::Parent(uint64_t parent, const std::string& name) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return Stale();
+  if (name.size() > opts_.name_max) return Error::Errno(ENAMETOOLONG, "name too long");
+  return dir;
 }
 
 Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts)
@@ -119,11 +119,9 @@ void Filesystem::EntryFromFh(const Cred& c, const nfs::Fh& fh, std::optional<nfs
 
 void Filesystem::Lookup(const Cred& c, uint64_t parent, const std::string& name,
                         Cb<EntryOut> cb) {
-  auto dir = inodes_.Get(parent);
-  if (!dir) return cb(Stale());
-  Error e;
-  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
-  nfs_.Lookup(dir->fh(), name, c, [this, c, cb = std::move(cb)](Result<nfs::LookupReply> r) {
+  auto dir = Parent(parent, name);
+  if (!dir) return cb(dir.error());
+  nfs_.Lookup((*dir)->fh(), name, c, [this, c, cb = std::move(cb)](Result<nfs::LookupReply> r) {
     if (!r) {
       if (r.error().err == ENOENT) {
         EntryOut neg;  // negative entry, cached like a positive one
@@ -211,10 +209,8 @@ void Filesystem::FinishNewObject(const Cred& c, uint64_t parent, const std::stri
 
 void Filesystem::Mknod(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
                        dev_t rdev, Cb<EntryOut> cb) {
-  auto dir = inodes_.Get(parent);
-  if (!dir) return cb(Stale());
-  Error e;
-  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  auto dir = Parent(parent, name);
+  if (!dir) return cb(dir.error());
   nfs::SetAttr sa;
   sa.mode = mode & 07777;
   auto done = [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
@@ -223,25 +219,23 @@ void Filesystem::Mknod(const Cred& c, uint64_t parent, const std::string& name, 
   nfs::Ftype t;
   switch (mode & S_IFMT) {
     case S_IFREG:
-      return nfs_.Create(dir->fh(), name, nfs::CreateMode::kGuarded, sa, 0, c, std::move(done));
+      return nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kGuarded, sa, 0, c, std::move(done));
     case S_IFCHR: t = nfs::Ftype::kChr; break;
     case S_IFBLK: t = nfs::Ftype::kBlk; break;
     case S_IFSOCK: t = nfs::Ftype::kSock; break;
     case S_IFIFO: t = nfs::Ftype::kFifo; break;
     default: return cb(Error::Errno(EINVAL, "unsupported file type"));
   }
-  nfs_.Mknod(dir->fh(), name, t, sa, major(rdev), minor(rdev), c, std::move(done));
+  nfs_.Mknod((*dir)->fh(), name, t, sa, major(rdev), minor(rdev), c, std::move(done));
 }
 
 void Filesystem::Mkdir(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
                        Cb<EntryOut> cb) {
-  auto dir = inodes_.Get(parent);
-  if (!dir) return cb(Stale());
-  Error e;
-  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  auto dir = Parent(parent, name);
+  if (!dir) return cb(dir.error());
   nfs::SetAttr sa;
   sa.mode = mode & 07777;
-  nfs_.Mkdir(dir->fh(), name, sa, c,
+  nfs_.Mkdir((*dir)->fh(), name, sa, c,
              [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
                FinishNewObject(c, parent, name, std::move(r), std::move(cb));
              });
@@ -249,13 +243,11 @@ void Filesystem::Mkdir(const Cred& c, uint64_t parent, const std::string& name, 
 
 void Filesystem::Symlink(const Cred& c, const std::string& target, uint64_t parent,
                          const std::string& name, Cb<EntryOut> cb) {
-  auto dir = inodes_.Get(parent);
-  if (!dir) return cb(Stale());
-  Error e;
-  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  auto dir = Parent(parent, name);
+  if (!dir) return cb(dir.error());
   nfs::SetAttr sa;
   sa.mode = 0777;
-  nfs_.Symlink(dir->fh(), name, target, sa, c,
+  nfs_.Symlink((*dir)->fh(), name, target, sa, c,
                [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
                  FinishNewObject(c, parent, name, std::move(r), std::move(cb));
                });
@@ -285,11 +277,10 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
   // NFSv3 has no atomic RENAME_NOREPLACE / RENAME_EXCHANGE.
   if (flags != 0) return cb(Error::Errno(EINVAL, "rename flags not supported by NFSv3"));
   auto from = inodes_.Get(parent);
-  auto to = inodes_.Get(newparent);
-  if (!from || !to) return cb(Stale());
-  Error e;
-  if (!NameOk(newname, opts_.name_max, &e)) return cb(e);
-  nfs_.Rename(from->fh(), name, to->fh(), newname, c,
+  auto to = Parent(newparent, newname);
+  if (!from) return cb(Stale());
+  if (!to) return cb(to.error());
+  nfs_.Rename(from->fh(), name, (*to)->fh(), newname, c,
               [cb = std::move(cb)](Result<nfs::RenameReply> r) {
                 if (!r) return cb(r.error());
                 cb(Ok{});
@@ -299,11 +290,10 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
 void Filesystem::Link(const Cred& c, uint64_t ino, uint64_t newparent, const std::string& newname,
                       Cb<EntryOut> cb) {
   auto inode = inodes_.Get(ino);
-  auto dir = inodes_.Get(newparent);
-  if (!inode || !dir) return cb(Stale());
-  Error e;
-  if (!NameOk(newname, opts_.name_max, &e)) return cb(e);
-  nfs_.Link(inode->fh(), dir->fh(), newname, c,
+  auto dir = Parent(newparent, newname);
+  if (!inode) return cb(Stale());
+  if (!dir) return cb(dir.error());
+  nfs_.Link(inode->fh(), (*dir)->fh(), newname, c,
             [this, c, inode, cb = std::move(cb)](Result<nfs::LinkReply> r) mutable {
               if (!r) return cb(r.error());
               // The attributes must show the new link count: fetch them if absent.
@@ -368,7 +358,7 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
   // One ACCESS call both checks the caller's permission (as the Linux client
   // does at open) and returns the attributes close-to-open revalidates with.
   nfs_.Access(inode->fh(), want, c,
-              [this, inode, flags, want, direct, cb = std::move(cb)](Result<nfs::AccessReply> r) {
+              [this, inode, flags, want, direct, c, cb = std::move(cb)](Result<nfs::AccessReply> r) {
                 if (!r) return cb(r.error());
                 if ((r->access & want) != want) {
                   // MODIFY or EXTEND alone is enough to write (append-only servers differ).
@@ -391,19 +381,17 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                     out.keep_cache = !opts_.cto;
                   }
                 }
-                out.file = new OpenFile{inode, flags};
+                out.file = new OpenFile{inode, flags, c};
                 cb(out);
               });
 }
 
 void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name, mode_t mode,
                         int flags, Cb<std::pair<EntryOut, OpenOut>> cb) {
-  auto dir = inodes_.Get(parent);
-  if (!dir) return cb(Stale());
-  Error e;
-  if (!NameOk(name, opts_.name_max, &e)) return cb(e);
+  auto dir = Parent(parent, name);
+  if (!dir) return cb(dir.error());
   const bool direct = opts_.direct_io || (flags & O_DIRECT);
-  auto finish = [this, flags, direct, cb](Result<EntryOut> r) {
+  auto finish = [this, flags, direct, c, cb](Result<EntryOut> r) {
     if (!r) return cb(r.error());
     auto inode = inodes_.Get(r->ino);
     if (!inode) return cb(Stale());
@@ -417,7 +405,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     OpenOut o;
     o.direct_io = direct;
     o.keep_cache = false;
-    o.file = new OpenFile{inode, flags};
+    o.file = new OpenFile{inode, flags, c};
     cb(std::make_pair(*r, o));
   };
   nfs::SetAttr sa;
@@ -425,7 +413,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
   if (flags & O_EXCL) {
     // O_EXCL: EXCLUSIVE create with a verifier, safe to resend; the verifier
     // occupies the times, so a SETATTR then sets mode and times (RFC 1813).
-    nfs_.Create(dir->fh(), name, nfs::CreateMode::kExclusive, {}, RandomVerifier(), c,
+    nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kExclusive, {}, RandomVerifier(), c,
                 [this, c, parent, name, sa, finish](Result<nfs::NewObject> r) mutable {
                   if (!r) return finish(r.error());
                   FinishNewObject(c, parent, name, std::move(r),
@@ -444,7 +432,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     return;
   }
   if (flags & O_TRUNC) sa.size = 0;
-  nfs_.Create(dir->fh(), name, nfs::CreateMode::kUnchecked, sa, 0, c,
+  nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kUnchecked, sa, 0, c,
               [this, c, parent, name, finish](Result<nfs::NewObject> r) mutable {
                 FinishNewObject(c, parent, name, std::move(r), std::move(finish));
               });
@@ -508,10 +496,11 @@ void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inod
 }
 
 void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
-                           size_t buf_off, size_t len, std::function<void(Result<Ok>)> done) {
+                           size_t buf_off, size_t len, bool stable,
+                           std::function<void(Result<Ok>)> done) {
   nfs_.Write(
-      inode->fh(), off, data, buf_off, len, opts_.sync, c,
-      [this, inode, c, off, data, buf_off, len, done = std::move(done)](
+      inode->fh(), off, data, buf_off, len, stable, c,
+      [this, inode, c, off, data, buf_off, len, stable, done = std::move(done)](
           Result<nfs::WriteReply> r) mutable {
         if (!r) return done(r.error());
         if (r->count == 0) return done(Error::Errno(EIO, "server wrote nothing"));
@@ -533,7 +522,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs
         }
         if (n < len) {
           // Short write: send the rest.
-          return SendWrite(inode, c, off + n, std::move(data), buf_off + n, len - n,
+          return SendWrite(inode, c, off + n, std::move(data), buf_off + n, len - n, stable,
                            std::move(done));
         }
         done(Ok{});
@@ -562,21 +551,11 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
                             bool behind, Cb<size_t> cb) {
   const size_t size = data->size();
   auto pieces = SplitRange(off, size, opts_.wsize);
-  struct WriteOp {
-    std::mutex mu;
-    size_t remaining;
-    std::optional<Error> err;
-  };
-  auto op = std::make_shared<WriteOp>();
-  op->remaining = pieces.size();
+  auto op = std::make_shared<Gather>(pieces.size());
   for (const auto& p : pieces) {
-    SendWrite(inode, c, p.off, data, p.buf_off, p.len,
+    SendWrite(inode, c, p.off, data, p.buf_off, p.len, opts_.sync,
               [this, op, inode, c, size, behind, cb](Result<Ok> r) {
-                {
-                  std::lock_guard lock(op->mu);
-                  if (!r && !op->err) op->err = r.error();
-                  if (--op->remaining != 0) return;
-                }
+                if (!op->Done(r)) return;
                 std::vector<std::function<void()>> run;
                 {
                   std::lock_guard lock(inode->mu);
@@ -584,10 +563,10 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
                   inode->last_write_done_seq = NextSeq();
                   if (behind) {
                     inode->behind_bytes -= size;
-                    if (op->err && !inode->write_error) {
-                      inode->write_error = op->err;
+                    if (op->error() && !inode->write_error) {
+                      inode->write_error = op->error();
                       log_->warn("write-behind failed ({}); reported at the next write, fsync or close",
-                                 op->err->what);
+                                 op->error()->what);
                     }
                     // Admit parked writes that now fit the window.
                     while (!inode->parked.empty() &&
@@ -605,8 +584,8 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
                   }
                 }
                 if (!behind) {
-                  if (op->err) {
-                    cb(*op->err);
+                  if (op->error()) {
+                    cb(*op->error());
                   } else {
                     cb(size);
                   }
@@ -694,27 +673,14 @@ void Filesystem::Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb) {
     for (auto& b : lost) bytes += b->len;
     log_->warn("server write verifier changed (server restart?): resending {} bytes of {} writes",
                bytes, lost.size());
-    struct Resend {
-      std::mutex mu;
-      size_t remaining;
-      std::optional<Error> err;
-    };
-    auto rs = std::make_shared<Resend>();
-    rs->remaining = lost.size();
+    auto rs = std::make_shared<Gather>(lost.size());
     for (auto& b : lost) {
-      nfs_.Write(inode->fh(), b->off, b->buf, b->buf_off, b->len, /*stable=*/true, c,
-                 [rs, cb](Result<nfs::WriteReply> w) {
-                   bool last;
-                   {
-                     std::lock_guard lock(rs->mu);
-                     if (!w && !rs->err) rs->err = w.error();
-                     if (w && w->count == 0 && !rs->err) rs->err = Error::Errno(EIO, "short resend");
-                     last = --rs->remaining == 0;
-                   }
-                   if (!last) return;
-                   if (rs->err) return cb(*rs->err);
-                   cb(Ok{});
-                 });
+      SendWrite(inode, c, b->off, b->buf, b->buf_off, b->len, /*stable=*/true,
+                [rs, cb](Result<Ok> w) {
+                  if (!rs->Done(w)) return;
+                  if (rs->error()) return cb(*rs->error());
+                  cb(Ok{});
+                });
     }
   });
 }
@@ -746,7 +712,7 @@ void Filesystem::Release(OpenFile* f) {
   if (pending) {
     // nocto: nobody waited for these; commit them now rather than at unmount.
     auto inode = f->inode;
-    Commit(inode, Cred{}, [this](Result<Ok> r) {
+    Commit(inode, f->opener, [this](Result<Ok> r) {
       if (!r) log_->warn("COMMIT after close failed: {}", r.error().what);
     });
   }

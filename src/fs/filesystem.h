@@ -62,6 +62,7 @@ struct AttrOut {
 struct OpenFile {
   std::shared_ptr<Inode> inode;
   int flags = 0;
+  Cred opener;  // commits after the last close run as the user who opened
 };
 
 struct OpenOut {
@@ -152,6 +153,8 @@ class Filesystem {
   void ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
                  uint64_t off, size_t buf_off, size_t len);
 
+  // The directory `parent`, after checking the length of `name` in it.
+  Result<InodeP> Parent(uint64_t parent, const std::string& name);
   EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);
   AttrOut MakeAttr(const InodeP& inode, const nfs::Attr& a);
   double AttrTimeout(const InodeP& inode, const nfs::Attr& a);
@@ -160,8 +163,10 @@ class Filesystem {
                        Result<nfs::NewObject> r, Cb<EntryOut> cb);
   void EntryFromFh(const Cred& c, const nfs::Fh& fh, std::optional<nfs::Attr> attr,
                    Cb<EntryOut> cb);
+  // One WRITE (resending the rest after a short write); records the kept
+  // copy when the server answers UNSTABLE.
   void SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
-                 size_t buf_off, size_t len, std::function<void(Result<Ok>)> done);
+                 size_t buf_off, size_t len, bool stable, std::function<void(Result<Ok>)> done);
   void StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data, bool behind,
                   Cb<size_t> cb);
   // Runs `fn` once no write of this inode is in flight (now, or from the

@@ -61,9 +61,7 @@ fs::DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<fs::DirHandle*>
 
 void Init(void* userdata, fuse_conn_info* conn) {
   auto* ctx = static_cast<FuseContext*>(userdata);
-  conn->max_write = std::min(conn->max_write > 0 ? std::max(conn->max_write, ctx->opts.max_write)
-                                                 : ctx->opts.max_write,
-                             ctx->opts.max_write);
+  conn->max_write = ctx->opts.max_write;  // libfuse asks the kernel for max_pages to match
   conn->max_readahead = ctx->opts.max_readahead;
   conn->max_background = ctx->opts.max_background;
   conn->congestion_threshold = ctx->opts.max_background * 3 / 4;

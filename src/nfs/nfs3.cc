@@ -146,6 +146,17 @@ std::shared_ptr<Call<Args, Res>> Make(const char* name,
   return std::make_shared<Call<Args, Res>>(name, fn);
 }
 
+// The completion of a call with no special rules: transport failure or NFS
+// error status become an Error; a success is converted by `ok(reply)`.
+template <class Res, class T, class F>
+auto Reply(const char* op, Cb<T> cb, F ok) {
+  return [op, cb = std::move(cb), ok](const CallOutcome& o, Res* r) {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, op));
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, op));
+    cb(ok(*r));
+  };
+}
+
 }  // namespace
 
 void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
@@ -166,11 +177,9 @@ void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptio
   auto call = Make<GETATTR3args, GETATTR3res>("GETATTR", &rpc_nfs3_getattr_async);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
-  call->done = [cb = std::move(cb)](const CallOutcome& o, GETATTR3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "GETATTR"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "GETATTR"));
-    cb(FromFattr(r->GETATTR3res_u.resok.obj_attributes));
-  };
+  call->done = Reply<GETATTR3res>("GETATTR", std::move(cb), [](const GETATTR3res& r) {
+    return FromFattr(r.GETATTR3res_u.resok.obj_attributes);
+  });
   engine_.Submit(call, c, so);
 }
 
@@ -179,11 +188,9 @@ void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   ToSattr(sa, &call->args.new_attributes);
-  call->done = [cb = std::move(cb)](const CallOutcome& o, SETATTR3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "SETATTR"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "SETATTR"));
-    cb(FromWcc(r->SETATTR3res_u.resok.obj_wcc));
-  };
+  call->done = Reply<SETATTR3res>("SETATTR", std::move(cb), [](const SETATTR3res& r) {
+    return FromWcc(r.SETATTR3res_u.resok.obj_wcc);
+  });
   engine_.Submit(call, c);
 }
 
@@ -193,13 +200,11 @@ void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<Look
   call->name1 = name;
   SetFh(&call->args.what.dir, call->fh1);
   call->args.what.name = call->name1.data();
-  call->done = [cb = std::move(cb)](const CallOutcome& o, LOOKUP3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "LOOKUP"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "LOOKUP"));
-    const auto& ok = r->LOOKUP3res_u.resok;
-    cb(LookupReply{FromFh(ok.object), FromPostOp(ok.obj_attributes),
-                   FromPostOp(ok.dir_attributes)});
-  };
+  call->done = Reply<LOOKUP3res>("LOOKUP", std::move(cb), [](const LOOKUP3res& r) {
+    const auto& ok = r.LOOKUP3res_u.resok;
+    return LookupReply{FromFh(ok.object), FromPostOp(ok.obj_attributes),
+                       FromPostOp(ok.dir_attributes)};
+  });
   engine_.Submit(call, c);
 }
 
@@ -208,12 +213,10 @@ void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->args.access = mask;
-  call->done = [cb = std::move(cb)](const CallOutcome& o, ACCESS3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "ACCESS"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "ACCESS"));
-    const auto& ok = r->ACCESS3res_u.resok;
-    cb(AccessReply{ok.access, FromPostOp(ok.obj_attributes)});
-  };
+  call->done = Reply<ACCESS3res>("ACCESS", std::move(cb), [](const ACCESS3res& r) {
+    const auto& ok = r.ACCESS3res_u.resok;
+    return AccessReply{ok.access, FromPostOp(ok.obj_attributes)};
+  });
   engine_.Submit(call, c);
 }
 
@@ -221,12 +224,10 @@ void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
   auto call = Make<READLINK3args, READLINK3res>("READLINK", &rpc_nfs3_readlink_async);
   call->fh1 = fh;
   SetFh(&call->args.symlink, call->fh1);
-  call->done = [cb = std::move(cb)](const CallOutcome& o, READLINK3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READLINK"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READLINK"));
-    const char* d = r->READLINK3res_u.resok.data;
-    cb(std::string(d != nullptr ? d : ""));
-  };
+  call->done = Reply<READLINK3res>("READLINK", std::move(cb), [](const READLINK3res& r) {
+    const char* d = r.READLINK3res_u.resok.data;
+    return std::string(d != nullptr ? d : "");
+  });
   engine_.Submit(call, c);
 }
 
@@ -237,17 +238,15 @@ void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<Re
   call->args.offset = off;
   call->args.count = count;
   call->bytes_in = count;
-  call->done = [cb = std::move(cb)](const CallOutcome& o, READ3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READ"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READ"));
-    const auto& ok = r->READ3res_u.resok;
+  call->done = Reply<READ3res>("READ", std::move(cb), [](const READ3res& r) {
+    const auto& ok = r.READ3res_u.resok;
     ReadReply rr;
     rr.data = ok.data.data_val;
     rr.len = std::min<size_t>(ok.data.data_len, ok.count);
     rr.eof = ok.eof != 0;
     rr.attr = FromPostOp(ok.file_attributes);
-    cb(std::move(rr));
-  };
+    return rr;
+  });
   engine_.Submit(call, c);
 }
 
@@ -263,12 +262,10 @@ void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t 
   call->args.data.data_len = static_cast<u_int>(len);
   call->args.data.data_val = const_cast<char*>(call->data->data() + buf_off);
   call->bytes_out = len;
-  call->done = [cb = std::move(cb)](const CallOutcome& o, WRITE3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "WRITE"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "WRITE"));
-    const auto& ok = r->WRITE3res_u.resok;
-    cb(WriteReply{ok.count, ok.committed != UNSTABLE, Verf8(ok.verf), FromWcc(ok.file_wcc)});
-  };
+  call->done = Reply<WRITE3res>("WRITE", std::move(cb), [](const WRITE3res& r) {
+    const auto& ok = r.WRITE3res_u.resok;
+    return WriteReply{ok.count, ok.committed != UNSTABLE, Verf8(ok.verf), FromWcc(ok.file_wcc)};
+  });
   engine_.Submit(call, c);
 }
 
@@ -278,12 +275,10 @@ void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
   SetFh(&call->args.file, call->fh1);
   call->args.offset = 0;
   call->args.count = 0;  // the whole file
-  call->done = [cb = std::move(cb)](const CallOutcome& o, COMMIT3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "COMMIT"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "COMMIT"));
-    const auto& ok = r->COMMIT3res_u.resok;
-    cb(CommitReply{Verf8(ok.verf), FromWcc(ok.file_wcc)});
-  };
+  call->done = Reply<COMMIT3res>("COMMIT", std::move(cb), [](const COMMIT3res& r) {
+    const auto& ok = r.COMMIT3res_u.resok;
+    return CommitReply{Verf8(ok.verf), FromWcc(ok.file_wcc)};
+  });
   engine_.Submit(call, c);
 }
 
@@ -488,10 +483,8 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
   call->args.cookie = cookie;
   std::memcpy(call->args.cookieverf, &verf, 8);
   call->args.count = count;
-  call->done = [cb = std::move(cb)](const CallOutcome& o, READDIR3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READDIR"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READDIR"));
-    const auto& ok = r->READDIR3res_u.resok;
+  call->done = Reply<READDIR3res>("READDIR", std::move(cb), [](const READDIR3res& r) {
+    const auto& ok = r.READDIR3res_u.resok;
     DirPage p;
     p.verf = Verf8(ok.cookieverf);
     p.eof = ok.reply.eof != 0;
@@ -499,8 +492,8 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
     for (entry3* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
       p.entries.push_back(DirEntry{e->fileid, e->name, e->cookie, std::nullopt, std::nullopt});
     }
-    cb(std::move(p));
-  };
+    return p;
+  });
   engine_.Submit(call, c);
 }
 
@@ -513,10 +506,8 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
   std::memcpy(call->args.cookieverf, &verf, 8);
   call->args.dircount = dircount;
   call->args.maxcount = maxcount;
-  call->done = [cb = std::move(cb)](const CallOutcome& o, READDIRPLUS3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "READDIRPLUS"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "READDIRPLUS"));
-    const auto& ok = r->READDIRPLUS3res_u.resok;
+  call->done = Reply<READDIRPLUS3res>("READDIRPLUS", std::move(cb), [](const READDIRPLUS3res& r) {
+    const auto& ok = r.READDIRPLUS3res_u.resok;
     DirPage p;
     p.verf = Verf8(ok.cookieverf);
     p.eof = ok.reply.eof != 0;
@@ -526,8 +517,8 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
       if (e->name_handle.handle_follows) d.fh = FromFh(e->name_handle.post_op_fh3_u.handle);
       p.entries.push_back(std::move(d));
     }
-    cb(std::move(p));
-  };
+    return p;
+  });
   engine_.Submit(call, c);
 }
 
@@ -535,12 +526,10 @@ void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOpti
   auto call = Make<FSSTAT3args, FSSTAT3res>("FSSTAT", &rpc_nfs3_fsstat_async);
   call->fh1 = fh;
   SetFh(&call->args.fsroot, call->fh1);
-  call->done = [cb = std::move(cb)](const CallOutcome& o, FSSTAT3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "FSSTAT"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "FSSTAT"));
-    const auto& ok = r->FSSTAT3res_u.resok;
-    cb(FsStat{ok.tbytes, ok.fbytes, ok.abytes, ok.tfiles, ok.ffiles, ok.afiles});
-  };
+  call->done = Reply<FSSTAT3res>("FSSTAT", std::move(cb), [](const FSSTAT3res& r) {
+    const auto& ok = r.FSSTAT3res_u.resok;
+    return FsStat{ok.tbytes, ok.fbytes, ok.abytes, ok.tfiles, ok.ffiles, ok.afiles};
+  });
   engine_.Submit(call, c, so);
 }
 
@@ -548,13 +537,11 @@ void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOpti
   auto call = Make<FSINFO3args, FSINFO3res>("FSINFO", &rpc_nfs3_fsinfo_async);
   call->fh1 = fh;
   SetFh(&call->args.fsroot, call->fh1);
-  call->done = [cb = std::move(cb)](const CallOutcome& o, FSINFO3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "FSINFO"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "FSINFO"));
-    const auto& ok = r->FSINFO3res_u.resok;
-    cb(FsInfo{ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref, ok.dtpref, ok.maxfilesize,
-              {ok.time_delta.seconds, ok.time_delta.nseconds}});
-  };
+  call->done = Reply<FSINFO3res>("FSINFO", std::move(cb), [](const FSINFO3res& r) {
+    const auto& ok = r.FSINFO3res_u.resok;
+    return FsInfo{ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref, ok.dtpref, ok.maxfilesize,
+                  {ok.time_delta.seconds, ok.time_delta.nseconds}};
+  });
   engine_.Submit(call, c, so);
 }
 
@@ -562,12 +549,10 @@ void Nfs3::Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::Submit
   auto call = Make<PATHCONF3args, PATHCONF3res>("PATHCONF", &rpc_nfs3_pathconf_async);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
-  call->done = [cb = std::move(cb)](const CallOutcome& o, PATHCONF3res* r) {
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, "PATHCONF"));
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, "PATHCONF"));
-    const auto& ok = r->PATHCONF3res_u.resok;
-    cb(PathConf{ok.linkmax, ok.name_max});
-  };
+  call->done = Reply<PATHCONF3res>("PATHCONF", std::move(cb), [](const PATHCONF3res& r) {
+    const auto& ok = r.PATHCONF3res_u.resok;
+    return PathConf{ok.linkmax, ok.name_max};
+  });
   engine_.Submit(call, c, so);
 }
 
