@@ -193,9 +193,11 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
   fuse_session_unmount(se);
+  // Calls still pending complete (with an error) and reply while the session
+  // object exists; only then is it destroyed.
+  eng.Stop();
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
-  eng.Stop();
   log->info("unmounted {}", m.mountpoint);
   return rc == 0 ? 0 : kExitMountFailed;
 }

@@ -137,6 +137,17 @@ void Filesystem::Lookup(const Cred& c, uint64_t parent, const std::string& name,
 void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
+  {
+    // Like the Linux client, let this client's outstanding writes land first,
+    // so that size, mtime and ctime include them.
+    std::unique_lock lock(inode->mu);
+    if (inode->writes_inflight > 0) {
+      lock.unlock();
+      return WhenDrained(inode, [this, c, ino, cb = std::move(cb)]() mutable {
+        Getattr(c, ino, std::move(cb));
+      });
+    }
+  }
   const uint64_t seq = NextSeq();
   nfs_.Getattr(inode->fh(), c, [this, inode, seq, cb = std::move(cb)](Result<nfs::Attr> r) {
     if (!r) return cb(r.error());
@@ -618,6 +629,11 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
     if (inode->write_error) return cb(*inode->write_error);
     if (inode->behind_bytes + size > opts_.write_behind && inode->behind_bytes > 0) {
       inode->parked.push_back(Inode::Parked{size, [this, inode, c, off, data, cb] {
+                                               {
+                                                 std::lock_guard l(inode->mu);
+                                                 inode->size_hwm = std::max<uint64_t>(
+                                                     inode->size_hwm, off + data->size());
+                                               }
                                                StartWrite(inode, c, off, data, true, nullptr);
                                                cb(data->size());
                                              }});
@@ -625,6 +641,8 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
     }
     inode->behind_bytes += size;
     inode->writes_inflight++;
+    // Acknowledged now: the size the application sees must include it.
+    inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + size);
   }
   StartWrite(inode, c, off, std::move(data), true, nullptr);
   cb(size);

@@ -35,9 +35,10 @@ auto EntryReply(fuse_req_t req) {
   return [req](Result<fs::EntryOut> r) {
     if (!r) return ReplyError(req, r.error());
     fuse_entry_param p = ToParam(*r);
+    fs::Filesystem& fs = Fs(req);  // a reply frees `req`
     if (fuse_reply_entry(req, &p) != 0 && p.ino != 0) {
       // The kernel did not take the reference (request interrupted): undo it.
-      Fs(req).Forget(p.ino, 1);
+      fs.Forget(p.ino, 1);
     }
   };
 }
@@ -179,7 +180,8 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi_copy.fh = reinterpret_cast<uint64_t>(r->file);
     fi_copy.direct_io = r->direct_io;
     fi_copy.keep_cache = r->keep_cache;
-    if (fuse_reply_open(req, &fi_copy) != 0) Fs(req).Release(r->file);
+    fs::Filesystem& fs = Fs(req);  // a reply frees `req`
+    if (fuse_reply_open(req, &fi_copy) != 0) fs.Release(r->file);
   });
 }
 
@@ -191,9 +193,10 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
                    fi_copy.fh = reinterpret_cast<uint64_t>(r->second.file);
                    fi_copy.direct_io = r->second.direct_io;
                    fi_copy.keep_cache = r->second.keep_cache;
+                   fs::Filesystem& fs = Fs(req);  // a reply frees `req`
                    if (fuse_reply_create(req, &p, &fi_copy) != 0) {
-                     Fs(req).Release(r->second.file);
-                     Fs(req).Forget(p.ino, 1);
+                     fs.Release(r->second.file);
+                     fs.Forget(p.ino, 1);
                    }
                  });
 }
@@ -242,44 +245,53 @@ void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (!r) return ReplyError(req, r.error());
     fi_copy.fh = reinterpret_cast<uint64_t>(*r);
     fi_copy.cache_readdir = 0;
-    if (fuse_reply_open(req, &fi_copy) != 0) Fs(req).Releasedir(*r);
+    fs::Filesystem& fs = Fs(req);  // a reply frees `req`
+    if (fuse_reply_open(req, &fi_copy) != 0) fs.Releasedir(*r);
   });
 }
 
 bool IsDot(const std::string& n) { return n == "." || n == ".."; }
 
+// Fills `buf` with the entries after `off`; for READDIRPLUS counts a lookup for
+// each entry that fits (and only those: the kernel drops what does not fit).
+size_t FillDir(fuse_req_t req, fs::DirHandle* d, std::vector<char>& buf, off_t off, bool plus) {
+  size_t used = 0;
+  std::lock_guard lock(d->mu);
+  for (size_t i = static_cast<size_t>(off); i < d->entries.size(); ++i) {
+    const nfs::DirEntry& e = d->entries[i];
+    const off_t next = static_cast<off_t>(i + 1);
+    struct stat st {};
+    st.st_ino = e.fileid;
+    if (e.attr) st = fs::ToStat(*e.attr, 0);
+    const size_t room = buf.size() - used;
+    size_t need;
+    if (plus) {
+      fuse_entry_param p{};
+      p.attr = st;
+      need = fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), &p, next);
+      if (need > room) break;
+      if (!IsDot(e.name) && e.fh && e.attr) p = ToParam(Fs(req).InternEntry(e));
+      fuse_add_direntry_plus(req, buf.data() + used, room, e.name.c_str(), &p, next);
+    } else {
+      need = fuse_add_direntry(req, nullptr, 0, e.name.c_str(), &st, next);
+      if (need > room) break;
+      fuse_add_direntry(req, buf.data() + used, room, e.name.c_str(), &st, next);
+    }
+    used += need;
+  }
+  return used;
+}
+
 void DoReaddir(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi, bool plus) {
-  Fs(req).Readdir(
-      CredOf(req), Dir(fi), static_cast<uint64_t>(off), plus,
-      [req, size, off, plus](Result<fs::DirHandle*> r) {
-        if (!r) return ReplyError(req, r.error());
-        fs::DirHandle* d = *r;
-        std::vector<char> buf(size);
-        size_t used = 0;
-        std::lock_guard lock(d->mu);
-        for (size_t i = static_cast<size_t>(off); i < d->entries.size(); ++i) {
-          const nfs::DirEntry& e = d->entries[i];
-          const off_t next = static_cast<off_t>(i + 1);
-          struct stat st {};
-          st.st_ino = e.fileid;
-          if (e.attr) st = fs::ToStat(*e.attr, 0);
-          size_t need;
-          if (plus) {
-            fuse_entry_param p{};
-            p.attr = st;
-            need = fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), &p, next);
-            if (used + need > size) break;
-            if (!IsDot(e.name) && e.fh && e.attr) p = ToParam(Fs(req).InternEntry(e));
-            fuse_add_direntry_plus(req, buf.data() + used, size - used, e.name.c_str(), &p, next);
-          } else {
-            need = fuse_add_direntry(req, nullptr, 0, e.name.c_str(), &st, next);
-            if (used + need > size) break;
-            fuse_add_direntry(req, buf.data() + used, size - used, e.name.c_str(), &st, next);
-          }
-          used += need;
-        }
-        fuse_reply_buf(req, buf.data(), used);
-      });
+  Fs(req).Readdir(CredOf(req), Dir(fi), static_cast<uint64_t>(off), plus,
+                  [req, size, off, plus](Result<fs::DirHandle*> r) {
+                    if (!r) return ReplyError(req, r.error());
+                    std::vector<char> buf(size);
+                    const size_t used = FillDir(req, *r, buf, off, plus);
+                    // After the reply the kernel may release the handle at once:
+                    // the handle's lock must be free and the handle untouched by then.
+                    fuse_reply_buf(req, buf.data(), used);
+                  });
 }
 
 void Readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {

@@ -101,3 +101,18 @@ def test_size_is_exact_after_write_fsync_stat(d):
         assert os.fstat(fd).st_size == 4 << 20, i
         os.close(fd)
         assert os.stat(f).st_size == 4 << 20, i
+
+
+def test_size_and_mtime_are_exact_right_after_writes_without_fsync(d):
+    # Write-behind acknowledges writes before the server has them; a stat in
+    # between must still see every byte (git records sizes this way).
+    for i in range(30):
+        f = d / f"w{i}"
+        fd = os.open(f, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        total = 0
+        for k in range(1 + i % 5):
+            n = os.write(fd, b"q" * (16384 + 1000 * k))
+            total += n
+        assert os.fstat(fd).st_size == total, i
+        os.close(fd)
+        assert os.stat(f).st_size == total, i
