@@ -165,6 +165,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   for (auto& a : fargs) argv.push_back(a.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   fuse_session* se = fuse_session_new(&args, fuse::Operations(), sizeof(fuse_lowlevel_ops), &ctx);
+  fuse_opt_free_args(&args);
   if (se == nullptr) {
     rep.Done(kExitMountFailed, "mpnfs: cannot create the FUSE session (bad FUSE option?)");
     return kExitMountFailed;
