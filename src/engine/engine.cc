@@ -78,6 +78,14 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
   PickConnection(nullptr)->Deliver(std::move(r));
 }
 
+void Engine::SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCall> call,
+                         const Cred& cred) {
+  if (stopped_ || loops_.empty()) return Submit(std::move(call), cred);
+  Loop* l = loops_[rr_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
+  l->RunAt(Clock::now() + delay,
+           [this, call = std::move(call), cred]() mutable { Submit(std::move(call), cred); });
+}
+
 std::vector<ConnectionStats> Engine::Stats() const {
   std::vector<ConnectionStats> out;
   for (const auto& c : conns_) out.push_back(c->Snapshot());

@@ -86,6 +86,10 @@ class Engine {
   // Sends `call` with `cred`. Complete() is called exactly once, on a loop thread.
   void Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptions so = {});
 
+  // Submit() once `delay` has passed (a server that asked to be retried later).
+  void SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCall> call,
+                   const Cred& cred);
+
   std::vector<ConnectionStats> Stats() const;
   const EngineOptions& options() const { return opts_; }
 

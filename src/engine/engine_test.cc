@@ -188,6 +188,21 @@ TEST_F(EngineTest, StopCompletesPendingCallsWithShutdown) {
   EXPECT_EQ(Await(late).first, CallStatus::kShutdown);
 }
 
+TEST_F(EngineTest, SubmitAfterWaitsThenSends) {
+  auto e = Make(Opts());
+  e->Start();
+  auto c = std::make_shared<ProbeCall>();
+  const auto t0 = std::chrono::steady_clock::now();
+  e->SubmitAfter(150ms, c, Cred{});
+  EXPECT_EQ(Await(c).first, CallStatus::kOk);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
+  // A delayed call still pending at Stop() completes (kShutdown), not never.
+  auto late = std::make_shared<ProbeCall>();
+  e->SubmitAfter(60s, late, Cred{});
+  e->Stop();
+  EXPECT_EQ(Await(late).first, CallStatus::kShutdown);
+}
+
 TEST_F(EngineTest, SpreadsCallsOverConnections) {
   auto o = Opts();
   o.conns_per_path = 4;

@@ -71,6 +71,18 @@ void Loop::Run(std::function<void()> fn) {
   if (wake) Wake();
 }
 
+void Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    const bool earliest = timers_.empty() || when < timers_.begin()->first;
+    timers_.emplace(when, std::move(fn));
+    wake = earliest && !woken_ && !OnLoopThread();
+    if (wake) woken_ = true;
+  }
+  if (wake) Wake();
+}
+
 void Loop::SyncPoll(Connection* c) {
   int fd = c->fd();
   uint32_t want = fd >= 0 ? static_cast<uint32_t>(c->events()) : 0;
@@ -106,6 +118,11 @@ void Loop::DrainMailbox() {
     mail.swap(mail_);
     tasks.swap(tasks_);
     woken_ = false;
+    const auto now = Clock::now();
+    while (!timers_.empty() && timers_.begin()->first <= now) {
+      tasks.push_back(std::move(timers_.begin()->second));
+      timers_.erase(timers_.begin());
+    }
   }
   for (auto& d : mail) d.conn->Enqueue(std::move(d.req));
   for (auto& t : tasks) t();
@@ -116,14 +133,15 @@ void Loop::Main() {
   for (;;) {
     int timeout_ms = -1;
     bool stop;
+    auto next = Clock::time_point::max();
     {
       std::lock_guard lock(mu_);
       stop = stop_;
       if (!mail_.empty() || !tasks_.empty()) timeout_ms = 0;
+      if (!timers_.empty()) next = timers_.begin()->first;
     }
     if (stop) break;
     if (timeout_ms != 0) {
-      auto next = Clock::time_point::max();
       for (auto* c : conns_) next = std::min(next, c->NextDeadline());
       if (next != Clock::time_point::max()) {
         auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
@@ -150,6 +168,14 @@ void Loop::Main() {
   }
   DrainMailbox();
   for (auto* c : conns_) c->Shutdown();
+  // Delayed submissions run now: the engine is stopped, so they complete
+  // with kShutdown rather than never.
+  std::multimap<Clock::time_point, std::function<void()>> timers;
+  {
+    std::lock_guard lock(mu_);
+    timers.swap(timers_);
+  }
+  for (auto& [when, fn] : timers) fn();
   DrainMailbox();  // calls completed by the shutdown may have posted more
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -37,6 +38,8 @@ class Loop {
   void Post(Connection* c, std::shared_ptr<Request> r);
   // Any thread: run `fn` on the loop thread.
   void Run(std::function<void()> fn);
+  // Any thread: run `fn` on the loop thread once `when` has come.
+  void RunAt(Clock::time_point when, std::function<void()> fn);
 
   bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
@@ -60,6 +63,7 @@ class Loop {
   std::mutex mu_;
   std::vector<Delivery> mail_ GUARDED_BY(mu_);
   std::vector<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  std::multimap<Clock::time_point, std::function<void()>> timers_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   bool woken_ GUARDED_BY(mu_) = false;
 };

@@ -2,7 +2,9 @@
 #include "nfs/nfs3.h"
 
 
+#include <chrono>
 #include <cstdlib>
+#include <type_traits>
 #include <cstring>
 
 namespace mpnfs::nfs {
@@ -14,8 +16,14 @@ using engine::CallStatus;
 // One NFSv3 call: the libnfs function, its arguments and the storage they
 // point into. Created with make_shared and never moved, so pointers into
 // `fh1`, `name1`... stay valid for every (re)transmission.
+// How long to wait before sending a call again that the server answered
+// with NFS3ERR_JUKEBOX ("busy, try again later"), as the Linux client does;
+// the application never sees that error.
+constexpr std::chrono::milliseconds kJukeboxDelay{1000};
+
 template <class Args, class Res>
-class Call final : public engine::RpcCall {
+class Call final : public engine::RpcCall,
+                   public std::enable_shared_from_this<Call<Args, Res>> {
  public:
   using Fn = int (*)(struct rpc_context*, rpc_cb, Args*, void*);
   using Done = std::function<void(const CallOutcome&, Res*)>;
@@ -28,7 +36,21 @@ class Call final : public engine::RpcCall {
   int Issue(struct rpc_context* ctx, engine::NativeCb cb, void* token) override {
     return fn_(ctx, cb, &args, token);
   }
-  void Complete(const CallOutcome& o) override { done(o, static_cast<Res*>(o.result)); }
+  void Complete(const CallOutcome& o) override {
+    if constexpr (!std::is_void_v<Res>) {
+      auto* r = static_cast<Res*>(o.result);
+      if (o.status == CallStatus::kOk && r->status == NFS3ERR_JUKEBOX && engine_ != nullptr) {
+        engine_->SubmitAfter(kJukeboxDelay, this->shared_from_this(), cred_);
+        return;
+      }
+    }
+    done(o, static_cast<Res*>(o.result));
+  }
+  void Send(engine::Engine& e, const Cred& c, engine::SubmitOptions so = {}) {
+    engine_ = &e;
+    cred_ = c;
+    e.Submit(this->shared_from_this(), c, so);
+  }
 
   Args args;
   Fh fh1, fh2;
@@ -40,6 +62,8 @@ class Call final : public engine::RpcCall {
  private:
   const char* name_;
   Fn fn_;
+  engine::Engine* engine_ = nullptr;
+  Cred cred_;
 };
 
 void SetFh(nfs_fh3* dst, const Fh& src) {
@@ -170,7 +194,7 @@ void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "NULL"));
     cb(Ok{});
   };
-  engine_.Submit(call, c, so);
+  call->Send(engine_, c, so);
 }
 
 void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so) {
@@ -180,7 +204,7 @@ void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptio
   call->done = Reply<GETATTR3res>("GETATTR", std::move(cb), [](const GETATTR3res& r) {
     return FromFattr(r.GETATTR3res_u.resok.obj_attributes);
   });
-  engine_.Submit(call, c, so);
+  call->Send(engine_, c, so);
 }
 
 void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
@@ -191,7 +215,7 @@ void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
   call->done = Reply<SETATTR3res>("SETATTR", std::move(cb), [](const SETATTR3res& r) {
     return FromWcc(r.SETATTR3res_u.resok.obj_wcc);
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb) {
@@ -205,7 +229,7 @@ void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<Look
     return LookupReply{FromFh(ok.object), FromPostOp(ok.obj_attributes),
                        FromPostOp(ok.dir_attributes)};
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb) {
@@ -217,7 +241,7 @@ void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb
     const auto& ok = r.ACCESS3res_u.resok;
     return AccessReply{ok.access, FromPostOp(ok.obj_attributes)};
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
@@ -228,7 +252,7 @@ void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
     const char* d = r.READLINK3res_u.resok.data;
     return std::string(d != nullptr ? d : "");
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb) {
@@ -247,7 +271,7 @@ void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<Re
     rr.attr = FromPostOp(ok.file_attributes);
     return rr;
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
@@ -266,7 +290,7 @@ void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t 
     const auto& ok = r.WRITE3res_u.resok;
     return WriteReply{ok.count, ok.committed != UNSTABLE, Verf8(ok.verf), FromWcc(ok.file_wcc)};
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
@@ -279,7 +303,7 @@ void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
     const auto& ok = r.COMMIT3res_u.resok;
     return CommitReply{Verf8(ok.verf), FromWcc(ok.file_wcc)};
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
@@ -340,7 +364,7 @@ void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const
   }
   bool guarded = mode == CreateMode::kGuarded;
   call->done = MPNFS_NEWOBJ_DONE("CREATE", CREATE3res, CREATE3res_u, guarded);
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
@@ -353,7 +377,7 @@ void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, cons
   ToSattr(sa, &call->args.attributes);
   bool rule = true;
   call->done = MPNFS_NEWOBJ_DONE("MKDIR", MKDIR3res, MKDIR3res_u, rule);
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& target,
@@ -368,7 +392,7 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
   call->args.symlink.symlink_data = call->name2.data();
   bool rule = true;
   call->done = MPNFS_NEWOBJ_DONE("SYMLINK", SYMLINK3res, SYMLINK3res_u, rule);
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
@@ -401,7 +425,7 @@ void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAt
   }
   bool rule = true;
   call->done = MPNFS_NEWOBJ_DONE("MKNOD", MKNOD3res, MKNOD3res_u, rule);
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 #undef MPNFS_NEWOBJ_DONE
 
@@ -417,7 +441,7 @@ void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc>
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "REMOVE"));
     cb(FromWcc(r->REMOVE3res_u.resok.dir_wcc));
   };
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
@@ -432,7 +456,7 @@ void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> 
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "RMDIR"));
     cb(FromWcc(r->RMDIR3res_u.resok.dir_wcc));
   };
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
@@ -453,7 +477,7 @@ void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
     const auto& ok = r->RENAME3res_u.resok;
     cb(RenameReply{FromWcc(ok.fromdir_wcc), FromWcc(ok.todir_wcc)});
   };
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
@@ -472,7 +496,7 @@ void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred
     const auto& ok = r->LINK3res_u.resok;
     cb(LinkReply{FromPostOp(ok.file_attributes), FromWcc(ok.linkdir_wcc)});
   };
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
@@ -494,7 +518,7 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
     }
     return p;
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
@@ -519,7 +543,7 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
     }
     return p;
   });
-  engine_.Submit(call, c);
+  call->Send(engine_, c);
 }
 
 void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so) {
@@ -530,7 +554,7 @@ void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOpti
     const auto& ok = r.FSSTAT3res_u.resok;
     return FsStat{ok.tbytes, ok.fbytes, ok.abytes, ok.tfiles, ok.ffiles, ok.afiles};
   });
-  engine_.Submit(call, c, so);
+  call->Send(engine_, c, so);
 }
 
 void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so) {
@@ -542,7 +566,7 @@ void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOpti
     return FsInfo{ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref, ok.dtpref, ok.maxfilesize,
                   {ok.time_delta.seconds, ok.time_delta.nseconds}};
   });
-  engine_.Submit(call, c, so);
+  call->Send(engine_, c, so);
 }
 
 void Nfs3::Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::SubmitOptions so) {
@@ -553,7 +577,7 @@ void Nfs3::Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::Submit
     const auto& ok = r.PATHCONF3res_u.resok;
     return PathConf{ok.linkmax, ok.name_max};
   });
-  engine_.Submit(call, c, so);
+  call->Send(engine_, c, so);
 }
 
 }  // namespace mpnfs::nfs
