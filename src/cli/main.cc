@@ -223,6 +223,13 @@ int main(int argc, char** argv) {
     printf("mpnfs %s\n", MPNFS_VERSION);
     return 0;
   }
+  struct stat mst;
+  const bool found = stat(m.mountpoint.c_str(), &mst) == 0;
+  if (!found || !S_ISDIR(mst.st_mode)) {
+    fprintf(stderr, "mpnfs: mountpoint %s: %s\n", m.mountpoint.c_str(),
+            found ? "not a directory" : strerror(errno));
+    return kExitMountFailed;
+  }
   spdlog::level::level_enum level = spdlog::level::info;
   ParseLogLevel(m.debug ? "debug" : m.log_level, &level);
   // A daemon logs to syslog from the start; what the user must see on the

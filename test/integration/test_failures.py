@@ -153,3 +153,12 @@ def test_soft_mount_fails_with_eio_and_hard_mount_idles_while_server_is_down(
                 raise
             time.sleep(0.5)
     assert (hard.path / "soft-probe").read_text() == "x"
+
+
+def test_missing_mountpoint_fails_before_contacting_the_server(tmp_path):
+    t0 = time.time()
+    r = subprocess.run([BIN, "10.78.1.99:/x", str(tmp_path / "nope"), "-o", "mount_timeout=30"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 32
+    assert "No such file or directory" in r.stderr
+    assert time.time() - t0 < 5  # did not wait for the unreachable server
