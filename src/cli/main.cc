@@ -273,8 +273,7 @@ int main(int argc, char** argv) {
   }
   close(fds[0]);
   setsid();
-  if (chdir("/") != 0) {
-  }
+  if (chdir("/") != 0) perror("mpnfs: chdir /");
   Reporter rep(fds[1]);
   return RunMount(std::move(m), rep);
 }

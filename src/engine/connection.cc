@@ -194,36 +194,35 @@ void Connection::Fail(const std::string& why) {
   closing_ = false;
   registered_fd = -1;  // the socket is closed: epoll has dropped it
   registered_events = 0;
-  down_since_ = Clock::now();
 
-  // Calls that were on the wire may have executed: resend them flagged.
+  // Calls that were on the wire may have executed: resend them flagged, in
+  // their order, on a live connection if there is one, else here after the
+  // reconnect (ahead of what was still queued).
   auto rescued = std::move(rescued_);
   rescued_.clear();
-  size_t kept = 0;
-  for (auto it = rescued.rbegin(); it != rescued.rend(); ++it) {
-    auto& r = *it;
+  for (auto& r : rescued) {
     r->rescued = false;
     r->reissued = true;
     r->transmissions = 0;
-    stats_.reissues.fetch_add(1, std::memory_order_relaxed);
-    Connection* other = engine_->PickConnection(this);
+  }
+  stats_.reissues.fetch_add(rescued.size(), std::memory_order_relaxed);
+  std::vector<std::shared_ptr<Request>> keep;  // no live connection (it may vanish meanwhile)
+  for (auto& r : rescued) {
+    Connection* other = keep.empty() ? engine_->PickConnection(this) : nullptr;
     if (other != nullptr) {
       other->Deliver(r);
     } else {
-      pending_.push_front(r);
-      stats_.queued.fetch_add(1, std::memory_order_relaxed);
-      ++kept;
+      keep.push_back(r);
     }
   }
-  // Queued calls move to a live connection too, if there is one.
-  if (engine_->PickConnection(this) != nullptr) {
-    while (!pending_.empty()) {
-      Connection* other = engine_->PickConnection(this);
-      if (other == nullptr) break;
-      other->Deliver(std::move(pending_.front()));
-      pending_.pop_front();
-      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
-    }
+  pending_.insert(pending_.begin(), keep.begin(), keep.end());
+  stats_.queued.fetch_add(static_cast<int64_t>(keep.size()), std::memory_order_relaxed);
+  while (keep.empty() && !pending_.empty()) {
+    Connection* other = engine_->PickConnection(this);
+    if (other == nullptr) break;
+    other->Deliver(std::move(pending_.front()));
+    pending_.pop_front();
+    stats_.queued.fetch_sub(1, std::memory_order_relaxed);
   }
 
   if (was_up) {
@@ -240,7 +239,6 @@ void Connection::Fail(const std::string& why) {
   }
   reconnect_at_ = Clock::now() + backoff_.Next();
   NoteDeadline(reconnect_at_);
-  (void)kept;
 }
 
 void Connection::OnTimer(Clock::time_point now) {

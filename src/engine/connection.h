@@ -109,7 +109,6 @@ class Connection : public TransportSink {
   Clock::time_point connect_deadline_{};
   Clock::time_point reconnect_at_ = Clock::time_point::max();
   Clock::time_point next_check_ = Clock::time_point::max();
-  Clock::time_point down_since_{};
   Backoff backoff_;
   uint64_t failed_connects_ = 0;
   RateLimit down_log_{std::chrono::seconds(60)};

@@ -125,6 +125,41 @@ TEST_F(EngineTest, HardMountResendsCallsOfABrokenConnection) {
   EXPECT_EQ(first, second);
 }
 
+TEST_F(EngineTest, CallsOfABrokenConnectionMoveToALiveOne) {
+  auto o = Opts();
+  o.conns_per_path = 2;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Make(o);
+  e->Start();
+  for (int i = 0; i < 500; ++i) {
+    auto st = e->Stats();
+    if (std::all_of(st.begin(), st.end(), [](auto& s) { return s.state == "up"; })) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  std::vector<std::shared_ptr<ProbeCall>> calls;
+  for (int i = 0; i < 20; ++i) {
+    calls.push_back(std::make_shared<ProbeCall>());
+    e->Submit(calls.back(), Cred{});
+  }
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 20; }));
+  // One connection breaks and cannot come back: its calls must go to the other.
+  net_.Set([](FakeNet& n) {
+    n.refuse_connect = true;
+    n.auto_reply = true;
+  });
+  net_.ResetOne();
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() > 20; }));
+  net_.ReplyAll();
+  int reissued = 0;
+  for (auto& c : calls) {
+    auto [status, was_reissued] = Await(c);
+    EXPECT_EQ(status, CallStatus::kOk);
+    reissued += was_reissued;
+  }
+  EXPECT_GT(reissued, 0);
+  EXPECT_LT(reissued, 20);
+}
+
 TEST_F(EngineTest, InflightLimitQueuesTheExcess) {
   auto o = Opts();
   o.max_inflight = 4;

@@ -49,6 +49,8 @@ class FakeNet {
   void ReplyAll();
   // Break every live connection (as a reset would).
   void ResetAll();
+  // Break one live connection.
+  void ResetOne();
   // Waits (with a generous cap) until pred holds; returns whether it did.
   bool WaitFor(const std::function<bool(FakeNet&)>& pred, int ms = 5000) {
     std::unique_lock lock(mu);
@@ -184,6 +186,14 @@ inline void FakeNet::ReplyAll() {
     t->reply_all_ = true;
     t->Signal();
   }
+}
+
+inline void FakeNet::ResetOne() {
+  std::lock_guard lock(mu);
+  if (live_.empty()) return;
+  FakeTransport* t = *live_.begin();
+  t->reset_ = true;
+  t->Signal();
 }
 
 inline void FakeNet::ResetAll() {
