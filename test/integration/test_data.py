@@ -116,3 +116,57 @@ def test_size_and_mtime_are_exact_right_after_writes_without_fsync(d):
         assert os.fstat(fd).st_size == total, i
         os.close(fd)
         assert os.stat(f).st_size == total, i
+
+
+def test_readers_and_writers_at_once_on_one_file(d):
+    """Two writers fill disjoint 256 KiB blocks while two readers read the
+    whole file over and over: every 4 KiB page a reader sees is either not yet
+    written (zeros / past EOF) or exactly what its writer wrote. At the end the
+    file is complete."""
+    f = d / "rw"
+    block, nblocks, page = 256 * 1024, 64, 4096
+    fd = os.open(f, os.O_CREAT | os.O_RDWR, 0o644)
+    os.ftruncate(fd, block * nblocks)
+    done = threading.Event()
+    errors = []
+
+    def pattern(idx):
+        return bytes([1 + idx % 250]) * block
+
+    def writer(parity):
+        try:
+            for idx in range(parity, nblocks, 2):
+                os.pwrite(fd, pattern(idx), idx * block)
+        except OSError as e:
+            errors.append(e)
+
+    def reader():
+        try:
+            rfd = os.open(f, os.O_RDONLY)
+            while not done.is_set():
+                data = os.pread(rfd, block * nblocks, 0)
+                for off in range(0, len(data), page):
+                    chunk = data[off:off + page]
+                    want = bytes([1 + (off // block) % 250]) * len(chunk)
+                    if chunk != want and chunk != b"\0" * len(chunk):
+                        errors.append(AssertionError(f"torn page at {off}"))
+                        return
+            os.close(rfd)
+        except OSError as e:
+            errors.append(e)
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    writers = [threading.Thread(target=writer, args=(p,)) for p in range(2)]
+    for t in readers + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    for t in readers:
+        t.join()
+    os.fsync(fd)
+    os.close(fd)
+    assert not errors, errors[:3]
+    data = f.read_bytes()
+    for idx in range(nblocks):
+        assert data[idx * block:(idx + 1) * block] == pattern(idx), idx
