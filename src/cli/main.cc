@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -117,15 +118,47 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     rep.Done(kExitMountFailed, "mpnfs: " + addr.error().what);
     return kExitMountFailed;
   }
+  // NFS traffic goes over the path= addresses (or the server's own address).
+  std::vector<std::string> path_addrs;
+  for (const auto& p : m.paths) {
+    auto a = Resolve(p);
+    if (!a) {
+      rep.Done(kExitMountFailed, "mpnfs: path=" + p + ": " + a.error().what);
+      return kExitMountFailed;
+    }
+    path_addrs.push_back(*a);
+  }
+  if (path_addrs.empty()) path_addrs.push_back(*addr);
+  // MOUNT is asked over the server's address, then over each path in turn,
+  // so that a mount succeeds while some of them are down.
+  std::vector<std::string> mount_addrs = {*addr};
+  for (const auto& a : path_addrs) {
+    if (std::find(mount_addrs.begin(), mount_addrs.end(), a) == mount_addrs.end()) {
+      mount_addrs.push_back(a);
+    }
+  }
   const auto timeout = std::chrono::seconds(m.mount_timeout_s);
-  auto root = nfs::MountExport(*addr, m.mount_port, m.export_path, timeout);
+  const auto per_try = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(timeout) / static_cast<int>(mount_addrs.size()),
+      std::chrono::seconds(1));
+  Result<nfs::Fh> root = Error::Errno(EIO, "no address to try");
+  for (const auto& a : mount_addrs) {
+    root = nfs::MountExport(a, m.mount_port, m.export_path, per_try);
+    // An answer from the server (even "not exported") ends the search.
+    if (root || (root.error().err != ETIMEDOUT && root.error().err != EHOSTUNREACH &&
+                 root.error().err != ECONNREFUSED)) {
+      break;
+    }
+    log->warn("MOUNT over {} failed: {}", a, root.error().what);
+  }
   if (!root) {
     rep.Done(kExitMountFailed, "mpnfs: mounting " + m.server + ":" + m.export_path +
                                    " failed: " + root.error().what);
     return kExitMountFailed;
   }
 
-  m.engine.paths = {engine::Endpoint{*addr, m.port, {}}};
+  m.engine.paths.clear();
+  for (const auto& a : path_addrs) m.engine.paths.push_back(engine::Endpoint{a, m.port, {}});
   const int tcp_to = static_cast<int>(m.engine.tcp_user_timeout.count());
   engine::Engine eng(m.engine, [tcp_to](engine::TransportSink* sink) {
     return std::make_unique<nfs::LibnfsTransport>(sink, tcp_to);
@@ -145,8 +178,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   auto pc = Wait<nfs::PathConf>([&](nfs::Cb<nfs::PathConf> cb) { nfs.Pathconf(*root, {}, cb, so); });
   // Linux programs assume NAME_MAX (255); a server may allow more (Ganesha says 1024).
   if (pc && pc->name_max > 0) m.fs.name_max = std::min<uint32_t>(pc->name_max, 255);
-  log->info("mounted {}:{} (rsize {} wsize {}, {} connection(s))", m.server, m.export_path,
-            m.fs.rsize, m.fs.wsize, m.engine.conns_per_path);
+  log->info("mounted {}:{} (rsize {} wsize {}, {} path(s) x {} connection(s))", m.server,
+            m.export_path, m.fs.rsize, m.fs.wsize, m.engine.paths.size(),
+            m.engine.conns_per_path);
 
   fs::Filesystem filesystem(nfs, *root, m.fs);
   fuse::FuseContext ctx;

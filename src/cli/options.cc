@@ -148,6 +148,18 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         it->second.set(v);
       } else if (auto f = flags.find(opt); f != flags.end()) {
         f->second();
+      } else if (key == "path") {
+        // path=ADDR, repeatable, or a '+'-separated list (commas separate options).
+        size_t from = 0;
+        while (from <= val.size()) {
+          size_t plus = val.find('+', from);
+          if (plus == std::string::npos) plus = val.size();
+          std::string addr = val.substr(from, plus - from);
+          if (addr.empty()) return Bad("path= needs an address (path=ADDR[+ADDR...])");
+          m.paths.push_back(addr);
+          from = plus + 1;
+        }
+        if (m.paths.size() > 8) return Bad("at most 8 paths");
       } else if (key == "log_level") {
         static const std::set<std::string> levels = {"trace", "debug", "info", "warn",
                                                      "error", "critical", "off"};

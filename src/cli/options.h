@@ -24,6 +24,9 @@ struct MountOptions {
   bool debug = false;
   bool help = false;
   bool version = false;
+  // path=: server addresses that carry NFS traffic (one or more TCP
+  // connections each); empty: the SERVER address alone.
+  std::vector<std::string> paths;
   int port = 2049;
   int mount_port = 0;        // 0: ask the portmapper
   int mount_timeout_s = 30;

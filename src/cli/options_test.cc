@@ -96,6 +96,16 @@ TEST(OptionsTest, RejectsBadInputWithAClearMessage) {
   EXPECT_FALSE(m.ok());
 }
 
+TEST(OptionsTest, PathsAreRepeatableOrAList) {
+  auto m = Parse({"s:/e", "/m", "-o", "path=10.0.1.2+10.0.2.2,path=10.0.3.2"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->paths, (std::vector<std::string>{"10.0.1.2", "10.0.2.2", "10.0.3.2"}));
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path="}).ok());
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=a++b"}).ok());
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=1+2+3+4+5+6+7+8+9"}).ok());
+  EXPECT_TRUE(Parse({"s:/e", "/m"})->paths.empty());
+}
+
 TEST(OptionsTest, SplitsSources) {
   std::string s, e;
   EXPECT_TRUE(SplitSource("host:/x", &s, &e));

@@ -20,6 +20,7 @@ TB = "/tmp/mpnfs-it"
 BED_ENV = dict(os.environ, MPNFS_TB=TB, MPNFS_TB_NS="mpnfsit", MPNFS_TB_NET="78",
                MPNFS_TB_LINK="mit")
 SERVER = "10.78.1.2"
+SERVER2 = "10.78.2.2"  # the same server over the second path
 EXPORT = TB + "/export"
 SQUASHED = TB + "/squashed"
 
@@ -62,7 +63,7 @@ def bed():
     b = Bed()
     b.run("down", check=False)  # leftovers of an aborted run
     shutil.rmtree(TB, ignore_errors=True)
-    r = b.run("up", "1", check=False)
+    r = b.run("up", "2", check=False)  # two paths: 10.78.1.2 and 10.78.2.2
     if r.returncode != 0:
         b.run("down", check=False)
         pytest.fail(f"test bed did not start:\n{r.stdout}\n{r.stderr}")
