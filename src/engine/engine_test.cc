@@ -49,6 +49,15 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(f.wait_for(s), std::future_status::ready) << "call never completed";
     return f.valid() ? f.get() : std::make_pair(CallStatus::kShutdown, false);
   }
+  // Waits (up to 5 s) until every connection reports "up".
+  static void WaitAllUp(Engine& e) {
+    for (int i = 0; i < 500; ++i) {
+      auto st = e.Stats();
+      if (std::all_of(st.begin(), st.end(), [](auto& s) { return s.state == "up"; })) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "connections did not come up";
+  }
   FakeNet net_;
 };
 
@@ -131,11 +140,7 @@ TEST_F(EngineTest, CallsOfABrokenConnectionMoveToALiveOne) {
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
   auto e = Make(o);
   e->Start();
-  for (int i = 0; i < 500; ++i) {
-    auto st = e->Stats();
-    if (std::all_of(st.begin(), st.end(), [](auto& s) { return s.state == "up"; })) break;
-    std::this_thread::sleep_for(10ms);
-  }
+  WaitAllUp(*e);
   std::vector<std::shared_ptr<ProbeCall>> calls;
   for (int i = 0; i < 20; ++i) {
     calls.push_back(std::make_shared<ProbeCall>());
@@ -245,12 +250,7 @@ TEST_F(EngineTest, SpreadsCallsOverConnections) {
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
   auto e = Make(o);
   e->Start();
-  // Let all four come up before submitting, so the picker sees them.
-  for (int i = 0; i < 500; ++i) {
-    auto st = e->Stats();
-    if (std::all_of(st.begin(), st.end(), [](auto& s) { return s.state == "up"; })) break;
-    std::this_thread::sleep_for(10ms);
-  }
+  WaitAllUp(*e);  // so that the picker sees all four
   std::vector<std::shared_ptr<ProbeCall>> calls;
   for (int i = 0; i < 40; ++i) {
     calls.push_back(std::make_shared<ProbeCall>());

@@ -138,10 +138,10 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
   {
-    // Like the Linux client, let this client's outstanding writes land first,
-    // so that size, mtime and ctime include them.
+    // Like the Linux client, let this client's write-behind land first, so
+    // that size, mtime and ctime include what was acknowledged.
     std::unique_lock lock(inode->mu);
-    if (inode->writes_inflight > 0) {
+    if (inode->WriteBehindPending()) {
       lock.unlock();
       return WhenDrained(inode, [this, c, ino, cb = std::move(cb)]() mutable {
         Getattr(c, ino, std::move(cb));
@@ -166,7 +166,7 @@ void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb
   if (sa.size) {
     // A truncate must not be overtaken by an older write-behind write.
     std::unique_lock lock(inode->mu);
-    if (inode->writes_inflight > 0) {
+    if (inode->WriteBehindPending()) {
       lock.unlock();
       return WhenDrained(inode, [this, c, ino, sa, cb = std::move(cb)]() mutable {
         Setattr(c, ino, sa, std::move(cb));
@@ -455,7 +455,7 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
   if (size == 0) return cb(std::string_view());
   {
     std::unique_lock lock(inode->mu);
-    if (inode->writes_inflight > 0) {
+    if (inode->WriteBehindPending()) {
       // A read must see this client's write-behind data: wait for it to land.
       lock.unlock();
       return WhenDrained(inode, [this, c, f, size, off, cb = std::move(cb)]() mutable {
@@ -543,7 +543,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs
 void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
   {
     std::lock_guard lock(inode->mu);
-    if (inode->writes_inflight > 0) {
+    if (inode->WriteBehindPending()) {
       inode->drain_waiters.push_back(std::move(fn));
       return;
     }
@@ -589,7 +589,7 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
                       inode->parked.pop_front();
                     }
                   }
-                  if (inode->writes_inflight == 0) {
+                  if (!inode->WriteBehindPending()) {
                     for (auto& w : inode->drain_waiters) run.push_back(std::move(w));
                     inode->drain_waiters.clear();
                   }

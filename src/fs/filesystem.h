@@ -169,8 +169,8 @@ class Filesystem {
                  size_t buf_off, size_t len, bool stable, std::function<void(Result<Ok>)> done);
   void StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data, bool behind,
                   Cb<size_t> cb);
-  // Runs `fn` once no write of this inode is in flight (now, or from the
-  // completion of the last one).
+  // Runs `fn` once no write-behind of this inode is pending (now, or from
+  // the completion of the last one).
   void WhenDrained(const InodeP& inode, std::function<void()> fn);
   std::optional<Error> TakeWriteError(const InodeP& inode);
   void Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb);

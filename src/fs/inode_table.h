@@ -66,8 +66,11 @@ class Inode {
   uint64_t behind_bytes GUARDED_BY(mu) = 0;
   std::deque<Parked> parked GUARDED_BY(mu);
   std::optional<Error> write_error GUARDED_BY(mu);
-  // Run when writes_inflight drops to zero (reads, truncates, fsync wait here).
+  // Run once no write-behind is pending (reads, stats, truncates, fsync and
+  // close wait here). Synchronous writes (O_DIRECT, O_SYNC) are not waited
+  // for: their callers have no answer yet, so nobody may rely on them.
   std::vector<std::function<void()>> drain_waiters GUARDED_BY(mu);
+  bool WriteBehindPending() const REQUIRES(mu) { return behind_bytes > 0 || !parked.empty(); }
 
  private:
   friend class InodeTable;

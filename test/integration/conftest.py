@@ -25,6 +25,30 @@ EXPORT = TB + "/export"
 SQUASHED = TB + "/squashed"
 
 
+# A writer in its own process (so that the test process, which forks helpers,
+# never holds the file open: each fork+exec would close-to-open flush it). It
+# writes random 1 MiB chunks for argv[2] seconds, fsyncs, prints their md5.
+SLOW_WRITER = r"""
+import hashlib, os, sys, time
+h = hashlib.md5()
+end = time.time() + float(sys.argv[2])
+with open(sys.argv[1], "wb") as f:
+    while time.time() < end:
+        chunk = os.urandom(1 << 20)
+        f.write(chunk)
+        h.update(chunk)
+        time.sleep(0.01)
+    f.flush()
+    os.fsync(f.fileno())
+print(h.hexdigest())
+"""
+
+
+def start_writer(path, seconds):
+    return subprocess.Popen(["python3", "-c", SLOW_WRITER, str(path), str(seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def is_mounted(path):
     path = os.path.realpath(str(path))
     with open("/proc/self/mounts") as f:

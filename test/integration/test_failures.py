@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import BIN, EXPORT, SERVER, cpu_seconds, is_mounted, start_mount
+from conftest import BIN, EXPORT, SERVER, cpu_seconds, is_mounted, start_writer
 
 
 def run_mount(tmp_path, source, opts, timeout=60):
@@ -80,20 +80,6 @@ def test_unmount_while_busy_is_refused_then_works(mnt):
     assert mnt.proc.returncode == 0
 
 
-WRITER = r"""
-import hashlib, os, sys, time
-h = hashlib.md5()
-end = time.time() + float(sys.argv[2])
-with open(sys.argv[1], "wb") as f:
-    while time.time() < end:
-        chunk = os.urandom(1 << 20)
-        f.write(chunk)
-        h.update(chunk)
-        time.sleep(0.01)
-    f.flush()
-    os.fsync(f.fileno())
-print(h.hexdigest())
-"""
 
 
 @pytest.mark.parametrize("how", ["restart", "crash"])
@@ -102,8 +88,7 @@ def test_hard_mount_survives_server_restart_mid_write(bed, d, mnt, how):
     the restart, never holds the file open); the server goes away after 1.5 s,
     politely (restart) or killed (crash), and comes back. The writer must see
     no error and the server must end up with exactly what it wrote."""
-    w = subprocess.Popen(["python3", "-c", WRITER, str(d / "f"), "6"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    w = start_writer(d / "f", 6)
     time.sleep(1.5)
     bed.crash_server() if how == "crash" else bed.restart_server()
     out, err = w.communicate(timeout=300)

@@ -2,25 +2,9 @@
 loss of one in the middle of a write costs no error and no data."""
 import hashlib
 import os
-import subprocess
 import time
 
-from conftest import EXPORT, SERVER, SERVER2
-
-WRITER = r"""
-import hashlib, os, sys, time
-h = hashlib.md5()
-end = time.time() + float(sys.argv[2])
-with open(sys.argv[1], "wb") as f:
-    while time.time() < end:
-        chunk = os.urandom(1 << 20)
-        f.write(chunk)
-        h.update(chunk)
-        time.sleep(0.01)
-    f.flush()
-    os.fsync(f.fileno())
-print(h.hexdigest())
-"""
+from conftest import EXPORT, SERVER, SERVER2, start_writer
 
 
 def tx_bytes(k):
@@ -41,8 +25,7 @@ def test_both_paths_carry_traffic(mount_factory):
 
 def test_a_path_going_down_mid_write_loses_nothing(bed, mount_factory):
     m = mount_factory(f"path={SERVER}+{SERVER2},tcp_timeout=2")
-    w = subprocess.Popen(["python3", "-c", WRITER, str(m.path / "fo"), "6"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    w = start_writer(m.path / "fo", 6)
     time.sleep(1.5)
     bed.link("down", 2)
     try:
