@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/mpnfstab.h"
 #include "cli/options.h"
 #include "common/log.h"
 #include "engine/engine.h"
@@ -113,8 +114,9 @@ void SetReadahead(const std::string& mountpoint, int kb) {
 
 int RunMount(cli::MountOptions m, Reporter& rep) {
   auto log = Log("mount");
+  // With paths (path= or mpnfstab), SERVER may be a mere label.
   auto addr = Resolve(m.server);
-  if (!addr) {
+  if (!addr && m.paths.empty()) {
     rep.Done(kExitMountFailed, "mpnfs: " + addr.error().what);
     return kExitMountFailed;
   }
@@ -131,7 +133,8 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   if (path_addrs.empty()) path_addrs.push_back(*addr);
   // MOUNT is asked over the server's address, then over each path in turn,
   // so that a mount succeeds while some of them are down.
-  std::vector<std::string> mount_addrs = {*addr};
+  std::vector<std::string> mount_addrs;
+  if (addr) mount_addrs.push_back(*addr);
   for (const auto& a : path_addrs) {
     if (std::find(mount_addrs.begin(), mount_addrs.end(), a) == mount_addrs.end()) {
       mount_addrs.push_back(a);
@@ -178,6 +181,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   auto pc = Wait<nfs::PathConf>([&](nfs::Cb<nfs::PathConf> cb) { nfs.Pathconf(*root, {}, cb, so); });
   // Linux programs assume NAME_MAX (255); a server may allow more (Ganesha says 1024).
   if (pc && pc->name_max > 0) m.fs.name_max = std::min<uint32_t>(pc->name_max, 255);
+  if (!m.tab_entry.empty()) log->info("paths and options from the mpnfstab entry at {}", m.tab_entry);
   log->info("mounted {}:{} (rsize {} wsize {}, {} path(s) x {} connection(s))", m.server,
             m.export_path, m.fs.rsize, m.fs.wsize, m.engine.paths.size(),
             m.engine.conns_per_path);
@@ -243,7 +247,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
 int main(int argc, char** argv) {
   using namespace mpnfs;
   std::vector<std::string> args(argv + 1, argv + argc);
-  auto parsed = cli::ParseMountArgs(args);
+  const char* env_tab = getenv("MPNFS_TAB");
+  auto parsed = cli::LoadMountOptions(args, env_tab != nullptr ? env_tab : "", "/etc/mpnfstab",
+                                      cli::ReadFileIfExists);
   if (!parsed) {
     fprintf(stderr, "mpnfs: %s\n%s", parsed.error().what.c_str(), cli::UsageText().c_str());
     return kExitUsage;

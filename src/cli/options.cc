@@ -160,6 +160,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           from = plus + 1;
         }
         if (m.paths.size() > 8) return Bad("at most 8 paths");
+      } else if (key == "tab") {
+        if (val.empty()) return Bad("tab= needs a file name");
+        m.tab = val;
       } else if (key == "log_level") {
         static const std::set<std::string> levels = {"trace", "debug", "info", "warn",
                                                      "error", "critical", "off"};

@@ -27,6 +27,8 @@ struct MountOptions {
   // path=: server addresses that carry NFS traffic (one or more TCP
   // connections each); empty: the SERVER address alone.
   std::vector<std::string> paths;
+  std::string tab;        // tab=FILE: the mpnfstab to read first
+  std::string tab_entry;  // file:line of the mpnfstab block used, if any
   int port = 2049;
   int mount_port = 0;        // 0: ask the portmapper
   int mount_timeout_s = 30;

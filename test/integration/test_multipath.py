@@ -1,10 +1,12 @@
-"""The same server over two veth paths (path=): both carry traffic, and the
-loss of one in the middle of a write costs no error and no data."""
+"""The same server over two veth paths (path= or an mpnfstab entry): both
+carry traffic, and the loss of one in the middle of a write costs no error
+and no data."""
 import hashlib
 import os
+import subprocess
 import time
 
-from conftest import EXPORT, SERVER, SERVER2, start_writer
+from conftest import BIN, EXPORT, SERVER, SERVER2, start_writer
 
 
 def tx_bytes(k):
@@ -43,3 +45,27 @@ def test_a_path_going_down_mid_write_loses_nothing(bed, mount_factory):
     while f"{SERVER2}:2049#1 is up again" not in m.log_text():
         assert time.time() < deadline, m.log_text()
         time.sleep(0.2)
+
+
+def test_mpnfstab_entry_supplies_paths_and_options(bed, mount_factory, tmp_path):
+    tab = tmp_path / "mpnfstab"
+    tab.write_text(f"server: filer\npath: {SERVER}\npath: {SERVER2}\n"
+                   f"export: {EXPORT} mount: /unused\n"
+                   "options: conns_per_path=2,log_level=info\n")
+    m = mount_factory(f"tab={tab}", source=f"filer:{EXPORT}")  # "filer" does not resolve
+    (m.path / "via-tab").write_bytes(b"x" * (8 << 20))
+    log = m.log_text()
+    assert "2 path(s) x 2 connection(s)" in log, log
+    assert f"mpnfstab entry at {tab}:1" in log, log
+    assert (m.path / "via-tab").stat().st_size == 8 << 20
+
+
+def test_malformed_mpnfstab_refuses_to_mount(bed, tmp_path):
+    tab = tmp_path / "bad"
+    tab.write_text("server: filer\npath 10.0.0.1\n")
+    mp = tmp_path / "m"
+    mp.mkdir()
+    r = subprocess.run([BIN, f"filer:{EXPORT}", str(mp), "-o", f"tab={tab}"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert f"{tab}:2" in r.stderr
