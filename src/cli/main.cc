@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/control.h"
 #include "cli/mpnfstab.h"
 #include "cli/options.h"
 #include "common/log.h"
@@ -86,9 +87,8 @@ Result<T> Wait(std::function<void(nfs::Cb<T>)> start) {
 // KiB) whatever INIT says; raise it through the mount's backing device info,
 // found by device number in mountinfo (stat() on the mountpoint would ask
 // this very process, which is not serving requests yet).
-void SetReadahead(const std::string& mountpoint, int kb) {
-  char real[PATH_MAX];
-  if (realpath(mountpoint.c_str(), real) == nullptr) return;
+// REQUIRES: `real` is the mountpoint's absolute path, resolved before mounting.
+void SetReadahead(const std::string& real, int kb) {
   FILE* f = fopen("/proc/self/mountinfo", "r");
   if (f == nullptr) return;
   char line[4096];
@@ -208,13 +208,32 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     rep.Done(kExitMountFailed, "mpnfs: cannot create the FUSE session (bad FUSE option?)");
     return kExitMountFailed;
   }
+  // Paths are resolved before mounting: afterwards the mountpoint belongs to
+  // this process, which does not answer requests until its loop runs.
+  char real[PATH_MAX];
+  const std::string mp_real = realpath(m.mountpoint.c_str(), real) != nullptr ? real : m.mountpoint;
+  auto cpath = cli::ControlPathFor(m.mountpoint);
   if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, m.mountpoint.c_str()) != 0) {
     fuse_session_destroy(se);
     rep.Done(kExitMountFailed, "mpnfs: cannot mount on " + m.mountpoint +
                                    " (does it exist, and is /dev/fuse usable?)");
     return kExitMountFailed;
   }
-  if (m.read_ahead_kb > 0) SetReadahead(m.mountpoint, m.read_ahead_kb);
+  if (m.read_ahead_kb > 0) SetReadahead(mp_real, m.read_ahead_kb);
+  // Statistics for `mpnfsctl stats MOUNTPOINT`; the mount works without them.
+  std::unique_ptr<cli::ControlSocket> control;
+  if (cpath) {
+    const std::string source = m.server + ":" + m.export_path;
+    const std::string mp = mp_real;
+    control = std::make_unique<cli::ControlSocket>(
+        *cpath, [&eng, source, mp] { return cli::StatsJson(source, mp, eng.Stats()); });
+    if (auto st = control->Start(); !st) {
+      log->warn("no statistics socket: {}", st.error().what);
+      control.reset();
+    }
+  } else {
+    log->warn("no statistics socket: {}", cpath.error().what);
+  }
   rep.Done(0, "");
   if (!m.foreground) {
     int devnull = open("/dev/null", O_RDWR);
@@ -231,6 +250,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   fuse_loop_cfg_set_idle_threads(cfg, 8);
   int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
+  control.reset();
   fuse_session_unmount(se);
   // Calls still pending complete (with an error) and reply while the session
   // object exists; only then is it destroyed.

@@ -41,6 +41,8 @@ ConnectionStats Connection::Snapshot() const {
   s.bytes_in = stats_.bytes_in;
   s.inflight = stats_.inflight;
   s.queued = stats_.queued;
+  s.latency_mean_us = stats_.latency.MeanUs();
+  s.latency_p99_us = stats_.latency.PercentileUs(99);
   return s;
 }
 
@@ -116,6 +118,7 @@ void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
   a.sink = this;
   a.req = r;
   a.deadline = now + RetransmitTimeout(opts_.timeo, r->transmissions);
+  a.sent = now;
   NoteDeadline(a.deadline);
   if (t_->Issue(*r->call, r->xid, r->cred, &a) < 0) {
     inflight_.erase(a.self);
@@ -139,6 +142,7 @@ void Connection::Finish(const std::shared_ptr<Request>& r, const CallOutcome& o)
 void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) {
   auto* a = static_cast<Attempt*>(token);
   std::shared_ptr<Request> r = std::move(a->req);
+  const Clock::time_point sent = a->sent;
   inflight_.erase(a->self);
   stats_.inflight.fetch_sub(1, std::memory_order_relaxed);
   if (r->done) return;
@@ -158,6 +162,7 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
   }
   stats_.replies.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_in.fetch_add(r->call->BytesIn(), std::memory_order_relaxed);
+  stats_.latency.Record(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent));
   Finish(r, CallOutcome{CallStatus::kOk, result, r->reissued, {}});
 }
 

@@ -20,6 +20,7 @@
 
 #include "common/log.h"
 #include "engine/backoff.h"
+#include "engine/latency.h"
 #include "engine/engine.h"
 #include "engine/request.h"
 #include "engine/transport.h"
@@ -75,6 +76,7 @@ class Connection : public TransportSink {
     std::atomic<uint64_t> calls{0}, replies{0}, errors{0}, retransmits{0}, reissues{0},
         reconnects{0}, bytes_out{0}, bytes_in{0};
     std::atomic<int64_t> inflight{0}, queued{0};
+    LatencyHistogram latency;  // send to reply, first reply of each call
   };
 
   void Send(std::shared_ptr<Request> r, Clock::time_point now);

@@ -64,6 +64,7 @@ struct ConnectionStats {
   uint64_t calls = 0, replies = 0, errors = 0, retransmits = 0, reissues = 0, reconnects = 0;
   uint64_t bytes_out = 0, bytes_in = 0;
   int64_t inflight = 0, queued = 0;
+  uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
 };
 
 struct SubmitOptions {

@@ -34,6 +34,7 @@ struct Request {
 struct Attempt : CallToken {
   std::shared_ptr<Request> req;
   Clock::time_point deadline;
+  Clock::time_point sent;
   bool superseded = false;    // a retransmission replaced it; it still may answer
   std::list<Attempt>::iterator self;
 };

@@ -2,6 +2,7 @@
 carry traffic, and the loss of one in the middle of a write costs no error
 and no data."""
 import hashlib
+import json
 import os
 import subprocess
 import time
@@ -69,3 +70,21 @@ def test_malformed_mpnfstab_refuses_to_mount(bed, tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert f"{tab}:2" in r.stderr
+
+
+def test_mpnfsctl_reports_per_connection_statistics(mount_factory):
+    m = mount_factory(f"path={SERVER}+{SERVER2}")
+    (m.path / "stats").write_bytes(os.urandom(1 << 20) * 16)
+    os.sync()
+    ctl = os.path.join(os.path.dirname(BIN), "mpnfsctl")
+    r = subprocess.run([ctl, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    conns = doc["connections"]
+    assert [c["endpoint"] for c in conns] == [f"{SERVER}:2049#0", f"{SERVER2}:2049#1"]
+    assert all(c["state"] == "up" and c["calls"] > 0 and c["errors"] == 0 for c in conns)
+    assert sum(c["bytes_out"] for c in conns) >= 16 << 20
+    assert all(c["latency_p99_us"] >= c["latency_mean_us"] > 0 for c in conns)
+    m.unmount()
+    r = subprocess.run([ctl, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 1  # the socket is gone with the mount

@@ -1,0 +1,127 @@
+#include "cli/control.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+namespace mpnfs::cli {
+
+Result<std::string> ControlPathFor(const std::string& mountpoint) {
+  char real[PATH_MAX];
+  if (realpath(mountpoint.c_str(), real) == nullptr) {
+    return Error::Errno(errno, mountpoint + ": " + strerror(errno));
+  }
+  std::string name;
+  for (const char* p = real; *p != '\0'; ++p) {
+    if (*p == '/') {
+      name += "%2F";
+    } else if (*p == '%') {
+      name += "%25";
+    } else {
+      name += *p;
+    }
+  }
+  std::string path = "/run/mpnfs/" + name + ".sock";
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return Error::Errno(ENAMETOOLONG, "mountpoint path too long for a control socket");
+  }
+  return path;
+}
+
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20) {
+      out += fmt::format("\\u{:04x}", ch);
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string StatsJson(const std::string& source, const std::string& mountpoint,
+                      const std::vector<engine::ConnectionStats>& conns) {
+  std::string out = fmt::format("{{\"source\": {}, \"mountpoint\": {}, \"connections\": [",
+                                JsonString(source), JsonString(mountpoint));
+  for (size_t i = 0; i < conns.size(); ++i) {
+    const auto& c = conns[i];
+    out += fmt::format(
+        "{}\n  {{\"endpoint\": {}, \"state\": \"{}\", \"calls\": {}, \"replies\": {}, "
+        "\"errors\": {}, \"retransmits\": {}, \"reissues\": {}, \"reconnects\": {}, "
+        "\"bytes_out\": {}, \"bytes_in\": {}, \"inflight\": {}, \"queued\": {}, "
+        "\"latency_mean_us\": {}, \"latency_p99_us\": {}}}",
+        i == 0 ? "" : ",", JsonString(c.endpoint), c.state, c.calls, c.replies, c.errors, c.retransmits,
+        c.reissues, c.reconnects, c.bytes_out, c.bytes_in, c.inflight, c.queued,
+        c.latency_mean_us, c.latency_p99_us);
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+ControlSocket::ControlSocket(std::string path, std::function<std::string()> snapshot)
+    : path_(std::move(path)), snapshot_(std::move(snapshot)) {}
+
+ControlSocket::~ControlSocket() {
+  if (fd_ >= 0) {
+    shutdown(fd_, SHUT_RDWR);  // wakes accept()
+  }
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) {
+    close(fd_);
+    unlink(path_.c_str());
+  }
+}
+
+Status ControlSocket::Start() {
+  mkdir("/run/mpnfs", 0755);
+  fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return Error::Errno(errno, std::string("socket: ") + strerror(errno));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+  unlink(path_.c_str());  // a socket left by a mount that died
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd_, 8) != 0) {
+    Error e = Error::Errno(errno, path_ + ": " + strerror(errno));
+    close(fd_);
+    fd_ = -1;
+    return e;
+  }
+  chmod(path_.c_str(), 0644);  // statistics are readable by any local user
+  thread_ = std::thread([this] { Serve(); });
+  return Ok{};
+}
+
+void ControlSocket::Serve() {
+  for (;;) {
+    int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // shut down
+    }
+    const std::string doc = snapshot_();
+    size_t off = 0;
+    while (off < doc.size()) {
+      ssize_t n = send(c, doc.data() + off, doc.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    close(c);
+  }
+}
+
+}  // namespace mpnfs::cli
