@@ -29,7 +29,7 @@
 
 namespace mpnfs::fs {
 
-struct Buffered;  // an uncommitted write kept for resending (file_io.h)
+struct Buffered;  // an uncommitted write kept for resending (filesystem.h)
 
 class Inode {
  public:

@@ -331,15 +331,20 @@ NewObject FromNewObject(const ResOk& ok) {
 }  // namespace
 
 // The four object-creating procedures share the reissue rule for EEXIST.
-#define MPNFS_NEWOBJ_DONE(OP, RES, UNION, reissue_rule)                                     \
-  [this, cb = std::move(cb), dir, name, c, reissue_rule](const CallOutcome& o,            \
-                                                         RES* r) mutable {                \
-    if (o.status != CallStatus::kOk) return cb(TransportError(o, OP));                    \
-    if (r->status == NFS3ERR_EXIST && o.reissued && reissue_rule)                         \
-      return NewObjectOrLookup(dir, name, c, std::move(cb));                              \
-    if (r->status != NFS3_OK) return cb(StatusError(r->status, OP));                      \
-    cb(FromNewObject(r->UNION.resok));                                                    \
-  }
+template <class Res, class GetOk>
+std::function<void(const CallOutcome&, Res*)> Nfs3::NewObjectDone(
+    const char* op, Cb<NewObject> cb, const Fh& dir, const std::string& name, const Cred& c,
+    bool lookup_on_reissued_exist, GetOk get_ok) {
+  return [this, op, cb = std::move(cb), dir, name, c, lookup_on_reissued_exist, get_ok](
+             const CallOutcome& o, Res* r) mutable {
+    if (o.status != CallStatus::kOk) return cb(TransportError(o, op));
+    if (r->status == NFS3ERR_EXIST && o.reissued && lookup_on_reissued_exist) {
+      return NewObjectOrLookup(dir, name, c, std::move(cb));
+    }
+    if (r->status != NFS3_OK) return cb(StatusError(r->status, op));
+    cb(FromNewObject(get_ok(*r)));
+  };
+}
 
 void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
                   uint64_t verf, const Cred& c, Cb<NewObject> cb) {
@@ -362,8 +367,9 @@ void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const
       std::memcpy(call->args.how.createhow3_u.verf, &verf, 8);
       break;
   }
-  bool guarded = mode == CreateMode::kGuarded;
-  call->done = MPNFS_NEWOBJ_DONE("CREATE", CREATE3res, CREATE3res_u, guarded);
+  call->done = NewObjectDone<CREATE3res>(
+      "CREATE", std::move(cb), dir, name, c, mode == CreateMode::kGuarded,
+      [](const CREATE3res& r) -> const CREATE3resok& { return r.CREATE3res_u.resok; });
   call->Send(engine_, c);
 }
 
@@ -375,8 +381,9 @@ void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, cons
   SetFh(&call->args.where.dir, call->fh1);
   call->args.where.name = call->name1.data();
   ToSattr(sa, &call->args.attributes);
-  bool rule = true;
-  call->done = MPNFS_NEWOBJ_DONE("MKDIR", MKDIR3res, MKDIR3res_u, rule);
+  call->done = NewObjectDone<MKDIR3res>(
+      "MKDIR", std::move(cb), dir, name, c, true,
+      [](const MKDIR3res& r) -> const MKDIR3resok& { return r.MKDIR3res_u.resok; });
   call->Send(engine_, c);
 }
 
@@ -390,8 +397,9 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
   call->args.where.name = call->name1.data();
   ToSattr(sa, &call->args.symlink.symlink_attributes);
   call->args.symlink.symlink_data = call->name2.data();
-  bool rule = true;
-  call->done = MPNFS_NEWOBJ_DONE("SYMLINK", SYMLINK3res, SYMLINK3res_u, rule);
+  call->done = NewObjectDone<SYMLINK3res>(
+      "SYMLINK", std::move(cb), dir, name, c, true,
+      [](const SYMLINK3res& r) -> const SYMLINK3resok& { return r.SYMLINK3res_u.resok; });
   call->Send(engine_, c);
 }
 
@@ -423,11 +431,11 @@ void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAt
       ToSattr(sa, &what.mknoddata3_u.pipe_attributes);
       break;
   }
-  bool rule = true;
-  call->done = MPNFS_NEWOBJ_DONE("MKNOD", MKNOD3res, MKNOD3res_u, rule);
+  call->done = NewObjectDone<MKNOD3res>(
+      "MKNOD", std::move(cb), dir, name, c, true,
+      [](const MKNOD3res& r) -> const MKNOD3resok& { return r.MKNOD3res_u.resok; });
   call->Send(engine_, c);
 }
-#undef MPNFS_NEWOBJ_DONE
 
 void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
   auto call = Make<REMOVE3args, REMOVE3res>("REMOVE", &rpc_nfs3_remove_async);

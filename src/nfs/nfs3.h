@@ -78,6 +78,10 @@ class Nfs3 {
   engine::Engine& engine() { return engine_; }
 
  private:
+  template <class Res, class GetOk>
+  std::function<void(const engine::CallOutcome&, Res*)> NewObjectDone(
+      const char* op, Cb<NewObject> cb, const Fh& dir, const std::string& name, const Cred& c,
+      bool lookup_on_reissued_exist, GetOk get_ok);
   void NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
                          Cb<NewObject> cb);
   engine::Engine& engine_;
