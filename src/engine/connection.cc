@@ -1,6 +1,9 @@
 #include "engine/connection.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+
+#include <algorithm>
 
 #include "engine/event_loop.h"
 
@@ -21,6 +24,7 @@ Connection::~Connection() = default;
 
 const char* Connection::StateName() const {
   switch (state_pub_.load(std::memory_order_relaxed)) {
+    case 3: return "probing";
     case 2: return "up";
     case 1: return "connecting";
     default: return "down";
@@ -37,6 +41,10 @@ ConnectionStats Connection::Snapshot() const {
   s.retransmits = stats_.retransmits;
   s.reissues = stats_.reissues;
   s.reconnects = stats_.reconnects;
+  s.failovers = stats_.failovers;
+  s.probes = stats_.probes;
+  s.outstanding_bytes = charged_bytes_;
+  s.rate_bps = rate_;
   s.bytes_out = stats_.bytes_out;
   s.bytes_in = stats_.bytes_in;
   s.inflight = stats_.inflight;
@@ -55,7 +63,13 @@ void Connection::Connect() {
   t_ = factory_(this);
   state_ = State::kConnecting;
   state_pub_ = 1;
-  connect_deadline_ = Clock::now() + opts_.connect_timeout;
+  // A path that was up before is being re-probed: give up on an attempt
+  // sooner, so a path that comes back is found within seconds.
+  Millis limit = opts_.connect_timeout;
+  if (ever_up_ && opts_.path_timeout.count() > 0) {
+    limit = std::min(limit, std::max<Millis>(3 * opts_.path_timeout, Millis(2000)));
+  }
+  connect_deadline_ = Clock::now() + limit;
   NoteDeadline(connect_deadline_);
   std::string err;
   if (!t_->StartConnect(ep_, &err)) Fail(err);
@@ -69,6 +83,12 @@ void Connection::OnConnected(bool ok, const std::string& error) {
     fail_reason_ = error;
     return;
   }
+  // TCP is up; the connection is used once the server answers a NULL call.
+  state_ = State::kProbing;
+  state_pub_ = 3;
+}
+
+void Connection::BecomeUp() {
   state_ = State::kUp;
   state_pub_ = 2;
   up_ = true;
@@ -82,7 +102,27 @@ void Connection::OnConnected(bool ok, const std::string& error) {
   failed_connects_ = 0;
 }
 
+void Connection::Charge(Request& r) {
+  charged_bytes_.fetch_add(r.cost, std::memory_order_relaxed);
+  r.charged = this;
+}
+
+void Connection::Uncharge(Request& r) {
+  if (r.charged == nullptr) return;
+  r.charged->charged_bytes_.fetch_sub(r.cost, std::memory_order_relaxed);
+  r.charged = nullptr;
+}
+
+void Connection::Heard(Clock::time_point now) {
+  heard_ = now;
+  last_heard_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  asked_others_ = false;
+  suspect_.store(false, std::memory_order_relaxed);
+}
+
 void Connection::Deliver(std::shared_ptr<Request> r) {
+  Uncharge(*r);
+  Charge(*r);
   stats_.queued.fetch_add(1, std::memory_order_relaxed);
   loop_->Post(this, std::move(r));
 }
@@ -90,6 +130,7 @@ void Connection::Deliver(std::shared_ptr<Request> r) {
 void Connection::Enqueue(std::shared_ptr<Request> r) {
   if (r->done) {
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+    Uncharge(*r);
     return;
   }
   if (r->give_up != Clock::time_point::max()) NoteDeadline(r->give_up);
@@ -113,6 +154,12 @@ void Connection::Pump() {
 
 void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
   r->transmissions++;
+  if (stats_.inflight.load(std::memory_order_relaxed) == 0) {
+    // Busy from now: idle time counts neither as silence nor as slowness.
+    busy_since_ = now;
+    mark_ = now;
+    if (opts_.path_timeout.count() > 0) NoteDeadline(now + opts_.path_timeout / 4);
+  }
   Attempt& a = inflight_.emplace_back();
   a.self = std::prev(inflight_.end());
   a.sink = this;
@@ -132,15 +179,105 @@ void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
   stats_.bytes_out.fetch_add(r->call->BytesOut(), std::memory_order_relaxed);
 }
 
+void Connection::SendProbe(Clock::time_point now) {
+  Attempt& a = inflight_.emplace_back();
+  a.self = std::prev(inflight_.end());
+  a.sink = this;
+  a.probe = true;
+  a.sent = now;
+  a.deadline = Clock::time_point::max();
+  if (t_->IssueProbe(engine_->NextXid(), &a) < 0) {
+    inflight_.erase(a.self);
+    if (state_ == State::kProbing) Fail("cannot send an NFS NULL probe: " + t_->LastError());
+    return;
+  }
+  probe_ = &a;
+  stats_.probes.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Connection::ProbeNow() {
+  auto now = Clock::now();
+  if (state_ == State::kUp && probe_ == nullptr && now - heard_ > Millis(50)) SendProbe(now);
+}
+
+void Connection::OnProbeReply(Attempt* a, ReplyStatus status, const char* error) {
+  if (probe_ == a) probe_ = nullptr;
+  inflight_.erase(a->self);
+  if (closing_ || status == ReplyStatus::kCancel) return;
+  if (status == ReplyStatus::kError) {
+    if (state_ == State::kProbing) {
+      // Acted on by OnEvents() once Service() returns.
+      connect_failed_ = true;
+      fail_reason_ = fmt::format("NFS NULL probe failed: {}", error ? error : "rpc error");
+    }
+    return;
+  }
+  Heard(Clock::now());
+  if (state_ == State::kProbing) BecomeUp();
+}
+
+void Connection::Account(Clock::time_point now, int64_t bytes) {
+  // Throughput over busy time only (Send() restarts the mark when the
+  // connection was idle). Windows of small calls carry no rate information
+  // (their time is latency, not bandwidth) and are discarded.
+  win_busy_ += now - mark_;
+  mark_ = now;
+  win_bytes_ += bytes;
+  constexpr int64_t kMinBytes = 1 << 20;
+  const auto busy_ms = std::chrono::duration_cast<Millis>(win_busy_).count();
+  if (win_bytes_ >= kMinBytes && (busy_ms >= 200 || (win_bytes_ >= 8 * kMinBytes && busy_ms >= 20))) {
+    const double sample = static_cast<double>(win_bytes_) * 1000.0 / static_cast<double>(busy_ms);
+    const double old = static_cast<double>(rate_.load(std::memory_order_relaxed));
+    const double next = old == 0 ? sample : 0.75 * old + 0.25 * sample;
+    rate_.store(static_cast<uint64_t>(std::max(next, 65536.0)), std::memory_order_relaxed);
+    win_bytes_ = 0;
+    win_busy_ = {};
+  } else if (busy_ms >= 2000) {
+    win_bytes_ = 0;
+    win_busy_ = {};
+  }
+}
+
+void Connection::CheckSilence(Clock::time_point now) {
+  if (opts_.path_timeout.count() <= 0) return;
+  if (stats_.inflight.load(std::memory_order_relaxed) == 0) {
+    suspect_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  Clock::duration silent = now - std::max(heard_, busy_since_);
+  const int64_t tcp = t_ ? t_->SilentMs() : -1;
+  if (tcp >= 0) silent = std::min<Clock::duration>(silent, Millis(tcp));
+  if (silent >= opts_.path_timeout / 2) {
+    suspect_.store(true, std::memory_order_relaxed);
+    if (probe_ == nullptr) SendProbe(now);
+  }
+  if (silent >= opts_.path_timeout) {
+    if (engine_->AnotherHeardSince(this, now - opts_.path_timeout)) {
+      stats_.failovers.fetch_add(1, std::memory_order_relaxed);
+      Fail(fmt::format("nothing heard for {} ms while another path answers; path declared dead",
+                       std::chrono::duration_cast<Millis>(silent).count()));
+      return;
+    }
+    // Nobody heard lately: maybe the other paths are merely idle. Ask them.
+    if (!asked_others_) {
+      asked_others_ = true;
+      engine_->ProbeOthers(this);
+    }
+  }
+  NoteDeadline(now + opts_.path_timeout / 4);
+}
+
 void Connection::Finish(const std::shared_ptr<Request>& r, const CallOutcome& o) {
   if (r->done) return;
   r->done = true;
+  Uncharge(*r);
   if (o.status != CallStatus::kOk) stats_.errors.fetch_add(1, std::memory_order_relaxed);
   r->call->Complete(o);
 }
 
 void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) {
   auto* a = static_cast<Attempt*>(token);
+  if (a->probe) return OnProbeReply(a, status, error);
   std::shared_ptr<Request> r = std::move(a->req);
   const Clock::time_point sent = a->sent;
   inflight_.erase(a->self);
@@ -160,14 +297,20 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
     Finish(r, CallOutcome{CallStatus::kFailed, nullptr, r->reissued, error ? error : "rpc error"});
     return;
   }
+  const auto now = Clock::now();
+  Heard(now);
+  Account(now, r->cost);
   stats_.replies.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_in.fetch_add(r->call->BytesIn(), std::memory_order_relaxed);
-  stats_.latency.Record(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent));
+  stats_.latency.Record(std::chrono::duration_cast<std::chrono::microseconds>(now - sent));
   Finish(r, CallOutcome{CallStatus::kOk, result, r->reissued, {}});
 }
 
 void Connection::OnEvents(int revents) {
   if (!t_) return;
+  if ((revents & POLLIN) != 0 && (state_ == State::kUp || state_ == State::kProbing)) {
+    Heard(Clock::now());
+  }
   servicing_ = true;
   bool ok = t_->Service(revents);
   servicing_ = false;
@@ -183,6 +326,7 @@ void Connection::OnEvents(int revents) {
       r->rescued = false;
       Finish(r, CallOutcome{CallStatus::kFailed, nullptr, r->reissued, "rpc error"});
     }
+    if (state_ == State::kProbing && probe_ == nullptr) SendProbe(Clock::now());
   }
   Pump();
 }
@@ -193,6 +337,8 @@ void Connection::Fail(const std::string& why) {
   state_ = State::kDown;
   state_pub_ = 0;
   up_ = false;
+  suspect_ = false;
+  asked_others_ = false;
   closing_ = true;
   if (t_) t_->Close();  // fires kCancel for every call still in flight
   t_.reset();
@@ -213,7 +359,7 @@ void Connection::Fail(const std::string& why) {
   stats_.reissues.fetch_add(rescued.size(), std::memory_order_relaxed);
   std::vector<std::shared_ptr<Request>> keep;  // no live connection (it may vanish meanwhile)
   for (auto& r : rescued) {
-    Connection* other = keep.empty() ? engine_->PickConnection(this) : nullptr;
+    Connection* other = keep.empty() ? engine_->PickConnection(this, r->cost) : nullptr;
     if (other != nullptr) {
       other->Deliver(r);
     } else {
@@ -223,7 +369,7 @@ void Connection::Fail(const std::string& why) {
   pending_.insert(pending_.begin(), keep.begin(), keep.end());
   stats_.queued.fetch_add(static_cast<int64_t>(keep.size()), std::memory_order_relaxed);
   while (keep.empty() && !pending_.empty()) {
-    Connection* other = engine_->PickConnection(this);
+    Connection* other = engine_->PickConnection(this, pending_.front()->cost);
     if (other == nullptr) break;
     other->Deliver(std::move(pending_.front()));
     pending_.pop_front();
@@ -256,9 +402,11 @@ void Connection::OnTimer(Clock::time_point now) {
       NoteDeadline(reconnect_at_);
     }
   }
-  if (state_ == State::kConnecting) {
+  if (state_ == State::kConnecting || state_ == State::kProbing) {
     if (now >= connect_deadline_) {
-      Fail(fmt::format("no connection within {} ms", opts_.connect_timeout.count()));
+      Fail(state_ == State::kConnecting
+               ? "no connection before the connect timeout"
+               : "connected, but no answer to an NFS NULL call before the connect timeout");
     } else {
       NoteDeadline(connect_deadline_);
     }
@@ -267,7 +415,7 @@ void Connection::OnTimer(Clock::time_point now) {
   if (state_ == State::kUp) {
     for (auto it = inflight_.begin(); it != inflight_.end(); ++it) {
       Attempt& a = *it;
-      if (a.superseded || a.req->done) continue;
+      if (a.probe || a.superseded || a.req->done) continue;
       if (now >= a.req->give_up) {
         Finish(a.req, CallOutcome{CallStatus::kTimedOut, nullptr, a.req->reissued,
                                   "no reply before the deadline"});
@@ -297,6 +445,7 @@ void Connection::OnTimer(Clock::time_point now) {
     }
     Fail("no reply after retransmissions");
   }
+  if (state_ == State::kUp) CheckSilence(now);
   // Soft limits of calls still waiting to be sent.
   for (auto it = pending_.begin(); it != pending_.end();) {
     auto& r = *it;

@@ -1,10 +1,16 @@
 // Connection: one TCP connection of a path, driven by one Loop.
 //
-// States: kDown -> kConnecting -> kUp -> kDown ... Calls wait in `pending_`
-// while the connection is not up or has `max_inflight` calls outstanding, and
-// live in `inflight_` (one Attempt each transmission) until answered. When
-// the transport breaks, every unanswered call is rescued: marked reissued and
-// handed to another connection that is up, or kept here until the reconnect.
+// States: kDown -> kConnecting -> kProbing -> kUp -> kDown ... A new TCP
+// connection becomes usable only once the server has answered an NFS NULL
+// call on it (kProbing), so a path whose TCP answers but whose NFS service
+// does not is not used. Calls wait in `pending_` while the connection is not
+// up or has `max_inflight` calls outstanding, and live in `inflight_` (one
+// Attempt each transmission) until answered. When the transport breaks, or
+// the connection is declared dead (see Engine), every unanswered call is
+// rescued: marked reissued and handed to another connection that is up, or
+// kept here until the reconnect. A down connection retries with capped
+// exponential backoff (the circuit breaker: a dead path costs one connect
+// attempt every few seconds, and one log line a minute).
 //
 // Thread safety: everything but the atomics in `stats_` and `up_` is owned by
 // the loop thread; the picker in Engine reads only the atomics.
@@ -31,7 +37,7 @@ class Loop;
 
 class Connection : public TransportSink {
  public:
-  enum class State { kDown, kConnecting, kUp };
+  enum class State { kDown, kConnecting, kProbing, kUp };
 
   Connection(Engine* engine, Loop* loop, Endpoint ep, int index, const EngineOptions& opts,
              TransportFactory& factory);
@@ -39,9 +45,12 @@ class Connection : public TransportSink {
 
   // --- any thread ---
   bool up() const { return up_.load(std::memory_order_relaxed); }
-  int64_t load() const {
-    return stats_.inflight.load(std::memory_order_relaxed) +
-           stats_.queued.load(std::memory_order_relaxed);
+  // Silent with work outstanding: about to be probed or declared dead.
+  bool suspect() const { return suspect_.load(std::memory_order_relaxed); }
+  int64_t outstanding_bytes() const { return charged_bytes_.load(std::memory_order_relaxed); }
+  uint64_t rate() const { return rate_.load(std::memory_order_relaxed); }
+  Clock::time_point last_heard() const {
+    return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
   }
   Loop* loop() const { return loop_; }
   ConnectionStats Snapshot() const;
@@ -61,6 +70,8 @@ class Connection : public TransportSink {
   Clock::time_point NextDeadline() const { return next_check_; }
   void Pump();
   void Shutdown();
+  // Sends a NULL probe unless one is out or the server was just heard.
+  void ProbeNow();
   int fd() const;
   int events() const;
 
@@ -74,12 +85,22 @@ class Connection : public TransportSink {
  private:
   struct AtomicStats {
     std::atomic<uint64_t> calls{0}, replies{0}, errors{0}, retransmits{0}, reissues{0},
-        reconnects{0}, bytes_out{0}, bytes_in{0};
+        reconnects{0}, failovers{0}, probes{0}, bytes_out{0}, bytes_in{0};
     std::atomic<int64_t> inflight{0}, queued{0};
     LatencyHistogram latency;  // send to reply, first reply of each call
   };
 
   void Send(std::shared_ptr<Request> r, Clock::time_point now);
+  void SendProbe(Clock::time_point now);
+  void OnProbeReply(Attempt* a, ReplyStatus status, const char* error);
+  void BecomeUp();
+  void Heard(Clock::time_point now);
+  // Throughput bookkeeping on each answered call.
+  void Account(Clock::time_point now, int64_t bytes);
+  // Liveness while up: probe at half path_timeout, declare dead at full.
+  void CheckSilence(Clock::time_point now);
+  void Charge(Request& r);
+  static void Uncharge(Request& r);
   void Fail(const std::string& why);
   void Finish(const std::shared_ptr<Request>& r, const CallOutcome& o);
   void NoteDeadline(Clock::time_point t) {
@@ -113,6 +134,19 @@ class Connection : public TransportSink {
   Clock::time_point next_check_ = Clock::time_point::max();
   Backoff backoff_;
   uint64_t failed_connects_ = 0;
+  // Liveness (loop thread).
+  Clock::time_point heard_{};          // last reply, probe answer or readable socket
+  Clock::time_point busy_since_{};     // work outstanding since
+  Attempt* probe_ = nullptr;           // the NULL probe in flight, if any
+  bool asked_others_ = false;
+  // Throughput estimate (loop thread): bytes and busy time of the current window.
+  Clock::time_point mark_{};
+  Clock::duration win_busy_{};
+  int64_t win_bytes_ = 0;
+  std::atomic<int64_t> charged_bytes_{0};
+  std::atomic<uint64_t> rate_{0};
+  std::atomic<Clock::rep> last_heard_{0};
+  std::atomic<bool> suspect_{false};
   RateLimit down_log_{std::chrono::seconds(60)};
   AtomicStats stats_;
 };

@@ -42,18 +42,52 @@ void Engine::Stop() {
   for (auto& l : loops_) l->Stop();
 }
 
-Connection* Engine::PickConnection(const Connection* avoid) {
+Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
   const size_t n = conns_.size();
   if (n == 0) return nullptr;
+  // A connection not measured yet is assumed as fast as the fastest one
+  // measured, so it gets traffic and thereby a measurement.
+  uint64_t fastest = 0;
+  for (const auto& c : conns_) fastest = std::max(fastest, c->rate());
+  const double unknown = fastest > 0 ? static_cast<double>(fastest) : 100e6;
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
+  double best_score = 0;
   for (size_t i = 0; i < n; ++i) {
     Connection* c = conns_[(start + i) % n].get();
     if (c == avoid || !c->up()) continue;
-    if (best == nullptr || c->load() < best->load()) best = c;
+    const uint64_t rate = c->rate();
+    // Expected seconds until this call is done there.
+    double score = static_cast<double>(c->outstanding_bytes() + cost) /
+                   (rate > 0 ? static_cast<double>(rate) : unknown);
+    if (c->suspect()) score += 1e6;  // silent: only if nothing else is up
+    if (best == nullptr || score < best_score) {
+      best = c;
+      best_score = score;
+    }
   }
   if (best == nullptr && avoid == nullptr) best = conns_[start].get();
   return best;
+}
+
+bool Engine::AnotherHeardSince(const Connection* self, Clock::time_point since) const {
+  for (const auto& c : conns_) {
+    if (c.get() != self && c->up() && c->last_heard() >= since) return true;
+  }
+  return false;
+}
+
+void Engine::ProbeOthers(const Connection* self) {
+  for (const auto& c : conns_) {
+    Connection* conn = c.get();
+    if (conn != self && conn->up()) conn->loop()->Run([conn] { conn->ProbeNow(); });
+  }
+}
+
+int Engine::LiveConnections() const {
+  int n = 0;
+  for (const auto& c : conns_) n += c->up() ? 1 : 0;
+  return n;
 }
 
 void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptions so) {
@@ -62,6 +96,7 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
   r->cred = cred;
   if (r->cred.groups.size() > Cred::kMaxGroups) r->cred.groups.resize(Cred::kMaxGroups);
   r->xid = NextXid();
+  r->cost = static_cast<int64_t>(r->call->BytesOut() + r->call->BytesIn()) + 512;
   auto now = Clock::now();
   if (so.deadline) {
     r->give_up = now + *so.deadline;
@@ -75,7 +110,8 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
-  PickConnection(nullptr)->Deliver(std::move(r));
+  Connection* c = PickConnection(nullptr, r->cost);
+  c->Deliver(std::move(r));
 }
 
 void Engine::SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCall> call,

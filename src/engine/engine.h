@@ -21,6 +21,21 @@
 //    connection go back to the queue (flagged `reissued`) and are sent again
 //    once a connection is up, never lost and never failed on a hard mount.
 //
+// Multipath. Every connection of every path is a candidate for every call.
+// A call goes to the connection where it is expected to finish first: the
+// bytes already outstanding there plus its own, divided by the throughput
+// that connection has recently delivered (measured over busy time only, so an
+// idle path is not mistaken for a slow one). Paths of different speeds are
+// so kept full in proportion to their speed, and a small call lands where
+// the least work is queued ahead of it. Calls stay on the connection they
+// were sent on; a timeout retransmits there (duplicate request cache). Only
+// a connection declared dead moves its calls elsewhere: one that has work
+// outstanding, has heard nothing from the server (not even a TCP ACK, nor
+// the answer to a NULL probe sent at half time) for path_timeout, while
+// another connection has heard from the same server in that time. If every
+// path is silent the server, not a path, is the problem: calls wait (hard)
+// or time out (soft) as on one path.
+//
 // Thread safety: Submit() and Stats() are thread safe; Start()/Stop() are
 // called by the owner thread only.
 #pragma once
@@ -34,6 +49,7 @@
 #include <vector>
 
 #include "engine/cred.h"
+#include "engine/request.h"
 #include "engine/rpc_call.h"
 #include "engine/transport.h"
 
@@ -56,14 +72,22 @@ struct EngineOptions {
   // Abort a connection whose sent data stays unacknowledged this long
   // (TCP_USER_TIMEOUT); detects a dead path while a slow server still ACKs.
   std::chrono::milliseconds tcp_user_timeout{15000};
+  // A connection with work outstanding that hears nothing this long while
+  // another path does is declared dead and its calls move (see above).
+  // Zero disables this; then only TCP errors and timeo take a path out.
+  std::chrono::milliseconds path_timeout{1000};
 };
 
 struct ConnectionStats {
   std::string endpoint;
   std::string state;
   uint64_t calls = 0, replies = 0, errors = 0, retransmits = 0, reissues = 0, reconnects = 0;
+  uint64_t failovers = 0;             // times declared dead while connected
+  uint64_t probes = 0;                // NFS NULL probes sent
   uint64_t bytes_out = 0, bytes_in = 0;
   int64_t inflight = 0, queued = 0;
+  int64_t outstanding_bytes = 0;      // queued + in flight, as weighed by the balancer
+  uint64_t rate_bps = 0;              // recent throughput while busy; 0 = not measured yet
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
 };
 
@@ -94,9 +118,18 @@ class Engine {
   std::vector<ConnectionStats> Stats() const;
   const EngineOptions& options() const { return opts_; }
 
+  // Connections that are up now (a hint for how widely to split a request).
+  int LiveConnections() const;
+
   // Engine-internal (used by Connection).
   uint32_t NextXid() { return xid_.fetch_add(1, std::memory_order_relaxed); }
-  Connection* PickConnection(const Connection* avoid);
+  // The up connection (other than `avoid`) where a call of `cost` bytes is
+  // expected to finish first; null if none is up and `avoid` is set.
+  Connection* PickConnection(const Connection* avoid, int64_t cost);
+  // Whether a connection other than `self` has heard from the server since `since`.
+  bool AnotherHeardSince(const Connection* self, Clock::time_point since) const;
+  // Asks every other up connection to send a NULL probe now.
+  void ProbeOthers(const Connection* self);
 
  private:
   const EngineOptions opts_;

@@ -16,7 +16,9 @@ using namespace std::chrono_literals;
 // A call that reports its outcome through a future.
 class ProbeCall : public RpcCall {
  public:
+  explicit ProbeCall(size_t bytes_in = 0) : bytes_in_(bytes_in) {}
   const char* Name() const override { return "PROBE"; }
+  size_t BytesIn() const override { return bytes_in_; }
   int Issue(struct rpc_context*, NativeCb, void*) override { return -1; }  // fake never calls
   void Complete(const CallOutcome& o) override {
     ++completions;
@@ -24,6 +26,9 @@ class ProbeCall : public RpcCall {
   }
   std::promise<std::pair<CallStatus, bool>> done;
   std::atomic<int> completions{0};
+
+ private:
+  size_t bytes_in_;
 };
 
 EngineOptions Opts() {
@@ -57,6 +62,52 @@ class EngineTest : public ::testing::Test {
       std::this_thread::sleep_for(10ms);
     }
     ADD_FAILURE() << "connections did not come up";
+  }
+  // The transport sees a call before the connection counts it as in flight
+  // (on the loop thread): waits (up to 5 s) until the counts add up to n.
+  static std::vector<ConnectionStats> WaitInflight(Engine& e, int64_t n) {
+    std::vector<ConnectionStats> st;
+    for (int i = 0; i < 5000; ++i) {
+      st = e.Stats();
+      int64_t sum = 0;
+      for (const auto& s : st) sum += s.inflight;
+      if (sum == n) break;
+      std::this_thread::sleep_for(1ms);
+    }
+    return st;
+  }
+  // Expects every call to succeed; returns how many were reissued.
+  int AwaitAllOk(const std::vector<std::shared_ptr<ProbeCall>>& calls) {
+    int reissued = 0;
+    for (const auto& c : calls) {
+      auto [status, was_reissued] = Await(c);
+      EXPECT_EQ(status, CallStatus::kOk);
+      reissued += was_reissued;
+    }
+    return reissued;
+  }
+  // Make + Start, then wait for every connection to be up.
+  std::unique_ptr<Engine> Started(EngineOptions o) {
+    auto e = Make(std::move(o));
+    e->Start();
+    WaitAllUp(*e);
+    return e;
+  }
+  // Two paths; only the path check (not timeo) can act within a test.
+  static EngineOptions TwoPaths(std::chrono::milliseconds path_timeout) {
+    auto o = Opts();
+    o.paths = {Endpoint{"10.0.0.1", 2049, {}}, Endpoint{"10.0.1.1", 2049, {}}};
+    o.timeo = 60s;
+    o.path_timeout = path_timeout;
+    return o;
+  }
+  static std::vector<std::shared_ptr<ProbeCall>> SubmitN(Engine& e, int n, size_t bytes_in = 0) {
+    std::vector<std::shared_ptr<ProbeCall>> calls;
+    for (int i = 0; i < n; ++i) {
+      calls.push_back(std::make_shared<ProbeCall>(bytes_in));
+      e.Submit(calls.back(), Cred{});
+    }
+    return calls;
   }
   FakeNet net_;
 };
@@ -138,9 +189,7 @@ TEST_F(EngineTest, CallsOfABrokenConnectionMoveToALiveOne) {
   auto o = Opts();
   o.conns_per_path = 2;
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
-  auto e = Make(o);
-  e->Start();
-  WaitAllUp(*e);
+  auto e = Started(o);
   std::vector<std::shared_ptr<ProbeCall>> calls;
   for (int i = 0; i < 20; ++i) {
     calls.push_back(std::make_shared<ProbeCall>());
@@ -155,12 +204,7 @@ TEST_F(EngineTest, CallsOfABrokenConnectionMoveToALiveOne) {
   net_.ResetOne();
   ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() > 20; }));
   net_.ReplyAll();
-  int reissued = 0;
-  for (auto& c : calls) {
-    auto [status, was_reissued] = Await(c);
-    EXPECT_EQ(status, CallStatus::kOk);
-    reissued += was_reissued;
-  }
+  const int reissued = AwaitAllOk(calls);
   EXPECT_GT(reissued, 0);
   EXPECT_LT(reissued, 20);
 }
@@ -257,10 +301,93 @@ TEST_F(EngineTest, SpreadsCallsOverConnections) {
     e->Submit(calls.back(), Cred{});
   }
   ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 40; }));
-  for (const auto& s : e->Stats()) EXPECT_GE(s.inflight, 5) << s.endpoint;
+  for (const auto& s : WaitInflight(*e, 40)) EXPECT_GE(s.inflight, 5) << s.endpoint;
   net_.Set([](FakeNet& n) { n.auto_reply = true; });
   net_.ReplyAll();
   for (auto& c : calls) EXPECT_EQ(Await(c).first, CallStatus::kOk);
+}
+
+TEST_F(EngineTest, ConnectionsAreUsedOnlyAfterANullProbeAnswers) {
+  auto o = Opts();
+  o.conns_per_path = 3;
+  auto e = Started(o);
+  std::lock_guard lock(net_.mu);
+  EXPECT_GE(net_.probes, 3);
+  EXPECT_TRUE(net_.issued_xids.empty());
+}
+
+TEST_F(EngineTest, CallsGoWhereTheLeastWorkIsOutstanding) {
+  auto o = Opts();
+  o.conns_per_path = 2;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  // One big read occupies one connection; the small calls after it must all
+  // go to the other one rather than alternate.
+  auto big = std::make_shared<ProbeCall>(8 << 20);
+  e->Submit(big, Cred{});
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 1; }));
+  std::vector<std::shared_ptr<ProbeCall>> small;
+  for (int i = 0; i < 6; ++i) {
+    small.push_back(std::make_shared<ProbeCall>());
+    e->Submit(small.back(), Cred{});
+  }
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 7; }));
+  auto st = WaitInflight(*e, 7);
+  ASSERT_EQ(st.size(), 2u);
+  std::vector<int64_t> inflight = {st[0].inflight, st[1].inflight};
+  std::sort(inflight.begin(), inflight.end());
+  EXPECT_EQ(inflight, (std::vector<int64_t>{1, 6}));
+  EXPECT_GE(std::max(st[0].outstanding_bytes, st[1].outstanding_bytes), 8 << 20);
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  EXPECT_EQ(Await(big).first, CallStatus::kOk);
+  for (auto& c : small) EXPECT_EQ(Await(c).first, CallStatus::kOk);
+  for (const auto& s : e->Stats()) EXPECT_EQ(s.outstanding_bytes, 0) << s.endpoint;
+}
+
+TEST_F(EngineTest, ASilentPathIsDeclaredDeadAndItsCallsMove) {
+  auto e = Started(TwoPaths(200ms));
+  ASSERT_TRUE(net_.Blackhole(0));
+  auto calls = SubmitN(*e, 20, 64 << 10);
+  const int reissued = AwaitAllOk(calls);
+  EXPECT_GT(reissued, 0);
+  uint64_t failovers = 0;
+  for (const auto& s : e->Stats()) failovers += s.failovers;
+  EXPECT_EQ(failovers, 1u);
+}
+
+TEST_F(EngineTest, AnIdleOtherPathIsProbedBeforeAFailover) {
+  auto e = Started(TwoPaths(200ms));
+  // Let both connections fall idle well past path_timeout; then one call on
+  // the dead path. The idle path has heard nothing lately either, so it must
+  // be probed, answer, and take the call over.
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(net_.Blackhole(0));
+  int probes_before;
+  {
+    std::lock_guard lock(net_.mu);
+    probes_before = net_.probes;
+  }
+  // Both are idle and equal: of a few calls, some land on the silent one.
+  auto calls = SubmitN(*e, 4);
+  EXPECT_GT(AwaitAllOk(calls), 0);
+  std::lock_guard lock(net_.mu);
+  EXPECT_GT(net_.probes, probes_before + 1);  // the silent one's and the idle one's
+}
+
+TEST_F(EngineTest, WhenEveryPathIsSilentNothingFailsOver) {
+  auto e = Started(TwoPaths(100ms));
+  ASSERT_TRUE(net_.Blackhole(0));
+  ASSERT_TRUE(net_.Blackhole(1));
+  auto calls = SubmitN(*e, 8);
+  // Many path timeouts pass: a silent server is not a path failure.
+  std::this_thread::sleep_for(600ms);
+  for (const auto& s : e->Stats()) {
+    EXPECT_EQ(s.failovers, 0u) << s.endpoint;
+    EXPECT_EQ(s.state, "up") << s.endpoint;
+  }
+  net_.Unblackhole();
+  EXPECT_EQ(AwaitAllOk(calls), 0);
 }
 
 }  // namespace

@@ -20,6 +20,8 @@ namespace mpnfs::engine {
 
 using Clock = std::chrono::steady_clock;
 
+class Connection;
+
 struct Request {
   std::shared_ptr<RpcCall> call;
   Cred cred;
@@ -29,10 +31,15 @@ struct Request {
   bool done = false;          // Complete() has been called
   bool rescued = false;       // already collected from a closing connection
   Clock::time_point give_up = Clock::time_point::max();  // soft limit / SubmitOptions
+  // Load-balancing weight: payload bytes plus a fixed per-call overhead, and
+  // the connection whose outstanding-bytes counter it is charged to.
+  int64_t cost = 0;
+  Connection* charged = nullptr;
 };
 
 struct Attempt : CallToken {
-  std::shared_ptr<Request> req;
+  std::shared_ptr<Request> req;  // null for a NULL probe
+  bool probe = false;
   Clock::time_point deadline;
   Clock::time_point sent;
   bool superseded = false;    // a retransmission replaced it; it still may answer

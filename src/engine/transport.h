@@ -23,7 +23,10 @@ namespace mpnfs::engine {
 struct Endpoint {
   std::string host;  // numeric address
   int port = 2049;
-  std::string local;  // interface to bind (SO_BINDTODEVICE); empty: any
+  // Client side of the path: an interface name (the socket is bound to that
+  // device) or a local address (bound to it and to the interface holding
+  // it); empty: let routing choose.
+  std::string local;
 };
 
 enum class ReplyStatus { kSuccess, kError, kCancel };
@@ -58,6 +61,11 @@ class Transport {
   virtual bool Service(int revents) = 0;
   // Queues `call` with the given XID and credentials. < 0: not queued, no callback.
   virtual int Issue(RpcCall& call, uint32_t xid, const Cred& cred, CallToken* token) = 0;
+  // Queues an NFS NULL call (a liveness probe) with the given XID.
+  virtual int IssueProbe(uint32_t xid, CallToken* token) = 0;
+  // Milliseconds since the peer was last heard at the transport level (any
+  // segment, including bare ACKs of our data); -1 if unknown.
+  virtual int64_t SilentMs() const { return -1; }
   // Tears the connection down; every call still pending is reported kCancel.
   virtual void Close() = 0;
   virtual std::string LastError() const = 0;

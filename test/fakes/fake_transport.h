@@ -29,6 +29,10 @@ class FakeNet {
   bool refuse_connect = false;
   bool auto_reply = true;
   int drop_first_n = 0;  // calls whose first transmission is never answered
+  // Transports created while set stay silent (no answers, no ACKs): a dead
+  // path. Set by Blackhole() for the live ones.
+  bool silent_new = false;
+  int probes = 0;         // NULL probes issued
 
   std::mutex mu;
   std::condition_variable cv;
@@ -51,6 +55,12 @@ class FakeNet {
   void ResetAll();
   // Break one live connection.
   void ResetOne();
+  // Silence the live transport whose connect was the k-th (0-based) one still
+  // live; returns false if there is none. Its calls are never answered and
+  // SilentMs() grows from now on, as on a path whose link went down.
+  bool Blackhole(size_t k);
+  // Answer again (the link came back).
+  void Unblackhole();
   // Waits (with a generous cap) until pred holds; returns whether it did.
   bool WaitFor(const std::function<bool(FakeNet&)>& pred, int ms = 5000) {
     std::unique_lock lock(mu);
@@ -61,6 +71,7 @@ class FakeNet {
   friend class FakeTransport;
   void Poke(FakeTransport* t);
   std::set<FakeTransport*> live_;
+  std::vector<FakeTransport*> order_;  // live transports in connect order
 };
 
 class FakeTransport final : public engine::Transport {
@@ -78,24 +89,51 @@ class FakeTransport final : public engine::Transport {
     net_->connect_attempts++;
     connect_result_ = !net_->refuse_connect;
     connecting_ = true;
+    silent_ = net_->silent_new;
+    silent_since_ = std::chrono::steady_clock::now();
     net_->live_.insert(this);
+    net_->order_.push_back(this);
     net_->cv.notify_all();
     Signal();
     return true;
   }
   int Fd() const override { return efd_; }
+  int64_t SilentMs() const override {
+    std::lock_guard lock(net_->mu);
+    if (!silent_) return 0;
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now() - silent_since_)
+        .count();
+  }
+  int IssueProbe(uint32_t xid, engine::CallToken* token) override {
+    {
+      std::lock_guard lock(net_->mu);
+      net_->probes++;
+    }
+    bool answer;
+    {
+      std::lock_guard lock(net_->mu);
+      answer = !silent_;
+    }
+    pending_.push_back(Call{token, answer});
+    if (answer) Signal();
+    (void)xid;
+    return 0;
+  }
   int Events() const override { return 1; /* POLLIN */ }
   bool Service(int) override {
     uint64_t v;
     ssize_t n = read(efd_, &v, sizeof(v));
     (void)n;
-    bool reset, reply_all;
+    bool reset, reply_all, silent;
     {
       std::lock_guard lock(net_->mu);
       reset = reset_;
       reply_all = reply_all_;
       reset_ = reply_all_ = false;
+      silent = silent_;
     }
+    if (silent) return true;  // a connect hangs, calls go unanswered
     if (connecting_) {
       connecting_ = false;
       if (!connect_result_) {
@@ -131,7 +169,7 @@ class FakeTransport final : public engine::Transport {
       std::lock_guard lock(net_->mu);
       net_->issued_xids.push_back(xid);
       bool first = seen_.insert(xid).second;
-      answer = net_->auto_reply;
+      answer = net_->auto_reply && !silent_;
       if (first && net_->drop_first_n > 0) {
         net_->drop_first_n--;
         answer = false;
@@ -148,6 +186,7 @@ class FakeTransport final : public engine::Transport {
     {
       std::lock_guard lock(net_->mu);
       net_->live_.erase(this);
+      std::erase(net_->order_, this);
     }
     auto p = std::move(pending_);
     pending_.clear();
@@ -175,6 +214,8 @@ class FakeTransport final : public engine::Transport {
   std::deque<Call> pending_;
   std::set<uint32_t> seen_;
   bool reset_ = false;      // guarded by net_->mu
+  bool silent_ = false;     // guarded by net_->mu
+  std::chrono::steady_clock::time_point silent_since_;  // guarded by net_->mu
   bool reply_all_ = false;  // guarded by net_->mu
 };
 
@@ -194,6 +235,26 @@ inline void FakeNet::ResetOne() {
   FakeTransport* t = *live_.begin();
   t->reset_ = true;
   t->Signal();
+}
+
+inline bool FakeNet::Blackhole(size_t k) {
+  std::lock_guard lock(mu);
+  if (k >= order_.size()) return false;
+  order_[k]->silent_ = true;
+  order_[k]->silent_since_ = std::chrono::steady_clock::now();
+  return true;
+}
+
+inline void FakeNet::Unblackhole() {
+  std::lock_guard lock(mu);
+  silent_new = false;
+  for (auto* t : live_) {
+    if (t->silent_) {
+      t->silent_ = false;
+      t->reply_all_ = true;  // what was sent meanwhile is answered now
+      t->Signal();
+    }
+  }
 }
 
 inline void FakeNet::ResetAll() {
