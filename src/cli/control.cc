@@ -63,11 +63,13 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
     out += fmt::format(
         "{}\n  {{\"endpoint\": {}, \"state\": \"{}\", \"calls\": {}, \"replies\": {}, "
         "\"errors\": {}, \"retransmits\": {}, \"reissues\": {}, \"reconnects\": {}, "
+        "\"failovers\": {}, \"probes\": {}, "
         "\"bytes_out\": {}, \"bytes_in\": {}, \"inflight\": {}, \"queued\": {}, "
+        "\"outstanding_bytes\": {}, \"rate_bps\": {}, "
         "\"latency_mean_us\": {}, \"latency_p99_us\": {}}}",
         i == 0 ? "" : ",", JsonString(c.endpoint), c.state, c.calls, c.replies, c.errors, c.retransmits,
-        c.reissues, c.reconnects, c.bytes_out, c.bytes_in, c.inflight, c.queued,
-        c.latency_mean_us, c.latency_p99_us);
+        c.reissues, c.reconnects, c.failovers, c.probes, c.bytes_out, c.bytes_in, c.inflight,
+        c.queued, c.outstanding_bytes, c.rate_bps, c.latency_mean_us, c.latency_p99_us);
   }
   out += "\n]}\n";
   return out;

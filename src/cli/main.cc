@@ -26,6 +26,7 @@
 #include "cli/options.h"
 #include "common/log.h"
 #include "engine/engine.h"
+#include "nfs/local_bind.h"
 #include "fs/filesystem.h"
 #include "fuse/fuse_ops.h"
 #include "mpnfs_config.h"
@@ -131,6 +132,22 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     path_addrs.push_back(*a);
   }
   if (path_addrs.empty()) path_addrs.push_back(*addr);
+  m.engine.paths.clear();
+  for (size_t k = 0; k < path_addrs.size(); ++k) {
+    std::string local = k < m.locals.size() ? m.locals[k] : std::string();
+    if (!local.empty()) {
+      // Checked now, so that a typo is an error at mount time, not a path
+      // that never comes up.
+      auto b = nfs::ResolveLocal(local);
+      if (!b) {
+        rep.Done(kExitMountFailed, "mpnfs: path " + path_addrs[k] + ": " + b.error().what);
+        return kExitMountFailed;
+      }
+      log->info("path {} leaves by {}{}", path_addrs[k], b->ifname,
+                b->addr_len != 0 ? " from " + local : std::string());
+    }
+    m.engine.paths.push_back(engine::Endpoint{path_addrs[k], m.port, local});
+  }
   // MOUNT is asked over the server's address, then over each path in turn,
   // so that a mount succeeds while some of them are down.
   std::vector<std::string> mount_addrs;
@@ -160,8 +177,6 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     return kExitMountFailed;
   }
 
-  m.engine.paths.clear();
-  for (const auto& a : path_addrs) m.engine.paths.push_back(engine::Endpoint{a, m.port, {}});
   const int tcp_to = static_cast<int>(m.engine.tcp_user_timeout.count());
   engine::Engine eng(m.engine, [tcp_to](engine::TransportSink* sink) {
     return std::make_unique<nfs::LibnfsTransport>(sink, tcp_to);

@@ -135,19 +135,13 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
     if (!entries) return entries.error();
     const TabEntry* e = FindTabEntry(*entries, m->server, m->export_path, m->mountpoint);
     if (e == nullptr) continue;
-    for (const auto& l : e->locals) {
-      if (!l.empty()) {
-        return Error::Errno(EINVAL, e->where + ": 'local:' (binding a path to a local address "
-                                               "or interface) is not supported yet");
-      }
-    }
     // Per-server options first, so that the command line overrides them.
     std::vector<std::string> merged;
     if (!e->options.empty()) {
-      for (const char* forbidden : {"tab=", "path="}) {
+      for (const char* forbidden : {"tab=", "path=", "local="}) {
         if (("," + e->options).find(std::string(",") + forbidden) != std::string::npos) {
           return Error::Errno(EINVAL, e->where + ": '" + forbidden +
-                                          "' cannot be set in 'options:' (use path: lines)");
+                                          "' cannot be set in 'options:' (use path: and local: lines)");
         }
       }
       merged = {"-o", e->options};
@@ -157,6 +151,8 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
     if (!m2) return Error::Errno(EINVAL, e->where + ": " + m2.error().what);
     if (m2->paths.empty()) {
       m2->paths = e->paths.empty() ? std::vector<std::string>{e->server} : e->paths;
+      // The entry's paths come with their local sides, unless local= was given.
+      if (m2->locals.empty() && !e->paths.empty()) m2->locals = e->locals;
     }
     m2->tab_entry = e->where;
     return m2;

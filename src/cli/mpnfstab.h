@@ -36,7 +36,7 @@ struct TabEntry {
   };
   std::string server;
   std::vector<std::string> paths;
-  std::vector<std::string> locals;  // `local:` lines, in path order (reserved)
+  std::vector<std::string> locals;  // `local:` of each path, in path order ("" if none)
   std::vector<ExportMount> exports;
   std::string options;
   std::string where;  // file:line of the `server:` line

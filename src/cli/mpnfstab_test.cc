@@ -144,10 +144,23 @@ TEST_F(LoadTest, NamedFilesMustExistAndBeWellFormed) {
   EXPECT_NE(m.error().what.find("frob"), std::string::npos);
   files_["/etc/mpnfstab"] = "server: s\nexport: /e mount: /m\noptions: path=1.2.3.4\n";
   EXPECT_FALSE(LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader()).ok());
-  files_["/etc/mpnfstab"] = "server: s\nlocal: eth1 path: 1.2.3.4\nexport: /e mount: /m\n";
-  m = LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader());
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.error().what.find("not supported yet"), std::string::npos);
+  files_["/etc/mpnfstab"] = "server: s\nexport: /e mount: /m\noptions: local=eth0\n";
+  EXPECT_FALSE(LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader()).ok());
+}
+
+TEST_F(LoadTest, LocalLinesBindTheirPaths) {
+  files_["/etc/mpnfstab"] =
+      "server: s\nlocal: eth1 path: 1.2.3.4\npath: 1.2.4.4\nlocal: 10.0.0.1 path: 1.2.5.4\n"
+      "export: /e mount: /m\n";
+  auto m = LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->paths, (std::vector<std::string>{"1.2.3.4", "1.2.4.4", "1.2.5.4"}));
+  EXPECT_EQ(m->locals, (std::vector<std::string>{"eth1", "", "10.0.0.1"}));
+  // path= on the command line replaces the entry's paths and their local sides.
+  m = LoadMountOptions({"s:/e", "/m", "-o", "path=9.9.9.9"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->paths, (std::vector<std::string>{"9.9.9.9"}));
+  EXPECT_TRUE(m->locals.empty());
 }
 
 TEST_F(LoadTest, BlockWithoutPathsUsesTheServerName) {

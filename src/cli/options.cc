@@ -112,6 +112,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"tcp_timeout", {0, 3600, [&](long v) {
          m.engine.tcp_user_timeout = std::chrono::seconds(v);
        }}},
+      {"path_timeout", {0, 600000, [&](long v) {
+         m.engine.path_timeout = std::chrono::milliseconds(v);
+       }}},
       {"write_behind", {0, 4096, [&](long v) { m.fs.write_behind = static_cast<uint64_t>(v) << 20; }}},
       {"read_ahead_kb", {0, 1 << 20, [&](long v) { m.read_ahead_kb = static_cast<int>(v); }}},
       {"max_background", {1, 65535, [&](long v) { m.max_background = static_cast<int>(v); }}},
@@ -160,6 +163,16 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           from = plus + 1;
         }
         if (m.paths.size() > 8) return Bad("at most 8 paths");
+      } else if (key == "local") {
+        // local=L, repeatable, or a '+'-separated list; the k-th binds the k-th path.
+        if (val.empty()) return Bad("local= needs an interface or address (local=L[+L...])");
+        size_t from = 0;
+        while (from <= val.size()) {
+          size_t plus = val.find('+', from);
+          if (plus == std::string::npos) plus = val.size();
+          m.locals.push_back(val.substr(from, plus - from));  // "" keeps that path unbound
+          from = plus + 1;
+        }
       } else if (key == "tab") {
         if (val.empty()) return Bad("tab= needs a file name");
         m.tab = val;
@@ -179,6 +192,10 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       }
       if (end == s.size()) break;
     }
+  }
+  if (m.locals.size() > std::max<size_t>(1, m.paths.size())) {
+    return Bad("more local= entries (" + std::to_string(m.locals.size()) + ") than paths (" +
+               std::to_string(std::max<size_t>(1, m.paths.size())) + ")");
   }
   if (have_actimeo) m.fs.acregmin = m.fs.acregmax = m.fs.acdirmin = m.fs.acdirmax = actimeo;
   if (m.fs.acregmin > m.fs.acregmax) return Bad("acregmin must not exceed acregmax");

@@ -27,6 +27,10 @@ struct MountOptions {
   // path=: server addresses that carry NFS traffic (one or more TCP
   // connections each); empty: the SERVER address alone.
   std::vector<std::string> paths;
+  // local=: the client side of each path, in path order (an interface name
+  // or a local address; "" lets routing choose). With no path=, the first
+  // one binds the connection to SERVER.
+  std::vector<std::string> locals;
   std::string tab;        // tab=FILE: the mpnfstab to read first
   std::string tab_entry;  // file:line of the mpnfstab block used, if any
   int port = 2049;

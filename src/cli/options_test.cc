@@ -106,6 +106,18 @@ TEST(OptionsTest, PathsAreRepeatableOrAList) {
   EXPECT_TRUE(Parse({"s:/e", "/m"})->paths.empty());
 }
 
+TEST(OptionsTest, LocalsBindPathsInOrder) {
+  auto m = Parse({"s:/e", "/m", "-o", "path=10.0.1.2+10.0.2.2,local=eth1+10.0.2.1"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->locals, (std::vector<std::string>{"eth1", "10.0.2.1"}));
+  m = Parse({"s:/e", "/m", "-o", "path=10.0.1.2+10.0.2.2,local=+eth2"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->locals, (std::vector<std::string>{"", "eth2"}));
+  EXPECT_TRUE(Parse({"s:/e", "/m", "-o", "local=eth0"}).ok());  // binds SERVER's connection
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "local="}).ok());
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=10.0.1.2,local=a+b"}).ok());
+}
+
 TEST(OptionsTest, SplitsSources) {
   std::string s, e;
   EXPECT_TRUE(SplitSource("host:/x", &s, &e));

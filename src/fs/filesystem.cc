@@ -463,7 +463,7 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
       });
     }
   }
-  auto pieces = SplitRange(off, size, opts_.rsize);
+  auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.rsize));
   if (pieces.size() == 1) {
     // One RPC serves the request: reply straight from the receive buffer.
     nfs_.Read(inode->fh(), off, static_cast<uint32_t>(size), c,
@@ -561,7 +561,7 @@ std::optional<Error> Filesystem::TakeWriteError(const InodeP& inode) {
 void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
                             bool behind, Cb<size_t> cb) {
   const size_t size = data->size();
-  auto pieces = SplitRange(off, size, opts_.wsize);
+  auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
   auto op = std::make_shared<Gather>(pieces.size());
   for (const auto& p : pieces) {
     SendWrite(inode, c, p.off, data, p.buf_off, p.len, opts_.sync,

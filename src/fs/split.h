@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -28,6 +29,18 @@ inline std::vector<Piece> SplitRange(uint64_t off, size_t len, size_t max) {
     done += n;
   }
   return out;
+}
+
+// The piece size for a request of `len` bytes when `ways` connections can
+// carry it at once: a large read or write is cut so that every path gets a
+// share (a single sequential stream then uses the aggregate bandwidth), but
+// no piece is smaller than `min` (per-call overhead) nor larger than `max`
+// (rsize / wsize).
+inline size_t StripePiece(size_t len, int ways, size_t max, size_t min = 128 << 10) {
+  if (ways <= 1 || len <= min) return max;
+  size_t per = (len + static_cast<size_t>(ways) - 1) / static_cast<size_t>(ways);
+  per = (per + 4095) & ~size_t{4095};
+  return std::min(max, std::max(per, min));
 }
 
 }  // namespace mpnfs::fs

@@ -37,5 +37,24 @@ TEST(SplitRangeTest, CoversLargeOffsetsBeyond4GiB) {
 
 TEST(SplitRangeTest, EmptyRangeHasNoPieces) { EXPECT_TRUE(SplitRange(0, 0, 4096).empty()); }
 
+TEST(StripePieceTest, OnePathKeepsTheFullSize) {
+  EXPECT_EQ(StripePiece(1 << 20, 1, 1 << 20), 1u << 20);
+  EXPECT_EQ(StripePiece(1 << 20, 0, 1 << 20), 1u << 20);
+}
+
+TEST(StripePieceTest, SharesALargeRequestAmongPaths) {
+  EXPECT_EQ(StripePiece(1 << 20, 4, 1 << 20), 256u << 10);
+  EXPECT_EQ(StripePiece(1 << 20, 2, 1 << 20), 512u << 10);
+  // Rounded up to whole pages, so no path gets a sliver.
+  EXPECT_EQ(StripePiece(1 << 20, 3, 1 << 20), 352256u);
+  EXPECT_EQ(SplitRange(0, 1 << 20, StripePiece(1 << 20, 3, 1 << 20)).size(), 3u);
+}
+
+TEST(StripePieceTest, NeverBelowTheMinimumNorAboveRsize) {
+  EXPECT_EQ(StripePiece(256 << 10, 8, 1 << 20), 128u << 10);
+  EXPECT_EQ(StripePiece(64 << 10, 8, 1 << 20), 1u << 20);  // small: one call anyway
+  EXPECT_EQ(StripePiece(4 << 20, 2, 1 << 20), 1u << 20);
+}
+
 }  // namespace
 }  // namespace mpnfs::fs

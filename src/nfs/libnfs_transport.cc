@@ -5,6 +5,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "nfs/local_bind.h"
 
 namespace mpnfs::nfs {
 
@@ -26,6 +32,18 @@ bool LibnfsTransport::StartConnect(const engine::Endpoint& ep, std::string* erro
     return false;
   }
   int fd = rpc_get_fd(rpc_);
+  if (!ep.local.empty()) {
+    // See nfs/local_bind.h: our bound socket replaces libnfs's under its number.
+    auto b = ResolveLocal(ep.local);
+    Result<int> mine = b ? ConnectFrom(*b, ep.host, ep.port) : Result<int>(b.error());
+    if (!mine || dup2(*mine, fd) < 0) {
+      *error = mine ? std::string("dup2: ") + strerror(errno) : mine.error().what;
+      if (mine) close(*mine);
+      last_error_ = *error;
+      return false;
+    }
+    close(*mine);
+  }
   if (fd >= 0 && tcp_user_timeout_ms_ > 0) {
     unsigned int t = static_cast<unsigned int>(tcp_user_timeout_ms_);
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &t, sizeof(t));
@@ -36,6 +54,25 @@ bool LibnfsTransport::StartConnect(const engine::Endpoint& ep, std::string* erro
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
   }
   return true;
+}
+
+int LibnfsTransport::IssueProbe(uint32_t xid, engine::CallToken* token) {
+  if (rpc_ == nullptr) return -1;
+  rpc_set_next_xid(rpc_, xid);
+  if (rpc_nfs3_null_async(rpc_, &ReplyCb, token) != 0) {
+    last_error_ = rpc_get_error(rpc_);
+    return -1;
+  }
+  return 0;
+}
+
+int64_t LibnfsTransport::SilentMs() const {
+  if (rpc_ == nullptr) return -1;
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (getsockopt(rpc_get_fd(rpc_), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return -1;
+  // Any segment from the peer (data or a bare ACK of ours) counts.
+  return std::min(ti.tcpi_last_ack_recv, ti.tcpi_last_data_recv);
 }
 
 void LibnfsTransport::ConnectCb(struct rpc_context* /*rpc*/, int status, void* data, void* priv) {

@@ -2,7 +2,7 @@
 //
 // Every libnfs call of the gateway lives in this directory. This class uses
 // only the raw async API: rpc_connect_port_async (no portmapper: the NFS port
-// is known), rpc_service driven by the engine's loop, and the calls' own
+// is known; see local_bind.h for binding the client side), rpc_service driven by the engine's loop, and the calls' own
 // rpc_nfs3_*_async. libnfs's auto-reconnect is off (it would replay
 // non-idempotent calls); so are its timeouts: the engine owns both.
 //
@@ -31,6 +31,8 @@ class LibnfsTransport final : public engine::Transport {
   bool Service(int revents) override;
   int Issue(engine::RpcCall& call, uint32_t xid, const engine::Cred& cred,
             engine::CallToken* token) override;
+  int IssueProbe(uint32_t xid, engine::CallToken* token) override;
+  int64_t SilentMs() const override;
   void Close() override;
   std::string LastError() const override;
 

@@ -42,6 +42,9 @@ class Nfs3 {
  public:
   explicit Nfs3(engine::Engine& engine) : engine_(engine) {}
 
+  // How many connections are up now: how many ways a large request can run at once.
+  int Parallelism() const { return engine_.LiveConnections(); }
+
   void Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so = {});
   void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so = {});
   void Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb);
