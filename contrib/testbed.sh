@@ -5,7 +5,9 @@
 #
 #   testbed.sh up N [RATE]       e.g. "up 1" or "up 4 200mbit"
 #   testbed.sh down
-#   testbed.sh link down|up K    take path K down / up
+#   testbed.sh link down|up K    take path K down / up (its far end: the client
+#                                keeps its route, so nothing leaks elsewhere)
+#   testbed.sh shape K RATE|off  shape path K (tbf, both directions) or unshape it
 #   testbed.sh restart-server    stop and start Ganesha (export kept)
 #   testbed.sh crash-server      SIGKILL Ganesha (no goodbye to clients), start it again
 #   testbed.sh stop-server | start-server
@@ -69,6 +71,17 @@ stop_server() {
   rm -f "$TB/ganesha.pid"
 }
 
+shape() {  # K RATE|off
+  local k=$1 rate=$2
+  if [ "$rate" = off ]; then
+    tc qdisc del dev "${LP}c$k" root 2>/dev/null || true
+    ip netns exec "$NS" tc qdisc del dev "${LP}s$k" root 2>/dev/null || true
+  else
+    tc qdisc replace dev "${LP}c$k" root tbf rate "$rate" burst 256kb latency 50ms
+    ip netns exec "$NS" tc qdisc replace dev "${LP}s$k" root tbf rate "$rate" burst 256kb latency 50ms
+  fi
+}
+
 case "${1:-}" in
 up)
   n=${2:-1}; rate=${3:-}
@@ -84,10 +97,7 @@ up)
     ip link set "${LP}c$k" up
     ip netns exec "$NS" ip addr add "10.$NET.$k.2/24" dev "${LP}s$k"
     ip netns exec "$NS" ip link set "${LP}s$k" up
-    if [ -n "$rate" ]; then
-      tc qdisc add dev "${LP}c$k" root tbf rate "$rate" burst 256kb latency 50ms
-      ip netns exec "$NS" tc qdisc add dev "${LP}s$k" root tbf rate "$rate" burst 256kb latency 50ms
-    fi
+    [ -z "$rate" ] || shape "$k" "$rate"
   done
   start_server ;;
 down)
@@ -97,12 +107,15 @@ down)
   done
   ip netns del "$NS" 2>/dev/null || true ;;
 link)
-  ip link set "${LP}c$3" "$2"
+  # Only the server's end goes down, as when a switch port dies: the client
+  # end loses carrier but keeps its address and route, so packets for the
+  # path are dropped on the veth instead of following the default route.
   ip netns exec "$NS" ip link set "${LP}s$3" "$2" ;;
+shape) shape "$2" "$3" ;;
 restart-server) stop_server; start_server ;;
 crash-server) stop_server KILL; start_server ;;
 stop-server) stop_server ;;
 start-server) start_server ;;
 env) echo "TB=$TB NS=$NS SERVER=10.$NET.1.2 EXPORT=$TB/export" ;;
-*) sed -n 2,18p "$0"; exit 2 ;;
+*) sed -n 2,20p "$0"; exit 2 ;;
 esac

@@ -21,6 +21,9 @@ BED_ENV = dict(os.environ, MPNFS_TB=TB, MPNFS_TB_NS="mpnfsit", MPNFS_TB_NET="78"
                MPNFS_TB_LINK="mit")
 SERVER = "10.78.1.2"
 SERVER2 = "10.78.2.2"  # the same server over the second path
+SERVER3 = "10.78.3.2"
+SERVER4 = "10.78.4.2"
+ALL_PATHS = "+".join([SERVER, SERVER2, SERVER3, SERVER4])
 EXPORT = TB + "/export"
 SQUASHED = TB + "/squashed"
 
@@ -81,13 +84,16 @@ class Bed:
     def link(self, state, k=1):
         self.run("link", state, str(k))
 
+    def shape(self, k, rate):
+        self.run("shape", str(k), rate)
+
 
 @pytest.fixture(scope="session")
 def bed():
     b = Bed()
     b.run("down", check=False)  # leftovers of an aborted run
     shutil.rmtree(TB, ignore_errors=True)
-    r = b.run("up", "2", check=False)  # two paths: 10.78.1.2 and 10.78.2.2
+    r = b.run("up", "4", check=False)  # four paths: 10.78.K.2 for K = 1..4
     if r.returncode != 0:
         b.run("down", check=False)
         pytest.fail(f"test bed did not start:\n{r.stdout}\n{r.stderr}")
