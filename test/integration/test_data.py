@@ -80,11 +80,12 @@ def test_concurrent_readers_see_the_same_data(d):
     assert results == [hashlib.md5(payload).hexdigest()] * 6
 
 
-def test_fio_random_write_verify_direct(d):
+def test_fio_random_write_verify_direct(d, tmp_path):
+    # cwd: fio leaves its verify state files (*-verify.state) there.
     r = subprocess.run(["fio", "--name=v", f"--directory={d}", "--size=64M", "--bs=4k",
                         "--rw=randwrite", "--direct=1", "--ioengine=libaio", "--iodepth=32",
                         "--numjobs=2", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
-                        "--group_reporting"], capture_output=True, text=True)
+                        "--group_reporting"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verify: bad" not in r.stdout
 
