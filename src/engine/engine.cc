@@ -84,9 +84,10 @@ void Engine::ProbeOthers(const Connection* self) {
   }
 }
 
-int Engine::LiveConnections() const {
+int Engine::IdleConnections() const {
+  constexpr int64_t kIdle = 64 << 10;
   int n = 0;
-  for (const auto& c : conns_) n += c->up() ? 1 : 0;
+  for (const auto& c : conns_) n += c->up() && c->outstanding_bytes() < kIdle ? 1 : 0;
   return n;
 }
 

@@ -118,8 +118,12 @@ class Engine {
   std::vector<ConnectionStats> Stats() const;
   const EngineOptions& options() const { return opts_; }
 
-  // Connections that are up now (a hint for how widely to split a request).
-  int LiveConnections() const;
+  // Connections that are up and have (almost) nothing outstanding: how many
+  // ways a large request can usefully be split now. Splitting costs a copy
+  // when the pieces of a read are put together, so it is done only when a
+  // path would otherwise stay idle (one O_DIRECT stream, the first read of a
+  // readahead burst), not when many requests already keep every path busy.
+  int IdleConnections() const;
 
   // Engine-internal (used by Connection).
   uint32_t NextXid() { return xid_.fetch_add(1, std::memory_order_relaxed); }

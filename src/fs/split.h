@@ -31,9 +31,9 @@ inline std::vector<Piece> SplitRange(uint64_t off, size_t len, size_t max) {
   return out;
 }
 
-// The piece size for a request of `len` bytes when `ways` connections can
-// carry it at once: a large read or write is cut so that every path gets a
-// share (a single sequential stream then uses the aggregate bandwidth), but
+// The piece size for a request of `len` bytes when `ways` idle connections
+// can carry it at once: a large read or write is cut so that each of them
+// gets a share (a single O_DIRECT stream then uses the aggregate bandwidth), but
 // no piece is smaller than `min` (per-call overhead) nor larger than `max`
 // (rsize / wsize).
 inline size_t StripePiece(size_t len, int ways, size_t max, size_t min = 128 << 10) {

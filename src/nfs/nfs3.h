@@ -42,8 +42,8 @@ class Nfs3 {
  public:
   explicit Nfs3(engine::Engine& engine) : engine_(engine) {}
 
-  // How many connections are up now: how many ways a large request can run at once.
-  int Parallelism() const { return engine_.LiveConnections(); }
+  // How many ways a large request is worth splitting now (see Engine::IdleConnections).
+  int Parallelism() const { return engine_.IdleConnections(); }
 
   void Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so = {});
   void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so = {});
