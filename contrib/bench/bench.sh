@@ -18,36 +18,7 @@ MNT=/tmp/mpnfs-bench-mnt
 SRC=/dev/shm/mpnfs-bench-src
 URL="nfs://$SERVER$EXPORT"
 Q="version=3&nfsport=2049&mountport=20048"
-PID=
-REPORT=$(mktemp)
-
-cleanup() {
-  set +e
-  grep -q " $MNT fuse.mpnfs " /proc/mounts && { fusermount3 -u "$MNT" || umount -l "$MNT"; }
-  [ -n "$PID" ] && { wait "$PID" 2>/dev/null; }
-  contrib/testbed.sh down >/dev/null 2>&1
-  rm -rf "$MPNFS_TB" "$SRC" "$MNT"
-}
-trap cleanup EXIT
-
-contrib/deps.sh
-contrib/build.sh build >/dev/null
-now() { date +%s.%N; }
-secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
-mbps() { awk -v mib="$1" -v s="$2" 'BEGIN { printf "%.0f", mib * 1.048576 / s }'; }
-cpu() { awk '{ print ($14 + $15) }' "/proc/$PID/stat"; }
-cpu_secs() { awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", (b - a) / hz }'; }
-row() { local line; line="|$(printf ' %s |' "$@")"; echo "$line" >> "$REPORT"; echo "$line"; }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-
-mount_mpnfs() {
-  mkdir -p "$MNT"
-  build/src/mpnfs "$SERVER:$EXPORT" "$MNT" -f -o "mountport=20048${1:+,$1}" 2>>"$MPNFS_TB/mpnfs.log" &
-  PID=$!
-  for _ in $(seq 100); do grep -q " $MNT fuse.mpnfs " /proc/mounts && return 0; sleep 0.1; done
-  echo "mount failed" >&2; cat "$MPNFS_TB/mpnfs.log" >&2; exit 1
-}
-umount_mpnfs() { fusermount3 -u "$MNT"; wait "$PID" || true; PID=; }
+. contrib/bench/lib.sh  # cleanup on exit, deps, build, helpers
 
 bed_up() {
   contrib/testbed.sh down >/dev/null 2>&1 || true
@@ -144,4 +115,3 @@ row "tbf ${RATE_MBIT}mbit path, $SHAPED_SIZE MiB read" "$sr MB/s" "$line MB/s li
     "$(awk -v a="$sr" -v b="$line" 'BEGIN { printf "%.0f%%", 100 * a / b }')" ""
 
 if [ -n "$OUT" ]; then cp "$REPORT" "$OUT"; echo "written to $OUT"; fi
-rm -f "$REPORT"

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""What an application sees while a path fails under it.
+
+Streams MIB MiB to (write) or from (read) FILE in 1 MiB blocks, takes path K
+of the test bed down DOWN seconds in, and prints one JSON line: throughput
+per half second, before and after the failure, and the stall (the longest
+wait for one block, or for the final fsync, counted from the moment the
+command that takes the path down starts).
+
+  timeline.py {read|write} FILE MIB K DOWN
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+TESTBED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "testbed.sh")
+
+
+def main():
+    mode, path, mib, k, down_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+    block = bytearray(os.urandom(1 << 20))
+    done = []  # (seconds, MiB moved)
+    down = None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if mode == "write" else os.O_RDONLY, 0o644)
+    t0 = time.monotonic()
+    for i in range(mib):
+        if down is None and time.monotonic() - t0 >= down_at:
+            down = time.monotonic() - t0  # the failure counts from the command's start
+            subprocess.run([TESTBED, "link", "down", k], check=True)
+            down_took = time.monotonic() - t0 - down
+        if mode == "write":
+            block[:8] = i.to_bytes(8, "little")
+            os.write(fd, block)
+        elif len(os.read(fd, 1 << 20)) == 0:
+            break
+        done.append((time.monotonic() - t0, i + 1))
+    if mode == "write":
+        os.fsync(fd)
+        done.append((time.monotonic() - t0, done[-1][1]))
+    os.close(fd)
+    if down is None:
+        sys.exit("the transfer ended before the path went down; make it longer")
+    end = done[-1][0]
+    stall, prev = 0.0, down
+    for t, _ in done:
+        if t >= down:
+            stall = max(stall, t - prev)
+            prev = t
+
+    def moved_at(t):
+        m = 0
+        for s, n in done:
+            if s > t:
+                break
+            m = n
+        return m
+
+    def rate(a, b):
+        return (moved_at(b) - moved_at(a)) * 1.048576 / max(b - a, 1e-6)
+
+    print(json.dumps({
+        "mode": mode,
+        "down_at": round(down, 2),
+        "down_command_s": round(down_took, 2),
+        "seconds": round(end, 2),
+        "before_mbs": round(rate(max(0.5, down - 2), down), 1),
+        "after_mbs": round(rate(down + 3, max(down + 3.5, end - 0.5)), 1),
+        "stall_s": round(stall, 2),
+        "per_half_second_mbs": [round(rate(i / 2, i / 2 + 0.5), 1) for i in range(int(end * 2))],
+    }))
+
+
+if __name__ == "__main__":
+    main()
