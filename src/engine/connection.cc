@@ -67,7 +67,7 @@ void Connection::Connect() {
   // sooner, so a path that comes back is found within seconds.
   Millis limit = opts_.connect_timeout;
   if (ever_up_ && opts_.path_timeout.count() > 0) {
-    limit = std::min(limit, std::max<Millis>(3 * opts_.path_timeout, Millis(2000)));
+    limit = std::min(limit, std::max<Millis>(2 * opts_.path_timeout, Millis(2000)));
   }
   connect_deadline_ = Clock::now() + limit;
   NoteDeadline(connect_deadline_);
@@ -93,6 +93,10 @@ void Connection::BecomeUp() {
   state_pub_ = 2;
   up_ = true;
   backoff_.Reset();
+  // A new connection starts unmeasured (so it is tried at once).
+  rate_.store(0, std::memory_order_relaxed);
+  win_bytes_ = 0;
+  win_busy_ = {};
   if (failed_connects_ > 0 || ever_up_) {
     log_->warn("connection {} is up again (after {} failed attempts)", name_, failed_connects_);
   } else {
@@ -132,6 +136,14 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
     Uncharge(*r);
     return;
+  }
+  if (state_ == State::kDown) {
+    // Picked just before this connection went down: another one takes it.
+    if (Connection* other = engine_->PickConnection(this, r->cost)) {
+      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+      other->Deliver(std::move(r));
+      return;
+    }
   }
   if (r->give_up != Clock::time_point::max()) NoteDeadline(r->give_up);
   pending_.push_back(std::move(r));
@@ -230,6 +242,7 @@ void Connection::Account(Clock::time_point now, int64_t bytes) {
     const double old = static_cast<double>(rate_.load(std::memory_order_relaxed));
     const double next = old == 0 ? sample : 0.75 * old + 0.25 * sample;
     rate_.store(static_cast<uint64_t>(std::max(next, 65536.0)), std::memory_order_relaxed);
+    rate_at_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
     win_bytes_ = 0;
     win_busy_ = {};
   } else if (busy_ms >= 2000) {

@@ -48,6 +48,12 @@ class Connection : public TransportSink {
   // Silent with work outstanding: about to be probed or declared dead.
   bool suspect() const { return suspect_.load(std::memory_order_relaxed); }
   int64_t outstanding_bytes() const { return charged_bytes_.load(std::memory_order_relaxed); }
+  // Recent throughput while busy (bytes/s); 0 when unknown or older than
+  // `fresh` (a path that carried nothing lately is not judged by its past).
+  uint64_t rate(Clock::time_point now, Clock::duration fresh) const {
+    const auto at = Clock::time_point(Clock::duration(rate_at_.load(std::memory_order_relaxed)));
+    return now - at <= fresh ? rate_.load(std::memory_order_relaxed) : 0;
+  }
   uint64_t rate() const { return rate_.load(std::memory_order_relaxed); }
   Clock::time_point last_heard() const {
     return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
@@ -145,6 +151,7 @@ class Connection : public TransportSink {
   int64_t win_bytes_ = 0;
   std::atomic<int64_t> charged_bytes_{0};
   std::atomic<uint64_t> rate_{0};
+  std::atomic<Clock::rep> rate_at_{0};
   std::atomic<Clock::rep> last_heard_{0};
   std::atomic<bool> suspect_{false};
   RateLimit down_log_{std::chrono::seconds(60)};

@@ -47,8 +47,10 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
   if (n == 0) return nullptr;
   // A connection not measured yet is assumed as fast as the fastest one
   // measured, so it gets traffic and thereby a measurement.
+  const auto now = Clock::now();
+  constexpr auto kFresh = std::chrono::seconds(2);
   uint64_t fastest = 0;
-  for (const auto& c : conns_) fastest = std::max(fastest, c->rate());
+  for (const auto& c : conns_) fastest = std::max(fastest, c->rate(now, kFresh));
   const double unknown = fastest > 0 ? static_cast<double>(fastest) : 100e6;
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
@@ -56,7 +58,7 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
   for (size_t i = 0; i < n; ++i) {
     Connection* c = conns_[(start + i) % n].get();
     if (c == avoid || !c->up()) continue;
-    const uint64_t rate = c->rate();
+    const uint64_t rate = c->rate(now, kFresh);
     // Expected seconds until this call is done there.
     double score = static_cast<double>(c->outstanding_bytes() + cost) /
                    (rate > 0 ? static_cast<double>(rate) : unknown);

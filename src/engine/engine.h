@@ -68,7 +68,7 @@ struct EngineOptions {
   bool soft = false;                 // soft: fail calls after a major timeout
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds backoff_initial{100};
-  std::chrono::milliseconds backoff_max{5000};
+  std::chrono::milliseconds backoff_max{2000};
   // Abort a connection whose sent data stays unacknowledged this long
   // (TCP_USER_TIMEOUT); detects a dead path while a slow server still ACKs.
   std::chrono::milliseconds tcp_user_timeout{15000};
