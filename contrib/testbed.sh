@@ -110,7 +110,12 @@ link)
   # Only the server's end goes down, as when a switch port dies: the client
   # end loses carrier but keeps its address and route, so packets for the
   # path are dropped on the veth instead of following the default route.
-  ip netns exec "$NS" ip link set "${LP}s$3" "$2" ;;
+  ip netns exec "$NS" ip link set "${LP}s$3" "$2"
+  if [ "$2" = up ]; then
+    # Forget neighbour entries learnt (or failed) while the path was down.
+    ip neigh flush dev "${LP}c$3" 2>/dev/null || true
+    ip netns exec "$NS" ip neigh flush dev "${LP}s$3" 2>/dev/null || true
+  fi ;;
 shape) shape "$2" "$3" ;;
 restart-server) stop_server; start_server ;;
 crash-server) stop_server KILL; start_server ;;

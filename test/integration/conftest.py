@@ -150,7 +150,7 @@ def mount_factory(bed, request):
     mounts = []
     MNT_ROOT.mkdir(mode=0o755, exist_ok=True)
     os.chmod(MNT_ROOT, 0o755)
-    base = MNT_ROOT / f"{request.node.name[:60]}-{os.getpid()}"
+    base = MNT_ROOT / f"{request.node.name[:40]}-{os.getpid()}"  # control socket paths stay < 108 bytes
 
     def make(opts="", source=None):
         mp = pathlib.Path(f"{base}-{len(mounts)}")
