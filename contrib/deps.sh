@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(meson ninja-build g++ pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind fio python3 python3-pytest iproute2 attr
-      acl psmisc util-linux procps)
+      acl psmisc util-linux procps zlib1g-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,226 @@
+// BlockCache: the local-flash cache tier between the filesystem layer and
+// the NFS engine (cache_dir=, cache_mode=readonly|writethrough).
+//
+// What is cached. Blocks of cache_block bytes (64 KiB - 1 MiB) of regular
+// files, keyed by NFS file handle and block index, in slots of one
+// preallocated data file (format.h). Validity is tracked per 4 KiB page:
+// a block may hold only the pages that were read or written. A page is
+// served only if its CRC matches; a bad page is dropped and read from the
+// server.
+//
+// Admission and eviction. Random I/O is cached; an access that continues a
+// sequential run longer than seq_cutoff bypasses the cache in both
+// directions (neither looked up nor filled), so scans and backups never
+// reach it. Among what is cached, 2Q (policy.h) keeps blocks used twice
+// safe from blocks used once; admit=second caches a block only on its
+// second miss. Capacity is bounded by cache_size and by the free space of
+// the cache filesystem at mount time (the data file is preallocated, so the
+// cache never fills the disk later).
+//
+// Coherence (shared exports). Each file's cached pages are tied to the
+// file's size, mtime and ctime ("version") they were validated against.
+// Observe() is called with the attributes the server reports at open
+// (close-to-open), after attribute-cache expiry and with READ replies: a
+// version that is not this client's own doing drops the file's blocks. This
+// client's writes are told apart by their WCC data: each WRITE's pre-op
+// version must be the validated one or the post-op of another of our
+// writes; once the file's writes have all returned, an unexplained pre-op
+// (another client wrote in between), or a reply without WCC data, drops
+// the file's blocks, and the newest post-op becomes the validated version.
+//
+// Races with writes. A write invalidates the pages it covers before it is
+// sent (persistently: the record is rewritten at once). Data that a read
+// or a write brought in is installed only if no write to the same block
+// began after that read or write started, nor was in flight meanwhile
+// (a per-block write counter), so an old read can never overwrite newer
+// data in the cache.
+//
+// Threads. Lookups read the data file in the caller's thread; pages to
+// store are copied and written by one writer thread, so the engine's event
+// loops never wait for the cache disk. All state is under one mutex; disk
+// reads happen outside it with the slots pinned.
+//
+// Cache device trouble. An I/O error on the cache disk moves the cache from
+// healthy to degraded (nothing new is cached; hits are still served and
+// checked); repeated errors take it out of service (everything goes to the
+// server). Every 30 s a probe write and read of a scratch file tests the
+// disk; when it works again the cache is healthy again. A failed record
+// write makes the whole index untrusted for the next mount (it is truncated).
+//
+// Thread safety: all public methods are thread safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cache/format.h"
+#include "cache/policy.h"
+#include "common/thread_annotations.h"
+#include "mpnfs/result.h"
+
+namespace mpnfs::cache {
+
+enum class CacheMode { kOff, kReadOnly, kWriteThrough };
+
+struct CacheOptions {
+  std::string dir;
+  uint64_t size = 1ull << 30;      // bytes
+  uint32_t block = 256 << 10;      // bytes, a power of two, 64 KiB .. 1 MiB
+  CacheMode mode = CacheMode::kOff;
+  uint64_t seq_cutoff = 4 << 20;   // bytes; 0: never bypass
+  bool admit_second = false;
+};
+
+struct CacheStats {
+  std::string mode, state;
+  uint64_t capacity_bytes = 0, used_bytes = 0, slots = 0, slots_used = 0;
+  uint64_t read_hits = 0, read_misses = 0, read_bypasses = 0;
+  uint64_t writes = 0, write_hits = 0, write_bypasses = 0;
+  uint64_t pages_filled = 0, evictions = 0, invalidations = 0, files_dropped = 0;
+  uint64_t checksum_failures = 0, device_errors = 0;
+};
+
+class BlockCache {
+ public:
+  // Opens (or creates) the cache in opts.dir, which must exist and be
+  // writable. Loads the blocks a previous mount left (a warm cache).
+  static Result<std::unique_ptr<BlockCache>> Open(const CacheOptions& opts);
+  // Finishes pending stores, records each file's latest validated version
+  // with its blocks (so they are warm at the next mount), syncs, unlocks.
+  ~BlockCache();
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+
+  CacheMode mode() const { return opts_.mode; }
+  uint64_t capacity_bytes() const { return uint64_t{nslots_} * opts_.block; }
+
+  // --- coherence
+  // The server says `fh` is at version `v` now.
+  void Observe(const std::string& fh, const FileVersion& v);
+  // Forget every block of `fh` (this client truncates it). Reads already in
+  // flight will not store what they bring back.
+  void Drop(const std::string& fh);
+  // This client changed attributes only (chmod, utimes, ...): if `before`
+  // is the validated version, `after` becomes it and nothing is dropped.
+  void OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after);
+
+  // --- admission
+  // Notes an access; true if it continues a sequential run past seq_cutoff
+  // (then the access must bypass the cache).
+  bool Sequential(const std::string& fh, uint64_t off, size_t len);
+
+  // --- reads
+  // The bytes of [off, off+len) if every page of it is cached and sound;
+  // nullopt is a miss. Counts a hit or a miss.
+  std::optional<std::string> Read(const std::string& fh, uint64_t off, size_t len);
+  // Call before reading a missed range from the server; pass the result to Fill.
+  uint64_t ReadStart(const std::string& fh);
+  // Data the server returned for [off, off+len), read since `token`.
+  void Fill(const std::string& fh, uint64_t token, uint64_t off, const char* data, size_t len);
+  void NoteBypass(bool write);
+
+  // --- writes
+  // Invalidates [off, off+len) before a write is sent; the token goes to WriteDone.
+  uint64_t WriteStart(const std::string& fh, uint64_t off, size_t len);
+  // The write returned. `data` is stored (writethrough, `admit`) if it
+  // succeeded and nothing newer raced it. before/after: its WCC versions.
+  void WriteDone(const std::string& fh, uint64_t token, uint64_t off, const char* data, size_t len,
+                 bool ok, bool admit, const std::optional<FileVersion>& before,
+                 const std::optional<FileVersion>& after);
+
+  CacheStats Stats() const;
+  // Waits until every queued store has been written (tests, unmount).
+  void Quiesce();
+
+ private:
+  struct Slot {
+    std::string fh;  // empty: free
+    uint64_t block = 0;
+    PageBits valid{};
+    PageBits filling{};
+    std::vector<uint32_t> crc;
+    FileVersion version;
+    uint64_t gen = 0;    // bumped when the slot is given to another block
+    uint64_t inval = 0;  // bumped when pages are invalidated
+  };
+  struct BlockWrites {
+    uint64_t last_begin = 0;
+    int inflight = 0;
+  };
+  struct FileState {
+    bool have = false;
+    bool verified = false;  // blocks loaded from disk checked against `validated`
+    FileVersion validated;
+    // This client's writes: counters for the fill rules, WCC bookkeeping.
+    uint64_t write_counter = 0, pruned_upto = 0;
+    std::map<uint64_t, BlockWrites> writes;
+    int writes_inflight = 0;
+    std::set<int64_t> own_ctimes;
+    std::multiset<int64_t> pending_pre;
+    std::optional<FileVersion> newest_after;
+    bool unexplained = false;
+    // Sequential detection.
+    uint64_t seq_next = 0, seq_run = 0;
+    std::unordered_set<uint32_t> slots;
+  };
+  struct Job {
+    uint32_t slot;
+    uint64_t gen, inval;
+    uint32_t first_page;
+    std::string data;  // whole pages
+  };
+  enum class Health { kHealthy, kDegraded, kOut };
+
+  explicit BlockCache(CacheOptions opts);
+  Result<bool> Init();
+  void LoadIndex();
+  static std::string Key(const std::string& fh, uint64_t block);
+  uint32_t pages() const { return opts_.block / kPage; }
+
+  FileState& State(const std::string& fh) REQUIRES(mu_);
+  void FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
+  void DropLocked(const std::string& fh, FileState& f) REQUIRES(mu_);
+  void Persist(uint32_t s) REQUIRES(mu_);
+  // Queues stores of the whole pages of [off, off+len) whose block passes `allowed`.
+  template <class Allowed>
+  void StoreLocked(const std::string& fh, FileState& f, uint64_t off, const char* data, size_t len,
+                   Allowed allowed, bool count_write_hits) REQUIRES(mu_);
+  void Settle(const std::string& fh, FileState& f) REQUIRES(mu_);
+  void DeviceError(const char* what, int err) REQUIRES(mu_);
+  void WriterMain();
+  bool Probe();
+
+  const CacheOptions opts_;
+  uint32_t nslots_ = 0;
+  uint32_t record_bytes_ = 0;
+  int data_fd_ = -1, index_fd_ = -1, lock_fd_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;       // writer: work or stop
+  std::condition_variable idle_cv_;  // Quiesce(): queue drained
+  std::vector<Slot> slots_ GUARDED_BY(mu_);
+  std::unique_ptr<TwoQueue> policy_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint32_t> index_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, FileState> files_ GUARDED_BY(mu_);
+  std::deque<Job> jobs_ GUARDED_BY(mu_);
+  bool writing_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  uint64_t seq_ GUARDED_BY(mu_) = 1;
+  Health health_ GUARDED_BY(mu_) = Health::kHealthy;
+  uint64_t used_pages_ GUARDED_BY(mu_) = 0;
+  CacheStats stats_ GUARDED_BY(mu_);
+  std::thread writer_;
+};
+
+}  // namespace mpnfs::cache

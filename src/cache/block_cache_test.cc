@@ -1,0 +1,305 @@
+#include "cache/block_cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+namespace mpnfs::cache {
+namespace {
+
+constexpr uint32_t kBlock = 64 << 10;
+const FileVersion kV1{1 << 20, 100, 100};
+const FileVersion kV2{1 << 20, 200, 200};
+const FileVersion kV3{1 << 20, 300, 300};
+
+std::string Pattern(size_t n, char seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + i * 7 + i / 4096);
+  return s;
+}
+
+class BlockCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/mpnfs-cache-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<BlockCache> Open(CacheMode mode = CacheMode::kWriteThrough, uint64_t size = 1 << 20,
+                                   bool admit_second = false) {
+    CacheOptions o;
+    o.dir = dir_;
+    o.size = size;
+    o.block = kBlock;
+    o.mode = mode;
+    o.seq_cutoff = 4 << 20;
+    o.admit_second = admit_second;
+    auto c = BlockCache::Open(o);
+    EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().what);
+    return c.ok() ? std::move(c.value()) : nullptr;
+  }
+  // Reads `data` in from the "server" at `off` the way the filesystem does.
+  static void FillFromServer(BlockCache& c, const std::string& fh, uint64_t off, const std::string& data) {
+    uint64_t token = c.ReadStart(fh);
+    c.Fill(fh, token, off, data.data(), data.size());
+    c.Quiesce();
+  }
+  // A write of `data` at `off` that the server answers with WCC before/after.
+  static void Write(BlockCache& c, const std::string& fh, uint64_t off, const std::string& data,
+                    const FileVersion& before, const FileVersion& after) {
+    uint64_t t = c.WriteStart(fh, off, data.size());
+    c.WriteDone(fh, t, off, data.data(), data.size(), true, true, before, after);
+    c.Quiesce();
+  }
+  std::string dir_;
+};
+
+TEST_F(BlockCacheTest, AFilledRangeIsServedFromTheCache) {
+  auto c = Open();
+  c->Observe("fh1", kV1);
+  EXPECT_FALSE(c->Read("fh1", 0, 8192).has_value());
+  const std::string data = Pattern(3 * kBlock, 'a');
+  FillFromServer(*c, "fh1", 0, data);
+  auto got = c->Read("fh1", 4096 + 10, 100000);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, data.substr(4096 + 10, 100000));
+  auto st = c->Stats();
+  EXPECT_EQ(st.read_hits, 1u);
+  EXPECT_EQ(st.read_misses, 1u);
+  EXPECT_EQ(st.used_bytes, 3u * kBlock);
+  EXPECT_EQ(st.slots_used, 3u);
+}
+
+TEST_F(BlockCacheTest, OnlyWholePagesAreStoredAndPartialRangesMiss) {
+  auto c = Open();
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", 1000, Pattern(10000, 'b'));  // whole pages: 4096..8191 only
+  EXPECT_TRUE(c->Read("fh1", 4096, 4096).has_value());
+  EXPECT_FALSE(c->Read("fh1", 0, 4096).has_value());
+  EXPECT_FALSE(c->Read("fh1", 8192, 100).has_value());
+}
+
+TEST_F(BlockCacheTest, NothingIsServedBeforeTheFileWasObserved) {
+  auto c = Open();
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));
+  EXPECT_FALSE(c->Read("fh1", 0, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, TheCacheIsWarmAfterReopeningAndChecksTheVersion) {
+  const std::string data = Pattern(2 * kBlock, 'd');
+  {
+    auto c = Open();
+    c->Observe("fh1", kV1);
+    c->Observe("fh2", kV1);
+    FillFromServer(*c, "fh1", 0, data);
+    FillFromServer(*c, "fh2", 0, data);
+  }
+  auto c = Open();
+  EXPECT_EQ(c->Stats().slots_used, 4u);
+  c->Observe("fh1", kV1);
+  auto got = c->Read("fh1", 0, 2 * kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, data);
+  c->Observe("fh2", kV2);  // changed on the server while unmounted
+  EXPECT_FALSE(c->Read("fh2", 0, 4096).has_value());
+  EXPECT_EQ(c->Stats().slots_used, 2u);
+}
+
+TEST_F(BlockCacheTest, ADamagedPageIsDetectedDroppedAndNotServed) {
+  {
+    auto c = Open();
+    c->Observe("fh1", kV1);
+    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
+  }
+  // Flip a byte of the first slot's third page on disk.
+  int fd = open((dir_ + "/data").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(pread(fd, &byte, 1, 2 * 4096 + 17), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 2 * 4096 + 17), 1);
+  close(fd);
+  auto c = Open();
+  c->Observe("fh1", kV1);
+  EXPECT_TRUE(c->Read("fh1", 0, 8192).has_value());      // pages 0-1 are fine
+  EXPECT_FALSE(c->Read("fh1", 8192, 4096).has_value());  // page 2 is not
+  EXPECT_EQ(c->Stats().checksum_failures, 1u);
+  EXPECT_FALSE(c->Read("fh1", 8192, 4096).has_value());  // dropped: a plain miss now
+  EXPECT_EQ(c->Stats().checksum_failures, 1u);
+  EXPECT_TRUE(c->Read("fh1", 12288, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, AWriteInvalidatesAndWritethroughStoresTheNewData) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'f'));
+  const std::string fresh = Pattern(8192, 'F');
+  uint64_t t = c->WriteStart("fh1", 4096, fresh.size());
+  EXPECT_FALSE(c->Read("fh1", 4096, 4096).has_value());  // invalid while in flight
+  EXPECT_TRUE(c->Read("fh1", 0, 4096).has_value());      // the rest is still there
+  c->WriteDone("fh1", t, 4096, fresh.data(), fresh.size(), true, true, kV1, kV2);
+  c->Quiesce();
+  auto got = c->Read("fh1", 4096, 8192);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, fresh);
+  EXPECT_EQ(c->Stats().write_hits, 1u);
+  c->Observe("fh1", kV2);  // our own write's version: nothing dropped
+  EXPECT_TRUE(c->Read("fh1", 0, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, ReadonlyModeOnlyInvalidatesOnWrite) {
+  auto c = Open(CacheMode::kReadOnly);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'g'));
+  Write(*c, "fh1", 0, Pattern(4096, 'G'), kV1, kV2);
+  EXPECT_FALSE(c->Read("fh1", 0, 4096).has_value());
+  EXPECT_TRUE(c->Read("fh1", 4096, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, AReadOlderThanAWriteNeverOverwritesItsData) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  const uint64_t token = c->ReadStart("fh1");  // a read leaves for the server...
+  const std::string fresh = Pattern(4096, 'H');
+  uint64_t t = c->WriteStart("fh1", 0, 4096);  // ...a write overtakes it
+  c->WriteDone("fh1", t, 0, fresh.data(), fresh.size(), true, true, kV1, kV2);
+  const std::string old = Pattern(4096, 'h');
+  c->Fill("fh1", token, 0, old.data(), old.size());  // the old data arrives late
+  c->Quiesce();
+  auto got = c->Read("fh1", 0, 4096);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, fresh);
+}
+
+TEST_F(BlockCacheTest, OverlappingWritesStoreNeitherUntilTheyAreOrdered) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  const std::string a = Pattern(4096, 'a'), b = Pattern(4096, 'b');
+  uint64_t ta = c->WriteStart("fh1", 0, 4096);
+  uint64_t tb = c->WriteStart("fh1", 0, 4096);
+  c->WriteDone("fh1", tb, 0, b.data(), b.size(), true, true, kV1, kV2);
+  c->WriteDone("fh1", ta, 0, a.data(), a.size(), true, true, kV2, kV3);
+  c->Quiesce();
+  EXPECT_FALSE(c->Read("fh1", 0, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, AnotherClientsChangeDropsTheFile) {
+  auto c = Open();
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'i'));
+  c->Observe("fh1", kV2);
+  EXPECT_FALSE(c->Read("fh1", 0, 4096).has_value());
+  EXPECT_EQ(c->Stats().files_dropped, 1u);
+}
+
+TEST_F(BlockCacheTest, AForeignChangeBetweenOurWritesDropsTheFile) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'j'));
+  // Pre-op version kV2 is neither the validated one nor one of ours.
+  Write(*c, "fh1", 0, Pattern(4096, 'J'), kV2, kV3);
+  EXPECT_FALSE(c->Read("fh1", kBlock, 4096).has_value());
+  EXPECT_EQ(c->Stats().files_dropped, 1u);
+}
+
+TEST_F(BlockCacheTest, WritesWithoutWccDataDropTheFile) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'k'));
+  const std::string d = Pattern(4096, 'K');
+  uint64_t t = c->WriteStart("fh1", 0, 4096);
+  c->WriteDone("fh1", t, 0, d.data(), d.size(), true, true, std::nullopt, std::nullopt);
+  EXPECT_FALSE(c->Read("fh1", kBlock, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, SequentialRunsPastTheCutoffAreReported) {
+  auto c = Open();
+  bool seq = false;
+  for (uint64_t off = 0; off < (8u << 20) && !seq; off += 1 << 20) seq = c->Sequential("fh1", off, 1 << 20);
+  EXPECT_TRUE(seq);
+  EXPECT_FALSE(c->Sequential("fh1", 123 << 20, 4096));  // a jump starts a new run
+  EXPECT_FALSE(c->Sequential("fh2", 0, 1 << 20));
+  // Slightly out of order (readahead) still continues the run.
+  bool reordered = false;
+  for (uint64_t off = 0; off < (8u << 20) && !reordered; off += 2 << 20) {
+    reordered = c->Sequential("fh3", off + (1 << 20), 1 << 20) || c->Sequential("fh3", off, 1 << 20);
+  }
+  EXPECT_TRUE(reordered);
+  // Random 8 KiB accesses over 1 GiB never make a run.
+  std::mt19937_64 rnd(1);
+  bool random_seq = false;
+  for (int i = 0; i < 100000; ++i) random_seq |= c->Sequential("fh4", (rnd() % (1ull << 30)) & ~8191ull, 8192);
+  EXPECT_FALSE(random_seq);
+}
+
+TEST_F(BlockCacheTest, CapacityIsBoundedAndHotBlocksSurviveAScan) {
+  auto c = Open(CacheMode::kReadOnly, 16 * kBlock);
+  c->Observe("hot", kV1);
+  c->Observe("scan", kV1);
+  for (int i = 0; i < 4; ++i) {
+    FillFromServer(*c, "hot", uint64_t(i) * kBlock, Pattern(kBlock, 'h'));
+    EXPECT_TRUE(c->Read("hot", uint64_t(i) * kBlock, 4096).has_value());  // used twice: hot
+  }
+  for (int i = 0; i < 64; ++i) FillFromServer(*c, "scan", uint64_t(i) * kBlock, Pattern(kBlock, 's'));
+  auto st = c->Stats();
+  EXPECT_EQ(st.slots_used, 16u);
+  EXPECT_GE(st.evictions, 52u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(c->Read("hot", uint64_t(i) * kBlock, 4096).has_value()) << i;
+}
+
+TEST_F(BlockCacheTest, AdmitSecondCachesOnTheSecondMiss) {
+  auto c = Open(CacheMode::kReadOnly, 1 << 20, /*admit_second=*/true);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'm'));
+  EXPECT_FALSE(c->Read("fh1", 0, 4096).has_value());
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'm'));
+  EXPECT_TRUE(c->Read("fh1", 0, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, TheDirectoryServesOneMountAtATime) {
+  auto a = Open();
+  CacheOptions o;
+  o.dir = dir_;
+  o.size = 1 << 20;
+  o.block = kBlock;
+  o.mode = CacheMode::kReadOnly;
+  auto b = BlockCache::Open(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().what.find("in use"), std::string::npos);
+  o.dir = dir_ + "/missing";
+  auto m = BlockCache::Open(o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().what.find("not a directory"), std::string::npos);
+}
+
+TEST(RecordFormatTest, RoundTripsAndRejectsDamage) {
+  Record r;
+  r.seq = 42;
+  r.fh = "handle";
+  r.block = 7;
+  SetBit(r.valid, 3);
+  r.version = kV2;
+  r.crc.assign(16, 0);
+  r.crc[3] = 0xdeadbeef;
+  std::string bytes = EncodeRecord(r, 16);
+  EXPECT_EQ(bytes.size() % 512, 0u);
+  auto back = DecodeRecord(bytes, 16);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->seq, 42u);
+  EXPECT_EQ(back->fh, "handle");
+  EXPECT_EQ(back->block, 7u);
+  EXPECT_TRUE(TestBit(back->valid, 3));
+  EXPECT_EQ(back->version, kV2);
+  EXPECT_EQ(back->crc[3], 0xdeadbeefu);
+  bytes[40] ^= 1;
+  EXPECT_FALSE(DecodeRecord(bytes, 16).has_value());
+  EXPECT_FALSE(DecodeRecord(std::string(bytes.size(), '\0'), 16).has_value());
+}
+
+}  // namespace
+}  // namespace mpnfs::cache

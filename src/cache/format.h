@@ -1,0 +1,74 @@
+// The on-disk format of the block cache (version 1).
+//
+// A cache directory holds:
+//   meta    one line: "mpnfs-cache <version> <block bytes> <slots> <record bytes>"
+//   data    the slots, slot i at i * block bytes; preallocated (fallocate)
+//   index   two copies of a record per slot, slot i at i * 2 * record bytes
+//   lock    flock()ed by the mount that uses the directory
+//
+// A record says which file and block a slot holds, which 4 KiB pages of it
+// are valid, the CRC-32 of each valid page, and the file's size, mtime and
+// ctime that the pages were validated against. Each write of a record goes
+// to the copy the other one is not (seq odd / even) and carries a sequence
+// number and its own CRC: a torn or half-written record is recognised and
+// the other copy used; the newest valid copy wins. Page data is written
+// before the record that declares it valid, and page CRCs are checked on
+// every read, so a crash can lose cached pages but never serve wrong ones.
+//
+// Thread safety: plain functions on values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mpnfs::cache {
+
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kPage = 4096;
+constexpr uint32_t kMaxPages = 256;  // 1 MiB blocks at most
+constexpr size_t kMaxFh = 64;
+
+using PageBits = std::array<uint64_t, kMaxPages / 64>;
+
+inline bool TestBit(const PageBits& b, uint32_t i) { return (b[i / 64] >> (i % 64)) & 1; }
+inline void SetBit(PageBits& b, uint32_t i) { b[i / 64] |= uint64_t{1} << (i % 64); }
+inline void ClearBit(PageBits& b, uint32_t i) { b[i / 64] &= ~(uint64_t{1} << (i % 64)); }
+inline bool AnyBit(const PageBits& b) {
+  for (auto w : b) {
+    if (w != 0) return true;
+  }
+  return false;
+}
+
+// The change attributes cached pages are validated against.
+struct FileVersion {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  bool operator==(const FileVersion&) const = default;
+};
+
+struct Record {
+  uint64_t seq = 0;
+  std::string fh;          // empty: the slot is free
+  uint64_t block = 0;      // block index within the file
+  PageBits valid{};
+  FileVersion version;
+  std::vector<uint32_t> crc;  // one per page of the block
+};
+
+// Bytes of one record copy for a block of `pages` pages.
+uint32_t RecordBytes(uint32_t pages);
+
+// Encodes into exactly RecordBytes(pages) bytes.
+std::string EncodeRecord(const Record& r, uint32_t pages);
+// nullopt for a torn, foreign or empty copy.
+std::optional<Record> DecodeRecord(std::string_view bytes, uint32_t pages);
+
+uint32_t Crc(const char* data, size_t len);
+
+}  // namespace mpnfs::cache
