@@ -55,7 +55,8 @@ std::string JsonString(const std::string& s) {
 }  // namespace
 
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
-                      const std::vector<engine::ConnectionStats>& conns) {
+                      const std::vector<engine::ConnectionStats>& conns,
+                      const cache::CacheStats* cache) {
   std::string out = fmt::format("{{\"source\": {}, \"mountpoint\": {}, \"connections\": [",
                                 JsonString(source), JsonString(mountpoint));
   for (size_t i = 0; i < conns.size(); ++i) {
@@ -71,7 +72,24 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         c.reissues, c.reconnects, c.failovers, c.probes, c.bytes_out, c.bytes_in, c.inflight,
         c.queued, c.outstanding_bytes, c.rate_bps, c.latency_mean_us, c.latency_p99_us);
   }
-  out += "\n]}\n";
+  out += "\n]";
+  if (cache != nullptr) {
+    const auto& k = *cache;
+    auto ratio = [](uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / b; };
+    out += fmt::format(
+        ",\n\"cache\": {{\"mode\": \"{}\", \"state\": \"{}\", \"capacity_bytes\": {}, "
+        "\"used_bytes\": {}, \"slots\": {}, \"slots_used\": {}, \"read_hits\": {}, "
+        "\"read_misses\": {}, \"read_bypasses\": {}, \"read_hit_ratio\": {:.4f}, \"writes\": {}, "
+        "\"write_hits\": {}, \"write_bypasses\": {}, \"write_hit_ratio\": {:.4f}, "
+        "\"pages_filled\": {}, \"evictions\": {}, \"invalidations\": {}, \"files_dropped\": {}, "
+        "\"checksum_failures\": {}, \"device_errors\": {}}}",
+        k.mode, k.state, k.capacity_bytes, k.used_bytes, k.slots, k.slots_used, k.read_hits,
+        k.read_misses, k.read_bypasses, ratio(k.read_hits, k.read_hits + k.read_misses), k.writes,
+        k.write_hits, k.write_bypasses, ratio(k.write_hits, k.writes - k.write_bypasses),
+        k.pages_filled, k.evictions, k.invalidations, k.files_dropped, k.checksum_failures,
+        k.device_errors);
+  }
+  out += "}\n";
   return out;
 }
 

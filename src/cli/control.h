@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "cache/block_cache.h"
 #include "engine/engine.h"
 #include "mpnfs/result.h"
 
@@ -19,8 +20,10 @@ namespace mpnfs::cli {
 Result<std::string> ControlPathFor(const std::string& mountpoint);
 
 // The statistics document (documented in mpnfs(8), STATISTICS).
+// `cache` is null for a mount without the SSD cache.
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
-                      const std::vector<engine::ConnectionStats>& conns);
+                      const std::vector<engine::ConnectionStats>& conns,
+                      const cache::CacheStats* cache = nullptr);
 
 class ControlSocket {
  public:

@@ -18,6 +18,18 @@ TEST(ControlTest, StatsJsonEscapesStringsAndListsConnections) {
   EXPECT_EQ(doc.find("},\n  {"), doc.rfind("},\n  {"));  // exactly two objects
 }
 
+TEST(ControlTest, StatsJsonHasTheCacheWhenThereIsOne) {
+  EXPECT_EQ(StatsJson("s:/e", "/m", {}).find("\"cache\""), std::string::npos);
+  cache::CacheStats k;
+  k.mode = "readonly";
+  k.state = "healthy";
+  k.read_hits = 3;
+  k.read_misses = 1;
+  const std::string doc = StatsJson("s:/e", "/m", {}, &k);
+  EXPECT_NE(doc.find(R"("read_hit_ratio": 0.7500)"), std::string::npos) << doc;
+  EXPECT_NE(doc.find(R"("mode": "readonly")"), std::string::npos) << doc;
+}
+
 TEST(ControlTest, PathEncodesTheMountpoint) {
   auto p = ControlPathFor("/");
   ASSERT_TRUE(p.ok());

@@ -201,7 +201,21 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
             m.export_path, m.fs.rsize, m.fs.wsize, m.engine.paths.size(),
             m.engine.conns_per_path);
 
-  fs::Filesystem filesystem(nfs, *root, m.fs);
+  // The SSD cache tier, opened before the mount is offered: a cache that
+  // cannot be used fails the mount, unless cache_optional says to go on.
+  std::unique_ptr<cache::BlockCache> cache;
+  if (m.cache.mode != cache::CacheMode::kOff) {
+    auto c = cache::BlockCache::Open(m.cache);
+    if (c) {
+      cache = std::move(c.value());
+    } else if (m.cache_optional) {
+      log->warn("running without the SSD cache (cache_optional): {}", c.error().what);
+    } else {
+      rep.Done(kExitMountFailed, "mpnfs: " + c.error().what);
+      return kExitMountFailed;
+    }
+  }
+  fs::Filesystem filesystem(nfs, *root, m.fs, cache.get());
   fuse::FuseContext ctx;
   ctx.fs = &filesystem;
   ctx.opts.max_write = 1u << 20;  // larger FUSE writes split into wsize calls
@@ -241,7 +255,11 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     const std::string source = m.server + ":" + m.export_path;
     const std::string mp = mp_real;
     control = std::make_unique<cli::ControlSocket>(
-        *cpath, [&eng, source, mp] { return cli::StatsJson(source, mp, eng.Stats()); });
+        *cpath, [&eng, &cache, source, mp] {
+          if (!cache) return cli::StatsJson(source, mp, eng.Stats());
+          const auto k = cache->Stats();
+          return cli::StatsJson(source, mp, eng.Stats(), &k);
+        });
     if (auto st = control->Start(); !st) {
       log->warn("no statistics socket: {}", st.error().what);
       control.reset();

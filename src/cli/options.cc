@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <cctype>
 #include <charconv>
 #include <functional>
 #include <map>
@@ -112,6 +113,8 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"tcp_timeout", {0, 3600, [&](long v) {
          m.engine.tcp_user_timeout = std::chrono::seconds(v);
        }}},
+      {"cache_block", {64, 1024, [&](long v) { m.cache.block = static_cast<uint32_t>(v) << 10; }}},
+      {"seq_cutoff", {0, 1 << 20, [&](long v) { m.cache.seq_cutoff = static_cast<uint64_t>(v) << 20; }}},
       {"path_timeout", {0, 600000, [&](long v) {
          m.engine.path_timeout = std::chrono::milliseconds(v);
        }}},
@@ -130,7 +133,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"readdirplus", [&] { m.readdirplus = true; }},
       {"noreaddirplus", [&] { m.readdirplus = false; }},
       {"debug", [&] { m.debug = true; m.foreground = true; }},
+      {"cache_optional", [&] { m.cache_optional = true; }},
   };
+  bool have_cache_mode = false;
   for (const auto& s : opt_strings) {
     size_t start = 0;
     while (start <= s.size()) {
@@ -173,6 +178,46 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           m.locals.push_back(val.substr(from, plus - from));  // "" keeps that path unbound
           from = plus + 1;
         }
+      } else if (key == "cache_dir") {
+        if (val.empty() || val[0] != '/') return Bad("cache_dir= needs an absolute directory path");
+        m.cache.dir = val;
+      } else if (key == "cache_size") {
+        // N with an optional K, M, G or T (powers of 1024); plain N is bytes.
+        size_t used = 0;
+        unsigned long long n = 0;
+        try {
+          n = std::stoull(val, &used);
+        } catch (...) {
+          used = 0;
+        }
+        static const std::string kUnits = "KMGT";
+        int shift = 0;
+        if (used > 0 && used + 1 == val.size() && kUnits.find(std::toupper(val.back())) != std::string::npos) {
+          shift = 10 * (1 + static_cast<int>(kUnits.find(std::toupper(val.back()))));
+        } else if (used != val.size()) {
+          used = 0;
+        }
+        if (used == 0 || n == 0 || (shift > 0 && n > (~0ull >> shift))) {
+          return Bad("cache_size= needs a size such as 512M or 50G");
+        }
+        m.cache.size = n << shift;
+      } else if (key == "cache_mode") {
+        if (val == "off") {
+          m.cache.mode = cache::CacheMode::kOff;
+        } else if (val == "readonly") {
+          m.cache.mode = cache::CacheMode::kReadOnly;
+        } else if (val == "writethrough") {
+          m.cache.mode = cache::CacheMode::kWriteThrough;
+        } else if (val == "writeback") {
+          return Bad("cache_mode=writeback is not available in this version (see mpnfs(8)); "
+                     "use readonly or writethrough");
+        } else {
+          return Bad("cache_mode= must be off, readonly or writethrough");
+        }
+        have_cache_mode = true;
+      } else if (key == "admit") {
+        if (val != "first" && val != "second") return Bad("admit= must be first or second");
+        m.cache.admit_second = val == "second";
       } else if (key == "tab") {
         if (val.empty()) return Bad("tab= needs a file name");
         m.tab = val;
@@ -197,6 +242,11 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
     return Bad("more local= entries (" + std::to_string(m.locals.size()) + ") than paths (" +
                std::to_string(std::max<size_t>(1, m.paths.size())) + ")");
   }
+  if (!m.cache.dir.empty() && !have_cache_mode) m.cache.mode = cache::CacheMode::kReadOnly;
+  if (m.cache.mode != cache::CacheMode::kOff && m.cache.dir.empty()) {
+    return Bad("cache_mode= needs cache_dir=");
+  }
+  if ((m.cache.block & (m.cache.block - 1)) != 0) return Bad("cache_block= must be a power of two (KiB)");
   if (have_actimeo) m.fs.acregmin = m.fs.acregmax = m.fs.acdirmin = m.fs.acdirmax = actimeo;
   if (m.fs.acregmin > m.fs.acregmax) return Bad("acregmin must not exceed acregmax");
   if (m.fs.acdirmin > m.fs.acdirmax) return Bad("acdirmin must not exceed acdirmax");

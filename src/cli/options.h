@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/block_cache.h"
 #include "engine/engine.h"
 #include "fs/options.h"
 #include "mpnfs/result.h"
@@ -42,6 +43,9 @@ struct MountOptions {
   bool readdirplus = true;
   engine::EngineOptions engine;  // paths filled from `server` after resolution
   fs::FsOptions fs;
+  // The SSD cache tier: off unless cache_dir= is given.
+  cache::CacheOptions cache;
+  bool cache_optional = false;  // run uncached if the cache cannot be opened
   std::vector<std::string> fuse_opts;  // passed to the kernel mount via FUSE
 };
 

@@ -118,6 +118,28 @@ TEST(OptionsTest, LocalsBindPathsInOrder) {
   EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=10.0.1.2,local=a+b"}).ok());
 }
 
+TEST(OptionsTest, CacheOptions) {
+  auto m = Parse({"s:/e", "/m", "-o",
+                  "cache_dir=/ssd/c,cache_size=50G,cache_mode=writethrough,cache_block=128,"
+                  "seq_cutoff=8,admit=second,cache_optional"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->cache.dir, "/ssd/c");
+  EXPECT_EQ(m->cache.size, 50ull << 30);
+  EXPECT_EQ(m->cache.mode, cache::CacheMode::kWriteThrough);
+  EXPECT_EQ(m->cache.block, 128u << 10);
+  EXPECT_EQ(m->cache.seq_cutoff, 8u << 20);
+  EXPECT_TRUE(m->cache.admit_second);
+  EXPECT_TRUE(m->cache_optional);
+  EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.mode, cache::CacheMode::kReadOnly);
+  EXPECT_EQ(Parse({"s:/e", "/m"})->cache.mode, cache::CacheMode::kOff);
+  EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_size=512m"})->cache.size, 512ull << 20);
+  for (const char* bad : {"cache_mode=readonly", "cache_dir=relative", "cache_dir=/c,cache_size=12X",
+                          "cache_dir=/c,cache_size=0", "cache_dir=/c,cache_mode=writeback",
+                          "cache_dir=/c,cache_block=100", "cache_dir=/c,admit=third"}) {
+    EXPECT_FALSE(Parse({"s:/e", "/m", "-o", bad}).ok()) << bad;
+  }
+}
+
 TEST(OptionsTest, SplitsSources) {
   std::string s, e;
   EXPECT_TRUE(SplitSource("host:/x", &s, &e));

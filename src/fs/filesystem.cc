@@ -66,8 +66,24 @@ Result<Filesystem::InodeP> Filesystem::Parent(uint64_t parent, const std::string
   return dir;
 }
 
-Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts)
-    : nfs_(nfs), opts_(opts), inodes_(std::move(root)), log_(Log("fs")) {}
+Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts, cache::BlockCache* cache)
+    : nfs_(nfs), opts_(opts), cache_(cache), inodes_(std::move(root)), log_(Log("fs")) {}
+
+namespace {
+
+int64_t Ns(const nfs::Time& t) { return int64_t{t.sec} * 1000000000 + t.nsec; }
+cache::FileVersion Version(const nfs::Attr& a) {
+  return cache::FileVersion{a.size, Ns(a.mtime), Ns(a.ctime)};
+}
+cache::FileVersion Version(const nfs::Wcc::Before& b) {
+  return cache::FileVersion{b.size, Ns(b.mtime), Ns(b.ctime)};
+}
+
+}  // namespace
+
+void Filesystem::Observe(const InodeP& inode, const nfs::Attr& a) {
+  if (cache_ != nullptr && a.type == nfs::Ftype::kReg) cache_->Observe(inode->fh(), Version(a));
+}
 
 double Filesystem::AttrTimeout(const InodeP& inode, const nfs::Attr& a) {
   const bool dir = a.type == nfs::Ftype::kDir;
@@ -151,6 +167,7 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   const uint64_t seq = NextSeq();
   nfs_.Getattr(inode->fh(), c, [this, inode, seq, cb = std::move(cb)](Result<nfs::Attr> r) {
     if (!r) return cb(r.error());
+    Observe(inode, *r);  // attribute-cache expiry: the SSD cache revalidates too
     {
       // A GETATTR sent after every write of ours completed is authoritative.
       std::lock_guard lock(inode->mu);
@@ -173,6 +190,7 @@ void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb
       });
     }
   }
+  if (cache_ != nullptr && sa.size) cache_->Drop(inode->fh());
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
       // The kernel asks to drop setuid/setgid before a non-owner's write; the
@@ -192,6 +210,10 @@ void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb
       std::lock_guard lock(inode->mu);
       inode->size_hwm = 0;
       inode->have_open_attr = false;
+    }
+    if (cache_ != nullptr && r->before && r->after) {
+      // Our own change of attributes: the cached data stays valid.
+      cache_->OwnChange(inode->fh(), Version(*r->before), Version(*r->after));
     }
     if (r->after) return cb(MakeAttr(inode, *r->after));
     nfs_.Getattr(inode->fh(), c, [this, inode, cb](Result<nfs::Attr> a) {
@@ -380,6 +402,7 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                 }
                 OpenOut out;
                 out.direct_io = direct;
+                if (r->attr) Observe(inode, *r->attr);  // close-to-open for the SSD cache
                 {
                   std::lock_guard lock(inode->mu);
                   if (opts_.cto && r->attr) {
@@ -463,12 +486,25 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
       });
     }
   }
+  uint64_t token = 0;
+  bool admit = false;
+  if (cache_ != nullptr) {
+    if (cache_->Sequential(inode->fh(), off, size)) {
+      cache_->NoteBypass(false);  // a scan: neither served from nor stored in the cache
+    } else {
+      if (auto hit = cache_->Read(inode->fh(), off, size)) return cb(std::string_view(*hit));
+      token = cache_->ReadStart(inode->fh());
+      admit = true;
+    }
+  }
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.rsize));
   if (pieces.size() == 1) {
     // One RPC serves the request: reply straight from the receive buffer.
     nfs_.Read(inode->fh(), off, static_cast<uint32_t>(size), c,
-              [cb = std::move(cb)](Result<nfs::ReadReply> r) {
+              [this, inode, off, token, admit, cb = std::move(cb)](Result<nfs::ReadReply> r) {
                 if (!r) return cb(r.error());
+                if (r->attr) Observe(inode, *r->attr);
+                if (admit) cache_->Fill(inode->fh(), token, off, r->data, r->len);
                 cb(std::string_view(r->data, r->len));
               });
     return;
@@ -478,6 +514,12 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
   op->remaining = pieces.size();
   op->valid = size;
   op->cb = std::move(cb);
+  if (admit) {
+    op->cb = [this, inode, off, token, cb = std::move(op->cb)](Result<std::string_view> r) {
+      if (r) cache_->Fill(inode->fh(), token, off, r->data(), r->size());
+      cb(std::move(r));
+    };
+  }
   for (const auto& p : pieces) ReadPiece(op, inode, c, p.off, p.buf_off, p.len);
 }
 
@@ -508,11 +550,22 @@ void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inod
 
 void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
                            size_t buf_off, size_t len, bool stable,
-                           std::function<void(Result<Ok>)> done) {
+                           std::function<void(Result<Ok>)> done, bool admit) {
+  // The SSD cache drops the pages before the write leaves and, once it is
+  // answered, stores the new data (writethrough) unless something raced it.
+  const uint64_t token = cache_ != nullptr ? cache_->WriteStart(inode->fh(), off, len) : 0;
   nfs_.Write(
       inode->fh(), off, data, buf_off, len, stable, c,
-      [this, inode, c, off, data, buf_off, len, stable, done = std::move(done)](
+      [this, inode, c, off, data, buf_off, len, stable, admit, token, done = std::move(done)](
           Result<nfs::WriteReply> r) mutable {
+        if (cache_ != nullptr) {
+          const bool whole = r && r->count >= len;
+          std::optional<cache::FileVersion> before, after;
+          if (r && r->wcc.before) before = Version(*r->wcc.before);
+          if (r && r->wcc.after) after = Version(*r->wcc.after);
+          cache_->WriteDone(inode->fh(), token, off, data->data() + buf_off, len, whole, admit,
+                            before, after);
+        }
         if (!r) return done(r.error());
         if (r->count == 0) return done(Error::Errno(EIO, "server wrote nothing"));
         const size_t n = std::min<size_t>(r->count, len);
@@ -563,6 +616,11 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   const size_t size = data->size();
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
   auto op = std::make_shared<Gather>(pieces.size());
+  bool admit = false;
+  if (cache_ != nullptr) {
+    admit = !cache_->Sequential(inode->fh(), off, size);
+    if (!admit) cache_->NoteBypass(true);
+  }
   for (const auto& p : pieces) {
     SendWrite(inode, c, p.off, data, p.buf_off, p.len, opts_.sync,
               [this, op, inode, c, size, behind, cb](Result<Ok> r) {
@@ -603,7 +661,8 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
                 }
                 for (auto& fn : run) fn();
                 MaybeBackgroundCommit(inode, c);
-              });
+              },
+              admit);
   }
 }
 

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/block_cache.h"
 #include "common/log.h"
 #include "fs/inode_table.h"
 #include "fs/options.h"
@@ -93,7 +94,8 @@ struct stat ToStat(const nfs::Attr& a, uint32_t blksize);
 
 class Filesystem {
  public:
-  Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts);
+  // `cache` (optional, may be null) is the SSD cache tier (cache/block_cache.h).
+  Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts, cache::BlockCache* cache = nullptr);
 
   const FsOptions& options() const { return opts_; }
   InodeTable& inodes() { return inodes_; }
@@ -165,8 +167,12 @@ class Filesystem {
                    Cb<EntryOut> cb);
   // One WRITE (resending the rest after a short write); records the kept
   // copy when the server answers UNSTABLE.
+  // `admit`: the cache may store the data (writethrough, not a sequential stream).
   void SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
-                 size_t buf_off, size_t len, bool stable, std::function<void(Result<Ok>)> done);
+                 size_t buf_off, size_t len, bool stable, std::function<void(Result<Ok>)> done,
+                 bool admit = false);
+  // The SSD cache's view of a file's attributes (regular files only).
+  void Observe(const InodeP& inode, const nfs::Attr& a);
   void StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data, bool behind,
                   Cb<size_t> cb);
   // Runs `fn` once no write-behind of this inode is pending (now, or from
@@ -180,6 +186,7 @@ class Filesystem {
 
   nfs::Nfs3& nfs_;
   const FsOptions opts_;
+  cache::BlockCache* const cache_;
   InodeTable inodes_;
   std::atomic<uint64_t> seq_{0};
   std::shared_ptr<spdlog::logger> log_;

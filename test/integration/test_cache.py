@@ -1,0 +1,196 @@
+"""The SSD cache tier (cache_dir=, cache_mode=readonly|writethrough): data
+read back equals data written, through remounts (a warm cache), sequential
+bypass, eviction at capacity, a damaged cache page detected and not served,
+another client's change seen at the next open, a cache filesystem too small,
+and bad cache settings refused."""
+import hashlib
+import json
+import mmap
+import os
+import random
+import subprocess
+
+import pytest
+
+from conftest import BIN, EXPORT, SERVER, start_mount
+
+CTL = os.path.join(os.path.dirname(BIN), "mpnfsctl")
+CHUNK = 64 << 10
+
+
+def cache_stats(m):
+    r = subprocess.run([CTL, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["cache"]
+
+
+def direct_read(path, off, n):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, n)
+        got = os.preadv(fd, [buf], off)
+        return bytes(buf[:got])
+    finally:
+        os.close(fd)
+
+
+def direct_write(path, off, data):
+    fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, len(data))
+        buf.write(data)
+        assert os.pwritev(fd, [buf], off) == len(data)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    d = tmp_path / "cache"
+    d.mkdir()
+    return d
+
+
+def make_file(path, mib, seed=1):
+    rnd = random.Random(seed)
+    data = rnd.randbytes(mib << 20)
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
+
+
+@pytest.mark.parametrize("mode", ["readonly", "writethrough"])
+def test_data_reads_back_through_remounts(mount_factory, cache_dir, mode):
+    opts = f"cache_dir={cache_dir},cache_size=64M,cache_mode={mode}"
+    m = mount_factory(opts)
+    f = m.path / f"db-{mode}"
+    data = bytearray(make_file(f, 16))
+    offs = random.Random(2).sample(range(0, 16 << 20, CHUNK), 64)
+    for o in offs:
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    first = cache_stats(m)
+    assert first["mode"] == mode and first["read_misses"] >= 64
+    for o in offs:
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    second = cache_stats(m)
+    assert second["read_hits"] - first["read_hits"] == 64, second
+    # Random writes: the new data is what is read back (from the cache in writethrough).
+    for o in offs[:16]:
+        new = random.Random(o).randbytes(CHUNK)
+        direct_write(f, o, new)
+        data[o:o + CHUNK] = new
+    for o in offs:
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    m.unmount()
+
+    m2 = mount_factory(opts)
+    warm = cache_stats(m2)
+    assert warm["slots_used"] > 0
+    for o in offs:
+        assert direct_read(m2.path / f.name, o, CHUNK) == data[o:o + CHUNK]
+    after = cache_stats(m2)
+    assert after["read_hits"] >= 48, after  # the blocks were kept across the remount
+    if mode == "writethrough":
+        assert after["read_hits"] == 64, after
+    with open(os.path.join(EXPORT, f.name), "rb") as g:
+        assert hashlib.md5(g.read()).hexdigest() == hashlib.md5(data).hexdigest()
+
+
+def test_sequential_streams_bypass_the_cache(mount_factory, cache_dir):
+    m = mount_factory(f"cache_dir={cache_dir},cache_size=64M,seq_cutoff=4")
+    f = m.path / "scan"
+    data = make_file(f, 32, seed=3)
+    assert hashlib.md5(f.read_bytes()).digest() == hashlib.md5(data).digest()
+    st = cache_stats(m)
+    assert st["read_bypasses"] > 0 and st["write_bypasses"] > 0, st
+    assert st["used_bytes"] <= 8 << 20, st  # at most the runs before the cutoff
+
+
+def test_capacity_is_bounded_with_eviction(mount_factory, cache_dir):
+    m = mount_factory(f"cache_dir={cache_dir},cache_size=4M,cache_block=256")
+    f = m.path / "big"
+    data = make_file(f, 32, seed=4)
+    offs = random.Random(5).sample(range(0, 32 << 20, CHUNK), 200)
+    for o in offs:
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    st = cache_stats(m)
+    assert st["slots"] == 16 and st["slots_used"] == 16 and st["evictions"] > 0, st
+    assert st["capacity_bytes"] == 4 << 20
+
+
+def test_a_damaged_cache_page_is_not_served(mount_factory, cache_dir):
+    opts = f"cache_dir={cache_dir},cache_size=16M,cache_block=64"
+    m = mount_factory(opts)
+    f = m.path / "damaged"
+    data = make_file(f, 1, seed=6)
+    for o in range(0, 1 << 20, CHUNK):
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    m.unmount()
+    # Damage every slot's pages on disk.
+    with open(cache_dir / "data", "r+b") as g:
+        for slot in range(16):
+            g.seek(slot * CHUNK + 5000)
+            g.write(b"\xff" * 64)
+    m2 = mount_factory(opts)
+    for o in range(0, 1 << 20, CHUNK):
+        assert direct_read(m2.path / "damaged", o, CHUNK) == data[o:o + CHUNK]
+    st = cache_stats(m2)
+    assert st["checksum_failures"] >= 1, st
+
+
+@pytest.mark.parametrize("mode", ["readonly", "writethrough"])
+def test_another_clients_change_is_seen_at_the_next_open(mount_factory, cache_dir, mode):
+    a = mount_factory(f"cache_dir={cache_dir},cache_size=16M,cache_mode={mode}")
+    b = mount_factory()  # another client, no cache
+    f = a.path / f"shared-{mode}"
+    data = make_file(f, 1, seed=7)
+    assert direct_read(f, 0, CHUNK) == data[:CHUNK]
+    assert direct_read(f, 0, CHUNK) == data[:CHUNK]  # now from the cache
+    new = os.urandom(CHUNK)
+    direct_write(b.path / f.name, 0, new)
+    assert direct_read(f, 0, CHUNK) == new  # a new open revalidates
+    assert cache_stats(a)["files_dropped"] >= 1
+
+
+def test_a_small_cache_filesystem_lowers_the_size(mount_factory, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)], check=True)
+    try:
+        m = mount_factory(f"cache_dir={small},cache_size=1G")
+        st = cache_stats(m)
+        assert 8 << 20 <= st["capacity_bytes"] < 24 << 20, st
+        f = m.path / "fits"
+        data = make_file(f, 32, seed=8)
+        for o in random.Random(9).sample(range(0, 32 << 20, CHUNK), 300):
+            assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+        assert "cache_size lowered" in m.log_text()
+        m.unmount()
+        assert int(subprocess.run(["df", "--output=avail", "-B1", str(small)], capture_output=True,
+                                  text=True).stdout.split()[-1]) > 0
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def test_bad_cache_settings_refuse_to_mount_unless_optional(bed, mount_factory, tmp_path, cache_dir):
+    mp = tmp_path / "m"
+    mp.mkdir()
+
+    def try_mount(opts):
+        return subprocess.run([BIN, f"{SERVER}:{EXPORT}", str(mp), "-o", f"mountport=20048,{opts}"],
+                              capture_output=True, text=True, timeout=30)
+
+    r = try_mount(f"cache_dir={tmp_path}/missing")
+    assert r.returncode == 32 and "not a directory" in r.stderr, r.stderr
+    r = try_mount("cache_mode=writeback,cache_dir=/tmp")
+    assert r.returncode == 1 and "writeback" in r.stderr
+    held = mount_factory(f"cache_dir={cache_dir}")
+    r = try_mount(f"cache_dir={cache_dir}")
+    assert r.returncode == 32 and "in use" in r.stderr, r.stderr
+    # cache_optional: mounts without the cache, says so.
+    m = mount_factory(f"cache_dir={cache_dir},cache_optional")
+    (m.path / "optional").write_bytes(b"ok")
+    assert "running without the SSD cache" in m.log_text()
+    r = subprocess.run([CTL, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
+    assert "cache" not in json.loads(r.stdout)
+    held.unmount()
