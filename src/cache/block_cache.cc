@@ -317,9 +317,10 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
   if (!f.have) {
     f.have = true;
     f.validated = v;
-  } else if (v != f.validated && f.writes_inflight == 0) {
+  } else if (v != f.validated && f.writes_inflight == 0 && v.ctime_ns >= f.validated.ctime_ns) {
     // Our own writes are accounted for when they settle (WriteDone), so a
-    // new version seen with none in flight is another client's doing.
+    // new version seen with none in flight is another client's doing. (An
+    // older ctime is a reply that left the server before our last write.)
     DropLocked(fh, f);
     f.validated = v;
   }
@@ -532,6 +533,7 @@ uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len)
   FileState& f = State(fh);
   stats_.writes++;
   f.writes_inflight++;
+  f.burst_concurrency = std::max(f.burst_concurrency, f.writes_inflight);
   const uint64_t token = ++f.write_counter;
   const uint64_t block = opts_.block;
   for (uint64_t b = off / block; b * block < off + len; ++b) {
@@ -585,10 +587,12 @@ void BlockCache::WriteDone(const std::string& fh, uint64_t token, uint64_t off, 
   f.writes_inflight--;
   // WCC bookkeeping: is every change to the file this client's own?
   if (ok) {
-    if (!before || !after) {
-      f.unexplained = true;
+    if (!after) {
+      f.unexplained = true;  // no idea what the file is now
     } else {
-      if (before->ctime_ns != f.validated.ctime_ns && !f.own_ctimes.count(before->ctime_ns)) {
+      // Without pre-op attributes (NFS-Ganesha sends none for WRITE) the
+      // change is taken as ours, as the Linux client does (force_wcc).
+      if (before && before->ctime_ns != f.validated.ctime_ns && !f.own_ctimes.count(before->ctime_ns)) {
         f.pending_pre.insert(before->ctime_ns);
       }
       f.own_ctimes.insert(after->ctime_ns);
@@ -600,7 +604,7 @@ void BlockCache::WriteDone(const std::string& fh, uint64_t token, uint64_t off, 
 }
 
 void BlockCache::Settle(const std::string& fh, FileState& f) {
-  if (!f.pending_pre.empty() || f.unexplained) {
+  if ((!f.pending_pre.empty() && f.burst_concurrency <= 1) || f.unexplained) {
     // Another client changed the file between our writes (or the server
     // gave no WCC data to tell): nothing cached of it can be trusted.
     DropLocked(fh, f);
@@ -610,6 +614,7 @@ void BlockCache::Settle(const std::string& fh, FileState& f) {
   }
   f.own_ctimes.clear();
   f.pending_pre.clear();
+  f.burst_concurrency = 0;
   f.newest_after.reset();
   f.unexplained = false;
   f.pruned_upto = f.write_counter;

@@ -22,11 +22,18 @@
 // Observe() is called with the attributes the server reports at open
 // (close-to-open), after attribute-cache expiry and with READ replies: a
 // version that is not this client's own doing drops the file's blocks. This
-// client's writes are told apart by their WCC data: each WRITE's pre-op
-// version must be the validated one or the post-op of another of our
-// writes; once the file's writes have all returned, an unexplained pre-op
-// (another client wrote in between), or a reply without WCC data, drops
-// the file's blocks, and the newest post-op becomes the validated version.
+// client's writes are told apart by their WCC data. When they were sent one
+// at a time, each WRITE's pre-op version must be the validated one or the
+// post-op of our previous write; once the file's writes have all returned,
+// an unexplained pre-op (another client wrote in between), or a reply
+// without post-op attributes, drops the file's blocks. A reply without
+// pre-op attributes (NFS-Ganesha sends none for WRITE) is taken as ours. Concurrent writes of ours
+// cannot be checked that way (the server's intermediate versions are not
+// all reported), so, as the Linux NFS client does, changes made while we
+// had several writes in flight are taken as ours. Either way the newest
+// post-op becomes the validated version when the writes settle, and a
+// change by another client after that is caught at the next open,
+// attribute expiry or READ reply.
 //
 // Races with writes. A write invalidates the pages it covers before it is
 // sent (persistently: the record is rewritten at once). Data that a read
@@ -166,6 +173,7 @@ class BlockCache {
     uint64_t write_counter = 0, pruned_upto = 0;
     std::map<uint64_t, BlockWrites> writes;
     int writes_inflight = 0;
+    int burst_concurrency = 0;  // most writes in flight at once since the last settle
     std::set<int64_t> own_ctimes;
     std::multiset<int64_t> pending_pre;
     std::optional<FileVersion> newest_after;

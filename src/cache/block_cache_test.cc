@@ -197,6 +197,18 @@ TEST_F(BlockCacheTest, AnotherClientsChangeDropsTheFile) {
   EXPECT_EQ(c->Stats().files_dropped, 1u);
 }
 
+TEST_F(BlockCacheTest, ALateReplyWithAnOlderVersionDropsNothing) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'o'));
+  Write(*c, "fh1", 0, Pattern(4096, 'O'), kV1, kV2);
+  c->Observe("fh1", kV1);  // a READ answered before our write, arriving after it
+  EXPECT_TRUE(c->Read("fh1", kBlock, 4096).has_value());
+  EXPECT_EQ(c->Stats().files_dropped, 0u);
+  c->Observe("fh1", kV3);  // newer than ours: another client
+  EXPECT_FALSE(c->Read("fh1", kBlock, 4096).has_value());
+}
+
 TEST_F(BlockCacheTest, AForeignChangeBetweenOurWritesDropsTheFile) {
   auto c = Open(CacheMode::kWriteThrough);
   c->Observe("fh1", kV1);
@@ -207,7 +219,24 @@ TEST_F(BlockCacheTest, AForeignChangeBetweenOurWritesDropsTheFile) {
   EXPECT_EQ(c->Stats().files_dropped, 1u);
 }
 
-TEST_F(BlockCacheTest, WritesWithoutWccDataDropTheFile) {
+TEST_F(BlockCacheTest, ConcurrentOwnWritesWithUnseenIntermediateVersionsKeepTheFile) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'n'));
+  const std::string d = Pattern(4096, 'N');
+  uint64_t a = c->WriteStart("fh1", 0, 4096);
+  uint64_t b = c->WriteStart("fh1", 8192, 4096);
+  // The server reports A's post-op after B ran too: B's pre-op (kV2) is never seen.
+  c->WriteDone("fh1", a, 0, d.data(), d.size(), true, true, kV1, kV3);
+  c->WriteDone("fh1", b, 8192, d.data(), d.size(), true, true, kV2, kV3);
+  c->Quiesce();
+  EXPECT_TRUE(c->Read("fh1", kBlock, 4096).has_value());
+  EXPECT_EQ(c->Stats().files_dropped, 0u);
+  c->Observe("fh1", kV3);
+  EXPECT_TRUE(c->Read("fh1", kBlock, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, WritesWithoutPostOpAttributesDropTheFile) {
   auto c = Open(CacheMode::kWriteThrough);
   c->Observe("fh1", kV1);
   FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'k'));
@@ -215,6 +244,19 @@ TEST_F(BlockCacheTest, WritesWithoutWccDataDropTheFile) {
   uint64_t t = c->WriteStart("fh1", 0, 4096);
   c->WriteDone("fh1", t, 0, d.data(), d.size(), true, true, std::nullopt, std::nullopt);
   EXPECT_FALSE(c->Read("fh1", kBlock, 4096).has_value());
+}
+
+TEST_F(BlockCacheTest, WritesWithoutPreOpAttributesAreTakenAsOurs) {
+  auto c = Open(CacheMode::kWriteThrough);
+  c->Observe("fh1", kV1);
+  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'q'));
+  const std::string d = Pattern(4096, 'Q');
+  uint64_t t = c->WriteStart("fh1", 0, 4096);
+  c->WriteDone("fh1", t, 0, d.data(), d.size(), true, true, std::nullopt, kV2);
+  c->Quiesce();
+  EXPECT_TRUE(c->Read("fh1", kBlock, 4096).has_value());
+  c->Observe("fh1", kV2);
+  EXPECT_TRUE(c->Read("fh1", 0, 4096).has_value());
 }
 
 TEST_F(BlockCacheTest, SequentialRunsPastTheCutoffAreReported) {
