@@ -51,10 +51,17 @@ class BlockCacheTest : public ::testing::Test {
   }
   // A write of `data` at `off` that the server answers with WCC before/after.
   static void Write(BlockCache& c, const std::string& fh, uint64_t off, const std::string& data,
-                    const FileVersion& before, const FileVersion& after) {
+                    const std::optional<FileVersion>& before, const std::optional<FileVersion>& after) {
     uint64_t t = c.WriteStart(fh, off, data.size());
     c.WriteDone(fh, t, off, data.data(), data.size(), true, true, before, after);
     c.Quiesce();
+  }
+  // A writethrough cache holding block 1 of "fh1" (validated at kV1).
+  std::unique_ptr<BlockCache> WithCachedBlock(char seed) {
+    auto c = Open(CacheMode::kWriteThrough);
+    c->Observe("fh1", kV1);
+    FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, seed));
+    return c;
   }
   std::string dir_;
 };
@@ -198,9 +205,7 @@ TEST_F(BlockCacheTest, AnotherClientsChangeDropsTheFile) {
 }
 
 TEST_F(BlockCacheTest, ALateReplyWithAnOlderVersionDropsNothing) {
-  auto c = Open(CacheMode::kWriteThrough);
-  c->Observe("fh1", kV1);
-  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'o'));
+  auto c = WithCachedBlock('o');
   Write(*c, "fh1", 0, Pattern(4096, 'O'), kV1, kV2);
   c->Observe("fh1", kV1);  // a READ answered before our write, arriving after it
   EXPECT_TRUE(c->Read("fh1", kBlock, 4096).has_value());
@@ -210,9 +215,7 @@ TEST_F(BlockCacheTest, ALateReplyWithAnOlderVersionDropsNothing) {
 }
 
 TEST_F(BlockCacheTest, AForeignChangeBetweenOurWritesDropsTheFile) {
-  auto c = Open(CacheMode::kWriteThrough);
-  c->Observe("fh1", kV1);
-  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'j'));
+  auto c = WithCachedBlock('j');
   // Pre-op version kV2 is neither the validated one nor one of ours.
   Write(*c, "fh1", 0, Pattern(4096, 'J'), kV2, kV3);
   EXPECT_FALSE(c->Read("fh1", kBlock, 4096).has_value());
@@ -220,9 +223,7 @@ TEST_F(BlockCacheTest, AForeignChangeBetweenOurWritesDropsTheFile) {
 }
 
 TEST_F(BlockCacheTest, ConcurrentOwnWritesWithUnseenIntermediateVersionsKeepTheFile) {
-  auto c = Open(CacheMode::kWriteThrough);
-  c->Observe("fh1", kV1);
-  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'n'));
+  auto c = WithCachedBlock('n');
   const std::string d = Pattern(4096, 'N');
   uint64_t a = c->WriteStart("fh1", 0, 4096);
   uint64_t b = c->WriteStart("fh1", 8192, 4096);
@@ -237,23 +238,14 @@ TEST_F(BlockCacheTest, ConcurrentOwnWritesWithUnseenIntermediateVersionsKeepTheF
 }
 
 TEST_F(BlockCacheTest, WritesWithoutPostOpAttributesDropTheFile) {
-  auto c = Open(CacheMode::kWriteThrough);
-  c->Observe("fh1", kV1);
-  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'k'));
-  const std::string d = Pattern(4096, 'K');
-  uint64_t t = c->WriteStart("fh1", 0, 4096);
-  c->WriteDone("fh1", t, 0, d.data(), d.size(), true, true, std::nullopt, std::nullopt);
+  auto c = WithCachedBlock('k');
+  Write(*c, "fh1", 0, Pattern(4096, 'K'), std::nullopt, std::nullopt);
   EXPECT_FALSE(c->Read("fh1", kBlock, 4096).has_value());
 }
 
 TEST_F(BlockCacheTest, WritesWithoutPreOpAttributesAreTakenAsOurs) {
-  auto c = Open(CacheMode::kWriteThrough);
-  c->Observe("fh1", kV1);
-  FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, 'q'));
-  const std::string d = Pattern(4096, 'Q');
-  uint64_t t = c->WriteStart("fh1", 0, 4096);
-  c->WriteDone("fh1", t, 0, d.data(), d.size(), true, true, std::nullopt, kV2);
-  c->Quiesce();
+  auto c = WithCachedBlock('q');
+  Write(*c, "fh1", 0, Pattern(4096, 'Q'), std::nullopt, kV2);
   EXPECT_TRUE(c->Read("fh1", kBlock, 4096).has_value());
   c->Observe("fh1", kV2);
   EXPECT_TRUE(c->Read("fh1", 0, 4096).has_value());
