@@ -346,6 +346,18 @@ void BlockCache::Drop(const std::string& fh) {
   f.pruned_upto = ++f.write_counter;
 }
 
+uint64_t BlockCache::DropAll() {
+  std::lock_guard lock(mu_);
+  uint64_t n = 0;
+  for (uint32_t s = 0; s < slots_.size(); ++s) {
+    if (slots_[s].fh.empty()) continue;
+    FreeSlot(s, /*persist=*/true);
+    policy_->Release(s);
+    ++n;
+  }
+  return n;
+}
+
 void BlockCache::OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after) {
   std::lock_guard lock(mu_);
   auto it = files_.find(fh);

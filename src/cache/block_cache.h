@@ -146,6 +146,9 @@ class BlockCache {
                  bool ok, bool admit, const std::optional<FileVersion>& before,
                  const std::optional<FileVersion>& after);
 
+  // Forgets every cached block (online "drop"); returns how many there were.
+  uint64_t DropAll();
+
   CacheStats Stats() const;
   // Waits until every queued store has been written (tests, unmount).
   void Quiesce();

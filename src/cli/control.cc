@@ -93,8 +93,8 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
   return out;
 }
 
-ControlSocket::ControlSocket(std::string path, std::function<std::string()> snapshot)
-    : path_(std::move(path)), snapshot_(std::move(snapshot)) {}
+ControlSocket::ControlSocket(std::string path, Handler handler)
+    : path_(std::move(path)), handler_(std::move(handler)) {}
 
 ControlSocket::~ControlSocket() {
   if (fd_ >= 0) {
@@ -121,7 +121,7 @@ Status ControlSocket::Start() {
     fd_ = -1;
     return e;
   }
-  chmod(path_.c_str(), 0644);  // statistics are readable by any local user
+  chmod(path_.c_str(), 0666);  // statistics for any local user; changes for root (Serve)
   thread_ = std::thread([this] { Serve(); });
   return Ok{};
 }
@@ -133,7 +133,18 @@ void ControlSocket::Serve() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // shut down
     }
-    const std::string doc = snapshot_();
+    // One command line; a client that says nothing within a second gets the statistics.
+    timeval tv{1, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string cmd;
+    char ch;
+    while (cmd.size() < 256 && recv(c, &ch, 1, 0) == 1 && ch != '\n') cmd += ch;
+    if (cmd.empty()) cmd = "stats";
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    const bool privileged =
+        getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == 0;
+    const std::string doc = handler_(cmd, privileged);
     size_t off = 0;
     while (off < doc.size()) {
       ssize_t n = send(c, doc.data() + off, doc.size() - off, MSG_NOSIGNAL);

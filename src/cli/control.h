@@ -1,9 +1,10 @@
-// ControlSocket: a unix socket beside each mount that answers every
-// connection with one JSON snapshot of the mount's statistics, then closes.
-// `mpnfsctl stats MOUNTPOINT` reads it; so can any script (socat, nc -U).
-// The socket lives at /run/mpnfs/<mountpoint with '/' as %2F>.sock.
+// ControlSocket: a unix socket beside each mount that answers one command
+// per connection: "stats" (a JSON snapshot of the mount's statistics),
+// "cache drop", "cache detach", "cache flush". `mpnfsctl` speaks it; so can
+// any script (printf 'stats\n' | nc -U SOCKET). The socket lives at
+// /run/mpnfs/<mountpoint with '/' as %2F>.sock.
 //
-// Thread safety: one accept thread; `snapshot` is called from it.
+// Thread safety: one accept thread; the handler is called from it.
 #pragma once
 
 #include <functional>
@@ -25,9 +26,16 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
                       const cache::CacheStats* cache = nullptr);
 
+// The control channel of one mount: a unix socket. A client connects,
+// writes one command line ("stats", "cache drop", ...) and reads the answer
+// until the socket closes. Any local user may ask for statistics; commands
+// that change something are answered only for root (SO_PEERCRED).
 class ControlSocket {
  public:
-  ControlSocket(std::string path, std::function<std::string()> snapshot);
+  // handler(command, privileged) -> the answer; an answer starting with
+  // "error:" makes mpnfsctl exit 1.
+  using Handler = std::function<std::string(const std::string& command, bool privileged)>;
+  ControlSocket(std::string path, Handler handler);
   ~ControlSocket();
   ControlSocket(const ControlSocket&) = delete;
   ControlSocket& operator=(const ControlSocket&) = delete;
@@ -38,7 +46,7 @@ class ControlSocket {
   void Serve();
 
   const std::string path_;
-  std::function<std::string()> snapshot_;
+  Handler handler_;
   int fd_ = -1;
   std::thread thread_;
 };

@@ -37,6 +37,34 @@
 namespace mpnfs {
 namespace {
 
+// Answers one control-socket command (see cli/control.h, mpnfs(8) STATISTICS).
+std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng,
+                    fs::Filesystem& filesystem, const std::string& source, const std::string& mp) {
+  auto cache = filesystem.cache();
+  if (cmd == "stats") {
+    if (!cache) return cli::StatsJson(source, mp, eng.Stats());
+    const auto k = cache->Stats();
+    return cli::StatsJson(source, mp, eng.Stats(), &k);
+  }
+  if (cmd.rfind("cache ", 0) != 0) return "error: unknown command '" + cmd + "'\n";
+  if (!privileged) return "error: only root may change the cache\n";
+  if (!cache) return "error: this mount has no SSD cache\n";
+  if (cmd == "cache drop") {
+    const uint64_t n = cache->DropAll();
+    return "dropped " + std::to_string(n) + " cached blocks\n";
+  }
+  if (cmd == "cache flush") {
+    return "nothing to flush: cache_mode=" + cache->Stats().mode + " keeps no dirty data\n";
+  }
+  if (cmd == "cache detach") {
+    cache.reset();
+    filesystem.DetachCache();
+    return "cache detached; the mount runs uncached until it is mounted again\n";
+  }
+  return "error: unknown command '" + cmd + "'\n";
+}
+
+
 constexpr int kExitUsage = 1;
 constexpr int kExitMountFailed = 32;
 
@@ -203,7 +231,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
 
   // The SSD cache tier, opened before the mount is offered: a cache that
   // cannot be used fails the mount, unless cache_optional says to go on.
-  std::unique_ptr<cache::BlockCache> cache;
+  std::shared_ptr<cache::BlockCache> cache;
   if (m.cache.mode != cache::CacheMode::kOff) {
     auto c = cache::BlockCache::Open(m.cache);
     if (c) {
@@ -215,7 +243,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
       return kExitMountFailed;
     }
   }
-  fs::Filesystem filesystem(nfs, *root, m.fs, cache.get());
+  fs::Filesystem filesystem(nfs, *root, m.fs, std::move(cache));
   fuse::FuseContext ctx;
   ctx.fs = &filesystem;
   ctx.opts.max_write = 1u << 20;  // larger FUSE writes split into wsize calls
@@ -255,10 +283,8 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     const std::string source = m.server + ":" + m.export_path;
     const std::string mp = mp_real;
     control = std::make_unique<cli::ControlSocket>(
-        *cpath, [&eng, &cache, source, mp] {
-          if (!cache) return cli::StatsJson(source, mp, eng.Stats());
-          const auto k = cache->Stats();
-          return cli::StatsJson(source, mp, eng.Stats(), &k);
+        *cpath, [&eng, &filesystem, source, mp](const std::string& cmd, bool privileged) {
+          return Control(cmd, privileged, eng, filesystem, source, mp);
         });
     if (auto st = control->Start(); !st) {
       log->warn("no statistics socket: {}", st.error().what);

@@ -1,5 +1,6 @@
-// mpnfsctl: reads the statistics of a mounted mpnfs filesystem.
-//   mpnfsctl stats MOUNTPOINT
+// mpnfsctl: talks to a mounted mpnfs filesystem over its control socket.
+//   mpnfsctl stats MOUNTPOINT                      statistics (JSON)
+//   mpnfsctl cache drop|detach|flush MOUNTPOINT    online cache operations (root)
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -11,12 +12,31 @@
 
 #include "cli/control.h"
 
+namespace {
+
+int Usage() {
+  fprintf(stderr,
+          "usage: mpnfsctl stats MOUNTPOINT\n"
+          "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n");
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 3 || std::string(argv[1]) != "stats") {
-    fprintf(stderr, "usage: mpnfsctl stats MOUNTPOINT\n");
-    return 1;
+  std::string cmd, mountpoint;
+  if (argc == 3 && std::string(argv[1]) == "stats") {
+    cmd = "stats";
+    mountpoint = argv[2];
+  } else if (argc == 4 && std::string(argv[1]) == "cache") {
+    const std::string op = argv[2];
+    if (op != "drop" && op != "detach" && op != "flush") return Usage();
+    cmd = "cache " + op;
+    mountpoint = argv[3];
+  } else {
+    return Usage();
   }
-  auto path = mpnfs::cli::ControlPathFor(argv[2]);
+  auto path = mpnfs::cli::ControlPathFor(mountpoint);
   if (!path) {
     fprintf(stderr, "mpnfsctl: %s\n", path.error().what.c_str());
     return 1;
@@ -30,9 +50,22 @@ int main(int argc, char** argv) {
             strerror(errno));
     return 1;
   }
+  const std::string line = cmd + "\n";
+  if (send(fd, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+    fprintf(stderr, "mpnfsctl: %s: %s\n", path->c_str(), strerror(errno));
+    return 1;
+  }
+  shutdown(fd, SHUT_WR);
+  std::string answer;
   char buf[65536];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) fwrite(buf, 1, static_cast<size_t>(n), stdout);
+  while ((n = read(fd, buf, sizeof(buf))) > 0) answer.append(buf, static_cast<size_t>(n));
   close(fd);
-  return n < 0 ? 1 : 0;
+  if (n < 0) return 1;
+  if (answer.rfind("error:", 0) == 0) {
+    fprintf(stderr, "mpnfsctl: %s", answer.c_str() + 7);
+    return 1;
+  }
+  fwrite(answer.data(), 1, answer.size(), stdout);
+  return 0;
 }

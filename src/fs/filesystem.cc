@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "fs/gather.h"
 #include "fs/split.h"
@@ -66,8 +67,22 @@ Result<Filesystem::InodeP> Filesystem::Parent(uint64_t parent, const std::string
   return dir;
 }
 
-Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts, cache::BlockCache* cache)
-    : nfs_(nfs), opts_(opts), cache_(cache), inodes_(std::move(root)), log_(Log("fs")) {}
+Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts,
+                       std::shared_ptr<cache::BlockCache> cache)
+    : nfs_(nfs), opts_(opts), cache_(std::move(cache)), inodes_(std::move(root)), log_(Log("fs")) {}
+
+bool Filesystem::DetachCache() {
+  std::shared_ptr<cache::BlockCache> old = cache_.exchange(nullptr);
+  if (!old) return false;
+  // Operations that began with the cache keep it alive; let them finish so
+  // that closing it (a sync of its files) happens here, not on an event loop.
+  for (int i = 0; i < 500 && old.use_count() > 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  old.reset();
+  log_->warn("SSD cache detached; running uncached");
+  return true;
+}
 
 namespace {
 
@@ -82,7 +97,8 @@ cache::FileVersion Version(const nfs::Wcc::Before& b) {
 }  // namespace
 
 void Filesystem::Observe(const InodeP& inode, const nfs::Attr& a) {
-  if (cache_ != nullptr && a.type == nfs::Ftype::kReg) cache_->Observe(inode->fh(), Version(a));
+  if (a.type != nfs::Ftype::kReg) return;
+  if (auto cache = cache_.load()) cache->Observe(inode->fh(), Version(a));
 }
 
 double Filesystem::AttrTimeout(const InodeP& inode, const nfs::Attr& a) {
@@ -190,7 +206,7 @@ void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb
       });
     }
   }
-  if (cache_ != nullptr && sa.size) cache_->Drop(inode->fh());
+  if (auto cache = cache_.load(); cache && sa.size) cache->Drop(inode->fh());
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
       // The kernel asks to drop setuid/setgid before a non-owner's write; the
@@ -211,9 +227,9 @@ void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb
       inode->size_hwm = 0;
       inode->have_open_attr = false;
     }
-    if (cache_ != nullptr && r->before && r->after) {
+    if (auto cache = cache_.load(); cache && r->before && r->after) {
       // Our own change of attributes: the cached data stays valid.
-      cache_->OwnChange(inode->fh(), Version(*r->before), Version(*r->after));
+      cache->OwnChange(inode->fh(), Version(*r->before), Version(*r->after));
     }
     if (r->after) return cb(MakeAttr(inode, *r->after));
     nfs_.Getattr(inode->fh(), c, [this, inode, cb](Result<nfs::Attr> a) {
@@ -488,12 +504,13 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
   }
   uint64_t token = 0;
   bool admit = false;
-  if (cache_ != nullptr) {
-    if (cache_->Sequential(inode->fh(), off, size)) {
-      cache_->NoteBypass(false);  // a scan: neither served from nor stored in the cache
+  std::shared_ptr<cache::BlockCache> cache = cache_.load();
+  if (cache) {
+    if (cache->Sequential(inode->fh(), off, size)) {
+      cache->NoteBypass(false);  // a scan: neither served from nor stored in the cache
     } else {
-      if (auto hit = cache_->Read(inode->fh(), off, size)) return cb(std::string_view(*hit));
-      token = cache_->ReadStart(inode->fh());
+      if (auto hit = cache->Read(inode->fh(), off, size)) return cb(std::string_view(*hit));
+      token = cache->ReadStart(inode->fh());
       admit = true;
     }
   }
@@ -501,10 +518,10 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
   if (pieces.size() == 1) {
     // One RPC serves the request: reply straight from the receive buffer.
     nfs_.Read(inode->fh(), off, static_cast<uint32_t>(size), c,
-              [this, inode, off, token, admit, cb = std::move(cb)](Result<nfs::ReadReply> r) {
+              [this, inode, off, token, admit, cache, cb = std::move(cb)](Result<nfs::ReadReply> r) {
                 if (!r) return cb(r.error());
                 if (r->attr) Observe(inode, *r->attr);
-                if (admit) cache_->Fill(inode->fh(), token, off, r->data, r->len);
+                if (admit) cache->Fill(inode->fh(), token, off, r->data, r->len);
                 cb(std::string_view(r->data, r->len));
               });
     return;
@@ -515,8 +532,8 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
   op->valid = size;
   op->cb = std::move(cb);
   if (admit) {
-    op->cb = [this, inode, off, token, cb = std::move(op->cb)](Result<std::string_view> r) {
-      if (r) cache_->Fill(inode->fh(), token, off, r->data(), r->size());
+    op->cb = [inode, off, token, cache, cb = std::move(op->cb)](Result<std::string_view> r) {
+      if (r) cache->Fill(inode->fh(), token, off, r->data(), r->size());
       cb(std::move(r));
     };
   }
@@ -553,18 +570,20 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs
                            std::function<void(Result<Ok>)> done, bool admit) {
   // The SSD cache drops the pages before the write leaves and, once it is
   // answered, stores the new data (writethrough) unless something raced it.
-  const uint64_t token = cache_ != nullptr ? cache_->WriteStart(inode->fh(), off, len) : 0;
+  std::shared_ptr<cache::BlockCache> cache = cache_.load();
+  const uint64_t token = cache ? cache->WriteStart(inode->fh(), off, len) : 0;
   nfs_.Write(
       inode->fh(), off, data, buf_off, len, stable, c,
-      [this, inode, c, off, data, buf_off, len, stable, admit, token, done = std::move(done)](
-          Result<nfs::WriteReply> r) mutable {
-        if (cache_ != nullptr) {
+      [this, inode, c, off, data, buf_off, len, stable, admit, token, cache,
+       done = std::move(done)](Result<nfs::WriteReply> r) mutable {
+        if (cache) {
           const bool whole = r && r->count >= len;
           std::optional<cache::FileVersion> before, after;
           if (r && r->wcc.before) before = Version(*r->wcc.before);
           if (r && r->wcc.after) after = Version(*r->wcc.after);
-          cache_->WriteDone(inode->fh(), token, off, data->data() + buf_off, len, whole, admit,
-                            before, after);
+          cache->WriteDone(inode->fh(), token, off, data->data() + buf_off, len, whole, admit,
+                           before, after);
+          cache.reset();
         }
         if (!r) return done(r.error());
         if (r->count == 0) return done(Error::Errno(EIO, "server wrote nothing"));
@@ -617,9 +636,9 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
   auto op = std::make_shared<Gather>(pieces.size());
   bool admit = false;
-  if (cache_ != nullptr) {
-    admit = !cache_->Sequential(inode->fh(), off, size);
-    if (!admit) cache_->NoteBypass(true);
+  if (auto cache = cache_.load()) {
+    admit = !cache->Sequential(inode->fh(), off, size);
+    if (!admit) cache->NoteBypass(true);
   }
   for (const auto& p : pieces) {
     SendWrite(inode, c, p.off, data, p.buf_off, p.len, opts_.sync,

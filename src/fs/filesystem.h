@@ -95,7 +95,16 @@ struct stat ToStat(const nfs::Attr& a, uint32_t blksize);
 class Filesystem {
  public:
   // `cache` (optional, may be null) is the SSD cache tier (cache/block_cache.h).
-  Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts, cache::BlockCache* cache = nullptr);
+  Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts,
+             std::shared_ptr<cache::BlockCache> cache = nullptr);
+
+  // The SSD cache in use, or null. Each operation works on the cache it
+  // found when it began, so DetachCache() never pulls it from under one.
+  std::shared_ptr<cache::BlockCache> cache() const { return cache_.load(); }
+  // Stops using the SSD cache (online detach). Returns once the operations
+  // still holding it have finished (at most a few seconds) and it has been
+  // closed; false if there was none.
+  bool DetachCache();
 
   const FsOptions& options() const { return opts_; }
   InodeTable& inodes() { return inodes_; }
@@ -186,7 +195,7 @@ class Filesystem {
 
   nfs::Nfs3& nfs_;
   const FsOptions opts_;
-  cache::BlockCache* const cache_;
+  std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
   InodeTable inodes_;
   std::atomic<uint64_t> seq_{0};
   std::shared_ptr<spdlog::logger> log_;

@@ -194,3 +194,37 @@ def test_bad_cache_settings_refuse_to_mount_unless_optional(bed, mount_factory, 
     r = subprocess.run([CTL, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
     assert "cache" not in json.loads(r.stdout)
     held.unmount()
+
+
+def test_online_drop_flush_detach(mount_factory, cache_dir, tmp_path):
+    m = mount_factory(f"cache_dir={cache_dir},cache_size=16M")
+    f = m.path / "online"
+    data = make_file(f, 2, seed=10)
+    for o in range(0, 2 << 20, CHUNK):
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    assert cache_stats(m)["slots_used"] > 0
+
+    def ctl(*args, user=None):
+        pre = ["setpriv", "--reuid", str(user), "--regid", str(user), "--clear-groups"] if user else []
+        return subprocess.run(pre + [CTL, *args, str(m.path)], capture_output=True, text=True,
+                              timeout=30)
+
+    r = ctl("cache", "drop", user=20001)  # statistics are for everyone, changes for root
+    assert r.returncode == 1 and "only root" in r.stderr, r.stderr
+    assert ctl("stats", user=20001).returncode == 0
+    r = ctl("cache", "drop")
+    assert r.returncode == 0 and "dropped" in r.stdout, r.stderr
+    assert cache_stats(m)["slots_used"] == 0
+    r = ctl("cache", "flush")
+    assert r.returncode == 0 and "nothing to flush" in r.stdout
+    assert direct_read(f, 0, CHUNK) == data[:CHUNK]
+    r = ctl("cache", "detach")
+    assert r.returncode == 0 and "detached" in r.stdout, r.stderr
+    r = ctl("stats")
+    assert "cache" not in json.loads(r.stdout)
+    for o in range(0, 2 << 20, CHUNK):
+        assert direct_read(f, o, CHUNK) == data[o:o + CHUNK]
+    assert ctl("cache", "drop").returncode == 1  # no cache any more
+    # The directory is free again: another mount can take it.
+    m2 = mount_factory(f"cache_dir={cache_dir},cache_size=16M")
+    assert cache_stats(m2)["state"] == "healthy"
