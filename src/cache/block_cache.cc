@@ -298,7 +298,7 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
   if (persist) Persist(s);
 }
 
-void BlockCache::DropLocked(const std::string& fh, FileState& f) {
+void BlockCache::DropLocked(FileState& f) {
   std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
   for (uint32_t s : held) {
     FreeSlot(s, /*persist=*/true);
@@ -308,7 +308,6 @@ void BlockCache::DropLocked(const std::string& fh, FileState& f) {
     stats_.files_dropped++;
     Log("cache")->debug("dropped {} cached blocks of a file changed elsewhere", held.size());
   }
-  (void)fh;
 }
 
 void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
@@ -321,7 +320,7 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
     // Our own writes are accounted for when they settle (WriteDone), so a
     // new version seen with none in flight is another client's doing. (An
     // older ctime is a reply that left the server before our last write.)
-    DropLocked(fh, f);
+    DropLocked(f);
     f.validated = v;
   }
   if (!f.verified) {
@@ -341,7 +340,7 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
 void BlockCache::Drop(const std::string& fh) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
-  DropLocked(fh, f);
+  DropLocked(f);
   f.have = false;  // the next Observe sets the version
   f.pruned_upto = ++f.write_counter;
 }
@@ -612,14 +611,14 @@ void BlockCache::WriteDone(const std::string& fh, uint64_t token, uint64_t off, 
       if (!f.newest_after || after->ctime_ns >= f.newest_after->ctime_ns) f.newest_after = after;
     }
   }
-  if (f.writes_inflight == 0) Settle(fh, f);
+  if (f.writes_inflight == 0) Settle(f);
 }
 
-void BlockCache::Settle(const std::string& fh, FileState& f) {
+void BlockCache::Settle(FileState& f) {
   if ((!f.pending_pre.empty() && f.burst_concurrency <= 1) || f.unexplained) {
     // Another client changed the file between our writes (or the server
     // gave no WCC data to tell): nothing cached of it can be trusted.
-    DropLocked(fh, f);
+    DropLocked(f);
     f.have = false;
   } else if (f.newest_after) {
     f.validated = *f.newest_after;

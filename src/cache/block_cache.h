@@ -201,13 +201,13 @@ class BlockCache {
 
   FileState& State(const std::string& fh) REQUIRES(mu_);
   void FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
-  void DropLocked(const std::string& fh, FileState& f) REQUIRES(mu_);
+  void DropLocked(FileState& f) REQUIRES(mu_);
   void Persist(uint32_t s) REQUIRES(mu_);
   // Queues stores of the whole pages of [off, off+len) whose block passes `allowed`.
   template <class Allowed>
   void StoreLocked(const std::string& fh, FileState& f, uint64_t off, const char* data, size_t len,
                    Allowed allowed, bool count_write_hits) REQUIRES(mu_);
-  void Settle(const std::string& fh, FileState& f) REQUIRES(mu_);
+  void Settle(FileState& f) REQUIRES(mu_);
   void DeviceError(const char* what, int err) REQUIRES(mu_);
   void WriterMain();
   bool Probe();

@@ -54,7 +54,6 @@ class Connection : public TransportSink {
     const auto at = Clock::time_point(Clock::duration(rate_at_.load(std::memory_order_relaxed)));
     return now - at <= fresh ? rate_.load(std::memory_order_relaxed) : 0;
   }
-  uint64_t rate() const { return rate_.load(std::memory_order_relaxed); }
   Clock::time_point last_heard() const {
     return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
   }
