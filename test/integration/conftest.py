@@ -142,6 +142,19 @@ def start_mount(mountpoint, opts="", source=None, foreground=True, extra=()):
     return proc, log
 
 
+def run_mount(tmp_path, source, opts, timeout=60):
+    """A daemonising mount expected to fail; unmounted if it did not.
+    Returns the completed process and how long it took."""
+    mp = tmp_path / "m"
+    mp.mkdir(exist_ok=True)
+    t0 = time.time()
+    r = subprocess.run([BIN, source, str(mp), "-o", opts], capture_output=True, text=True,
+                       timeout=timeout)
+    if is_mounted(mp):
+        subprocess.run(["fusermount3", "-u", str(mp)])
+    return r, time.time() - t0
+
+
 MNT_ROOT = pathlib.Path("/tmp/mpnfs-it-mnt")  # traversable by the test's non-root users
 
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, EXPORT, SERVER, start_mount
+from conftest import BIN, EXPORT, SERVER, run_mount
 
 CTL = os.path.join(os.path.dirname(BIN), "mpnfsctl")
 CHUNK = 64 << 10
@@ -173,12 +173,8 @@ def test_a_small_cache_filesystem_lowers_the_size(mount_factory, tmp_path):
 
 
 def test_bad_cache_settings_refuse_to_mount_unless_optional(bed, mount_factory, tmp_path, cache_dir):
-    mp = tmp_path / "m"
-    mp.mkdir()
-
     def try_mount(opts):
-        return subprocess.run([BIN, f"{SERVER}:{EXPORT}", str(mp), "-o", f"mountport=20048,{opts}"],
-                              capture_output=True, text=True, timeout=30)
+        return run_mount(tmp_path, f"{SERVER}:{EXPORT}", f"mountport=20048,{opts}")[0]
 
     r = try_mount(f"cache_dir={tmp_path}/missing")
     assert r.returncode == 32 and "not a directory" in r.stderr, r.stderr

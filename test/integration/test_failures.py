@@ -7,18 +7,7 @@ import time
 
 import pytest
 
-from conftest import BIN, EXPORT, SERVER, cpu_seconds, is_mounted, start_writer
-
-
-def run_mount(tmp_path, source, opts, timeout=60):
-    mp = tmp_path / "m"
-    mp.mkdir(exist_ok=True)
-    t0 = time.time()
-    r = subprocess.run([BIN, source, str(mp), "-o", opts], capture_output=True, text=True,
-                       timeout=timeout)
-    if is_mounted(mp):
-        subprocess.run(["fusermount3", "-u", str(mp)])
-    return r, time.time() - t0
+from conftest import BIN, EXPORT, SERVER, cpu_seconds, is_mounted, run_mount, start_writer
 
 
 def test_bad_option_is_refused_with_its_name(tmp_path):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import (ALL_PATHS, BIN, EXPORT, SERVER, SERVER2, SERVER3, SERVER4,
+from conftest import (ALL_PATHS, BIN, EXPORT, SERVER, SERVER2, SERVER3, SERVER4, run_mount,
                       start_writer)
 
 CTL = os.path.join(os.path.dirname(BIN), "mpnfsctl")
@@ -251,11 +251,8 @@ def test_local_address_binds_source_and_interface(mount_factory):
 
 
 def test_bad_local_refuses_to_mount(bed, tmp_path):
-    mp = tmp_path / "m"
-    mp.mkdir()
     for local, msg in (("nosuch0", "no such interface"), ("10.99.0.1", "not assigned")):
-        r = subprocess.run([BIN, f"{SERVER}:{EXPORT}", str(mp), "-o", f"mountport=20048,local={local}"],
-                           capture_output=True, text=True, timeout=30)
+        r, _ = run_mount(tmp_path, f"{SERVER}:{EXPORT}", f"mountport=20048,local={local}")
         assert r.returncode == 32
         assert msg in r.stderr, r.stderr
 
@@ -277,10 +274,7 @@ def test_mpnfstab_entry_supplies_paths_locals_and_options(bed, mount_factory, tm
 def test_malformed_mpnfstab_refuses_to_mount(bed, tmp_path):
     tab = tmp_path / "bad"
     tab.write_text("server: filer\npath 10.0.0.1\n")
-    mp = tmp_path / "m"
-    mp.mkdir()
-    r = subprocess.run([BIN, f"filer:{EXPORT}", str(mp), "-o", f"tab={tab}"],
-                       capture_output=True, text=True, timeout=30)
+    r, _ = run_mount(tmp_path, f"filer:{EXPORT}", f"tab={tab}")
     assert r.returncode == 1
     assert f"{tab}:2" in r.stderr
 

@@ -1,6 +1,5 @@
 """Per-user permissions on an allow_other mount: each request carries its
 caller's uid, gid and supplementary groups; the server decides."""
-import errno
 import os
 import stat
 import subprocess

@@ -1,7 +1,6 @@
 """Real programs with real access patterns: git (many small files, renames,
 fsync, readdir while another thread closes the directory) and SQLite
 (journal, fsync, locks local to the mount)."""
-import os
 import sqlite3
 import subprocess
 
