@@ -305,10 +305,35 @@ void Filesystem::Symlink(const Cred& c, const std::string& target, uint64_t pare
 void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
   auto dir = inodes_.Get(parent);
   if (!dir) return cb(Stale());
-  nfs_.Remove(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
-    if (!r) return cb(r.error());
-    cb(Ok{});
-  });
+  auto remove = [this, dir, name, c, cb](Result<Ok> skip) mutable {
+    if (!skip) return cb(skip.error());  // (Ok: go on and remove)
+    nfs_.Remove(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
+      if (!r) return cb(r.error());
+      cb(Ok{});
+    });
+  };
+  if (open_files_.load() == 0) return remove(Ok{});
+  // A file still open here must stay readable: as the kernel NFS client
+  // does, rename it to a hidden name and remove that at its last close.
+  nfs_.Lookup(dir->fh(), name, c,
+              [this, dir, name, c, cb, remove](Result<nfs::LookupReply> r) mutable {
+                auto inode = r ? inodes_.Find(r->fh) : nullptr;
+                if (!inode) return remove(Ok{});
+                {
+                  std::lock_guard lock(inode->mu);
+                  if (inode->opens == 0 || inode->silly) return remove(Ok{});
+                }
+                const std::string hidden = fmt::format(".mpnfs{:x}-{:x}", inode->ino(), NextSeq());
+                nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
+                            [inode, dir, hidden, cb](Result<nfs::RenameReply> rr) {
+                              if (!rr) return cb(rr.error());
+                              {
+                                std::lock_guard lock(inode->mu);
+                                inode->silly = Inode::Silly{dir->fh(), hidden};
+                              }
+                              cb(Ok{});
+                            });
+              });
 }
 
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
@@ -431,7 +456,7 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                     out.keep_cache = !opts_.cto;
                   }
                 }
-                out.file = new OpenFile{inode, flags, c};
+                out.file = NewOpenFile(inode, flags, c);
                 cb(out);
               });
 }
@@ -455,7 +480,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     OpenOut o;
     o.direct_io = direct;
     o.keep_cache = false;
-    o.file = new OpenFile{inode, flags, c};
+    o.file = NewOpenFile(inode, flags, c);
     cb(std::make_pair(*r, o));
   };
   nfs::SetAttr sa;
@@ -799,20 +824,44 @@ void Filesystem::Flush(const Cred& c, OpenFile* f, Cb<Ok> cb) {
   });
 }
 
+OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c) {
+  {
+    std::lock_guard lock(inode->mu);
+    inode->opens++;
+  }
+  open_files_++;
+  return new OpenFile{inode, flags, c};
+}
+
 void Filesystem::Release(OpenFile* f) {
   bool pending;
+  std::optional<Inode::Silly> silly;
   {
     std::lock_guard lock(f->inode->mu);
     pending = !f->inode->uncommitted.empty();
+    if (--f->inode->opens == 0) silly.swap(f->inode->silly);
   }
+  open_files_--;
+  auto inode = f->inode;
+  const Cred opener = f->opener;
+  delete f;
+  // The last close of a file removed while open: remove its hidden name,
+  // after the data is committed (the handle dies with the last name).
+  auto remove_hidden = [this, silly, opener]() {
+    if (!silly) return;
+    nfs_.Remove(silly->dir, silly->name, opener, [this, silly](Result<nfs::Wcc> r) {
+      if (!r) log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
+    });
+  };
   if (pending) {
     // nocto: nobody waited for these; commit them now rather than at unmount.
-    auto inode = f->inode;
-    Commit(inode, f->opener, [this](Result<Ok> r) {
+    Commit(inode, opener, [this, remove_hidden](Result<Ok> r) {
       if (!r) log_->warn("COMMIT after close failed: {}", r.error().what);
+      remove_hidden();
     });
+  } else {
+    remove_hidden();
   }
-  delete f;
 }
 
 void Filesystem::Opendir(const Cred& /*c*/, uint64_t ino, Cb<DirHandle*> cb) {

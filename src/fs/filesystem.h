@@ -187,6 +187,8 @@ class Filesystem {
   // Runs `fn` once no write-behind of this inode is pending (now, or from
   // the completion of the last one).
   void WhenDrained(const InodeP& inode, std::function<void()> fn);
+  // A new open file of `inode` (counted: see Unlink).
+  OpenFile* NewOpenFile(const InodeP& inode, int flags, const Cred& c);
   std::optional<Error> TakeWriteError(const InodeP& inode);
   void Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb);
   void MaybeBackgroundCommit(const InodeP& inode, const Cred& c);
@@ -198,6 +200,7 @@ class Filesystem {
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
   InodeTable inodes_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> open_files_{0};  // in this mount; 0: unlink needs no check
   std::shared_ptr<spdlog::logger> log_;
 };
 

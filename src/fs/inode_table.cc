@@ -9,6 +9,14 @@ InodeTable::InodeTable(nfs::Fh root_fh) {
   by_ino_.emplace(kRootIno, std::move(root));
 }
 
+std::shared_ptr<Inode> InodeTable::Find(const nfs::Fh& fh) const {
+  std::lock_guard lock(mu_);
+  auto it = by_fh_.find(fh);
+  if (it == by_fh_.end()) return nullptr;
+  auto in = by_ino_.find(it->second);
+  return in == by_ino_.end() ? nullptr : in->second;
+}
+
 std::shared_ptr<Inode> InodeTable::Intern(const nfs::Fh& fh) {
   std::lock_guard lock(mu_);
   auto it = by_fh_.find(fh);

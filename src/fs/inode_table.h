@@ -71,6 +71,15 @@ class Inode {
   // for: their callers have no answer yet, so nobody may rely on them.
   std::vector<std::function<void()>> drain_waiters GUARDED_BY(mu);
   bool WriteBehindPending() const REQUIRES(mu) { return behind_bytes > 0 || !parked.empty(); }
+  // Open files of this mount, and the hidden name a removal while open left
+  // the file under (as the kernel client's "silly rename"): the directory and
+  // the name to REMOVE at the last close.
+  int opens GUARDED_BY(mu) = 0;
+  struct Silly {
+    nfs::Fh dir;
+    std::string name;
+  };
+  std::optional<Silly> silly GUARDED_BY(mu);
 
  private:
   friend class InodeTable;
@@ -89,6 +98,8 @@ class InodeTable {
   std::shared_ptr<Inode> Intern(const nfs::Fh& fh);
   // nullptr when `ino` is unknown (forgotten or never issued).
   std::shared_ptr<Inode> Get(uint64_t ino) const;
+  // The inode for `fh` if this mount knows it (no lookup count taken); else null.
+  std::shared_ptr<Inode> Find(const nfs::Fh& fh) const;
   // Drops `n` lookups; removes the inode at zero (never the root).
   void Forget(uint64_t ino, uint64_t n);
 

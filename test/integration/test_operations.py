@@ -1,10 +1,10 @@
 """Every NFSv3-backed operation through a real mount, checked against the
 server's own view of the export where that matters."""
 import errno
-import hashlib
 import os
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -148,6 +148,12 @@ def test_unlink_open_file_keeps_data_readable(d):
     with open(f, "rb") as h:
         os.unlink(f)
         assert not f.exists()
+        assert h.read() == b"abc"
+        assert [n for n in os.listdir(d) if n.startswith(".mpnfs")]  # hidden while open
+    deadline = time.time() + 10  # RELEASE (and the removal) follows close asynchronously
+    while [n for n in os.listdir(d) if n.startswith(".mpnfs")]:
+        assert time.time() < deadline, os.listdir(d)
+        time.sleep(0.05)
 
 
 def test_statfs_and_df(mnt):
