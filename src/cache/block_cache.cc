@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "common/log.h"
@@ -54,6 +55,7 @@ const char* ModeName(CacheMode m) {
   switch (m) {
     case CacheMode::kReadOnly: return "readonly";
     case CacheMode::kWriteThrough: return "writethrough";
+    case CacheMode::kWriteBack: return "writeback";
     default: return "off";
   }
 }
@@ -160,14 +162,35 @@ Result<bool> BlockCache::Init() {
     out << meta.str();
     if (!out.flush()) return Error::Errno(EIO, "cannot write " + dir + "/meta");
   }
+  {
+    std::ifstream in(dir + "/id");
+    std::getline(in, id_);
+  }
+  if (id_.size() != 32) {
+    std::random_device rd;
+    id_ = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+    std::ofstream out(dir + "/id", std::ios::trunc);
+    out << id_ << "\n";
+    if (!out.flush()) return Error::Errno(EIO, "cannot write " + dir + "/id");
+  }
 
   slots_.resize(nslots_);
   policy_ = std::make_unique<TwoQueue>(nslots_, opts_.admit_second);
   stats_.mode = ModeName(opts_.mode);
   if (reuse) LoadIndex();
+  if (dirty_slots_ > 0 && opts_.mode != CacheMode::kWriteBack) {
+    uint64_t pages_dirty = 0;
+    for (uint32_t s : dirty_set_) {
+      for (auto w : slots_[s].dirty) pages_dirty += static_cast<uint64_t>(__builtin_popcountll(w));
+    }
+    return Error::Errno(EBUSY, fmt::format("cache_dir {} holds {} KiB of write-back data not yet on "
+                                           "the server; mount it with cache_mode=writeback to flush it",
+                                           dir, pages_dirty * (kPage / 1024)));
+  }
   writer_ = std::thread([this] { WriterMain(); });
-  Log("cache")->info("cache {} in {}: {} MiB in {} KiB blocks, {} blocks kept from before", stats_.mode,
-                     dir, capacity_bytes() >> 20, opts_.block >> 10, policy_->in_use());
+  Log("cache")->info("cache {} in {}: {} MiB in {} KiB blocks, {} blocks kept from before ({} dirty)",
+                     stats_.mode, dir, capacity_bytes() >> 20, opts_.block >> 10, policy_->in_use(),
+                     dirty_slots_);
   return true;
 }
 
@@ -175,6 +198,7 @@ void BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer s
   const uint32_t ppb = pages();
   const size_t chunk_slots = 1024;
   std::unordered_map<uint32_t, uint64_t> loaded_seq;
+  std::vector<uint32_t> superseded;
   std::string buf;
   for (uint32_t first = 0; first < nslots_; first += chunk_slots) {
     const uint32_t n = std::min<uint32_t>(chunk_slots, nslots_ - first);
@@ -196,22 +220,39 @@ void BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer s
         // The same block twice (a crash between storing it anew and freeing
         // the old slot): keep the newer.
         const uint32_t other = it->second;
-        if (loaded_seq[other] > best->seq) continue;
+        if (loaded_seq[other] > best->seq) {
+          superseded.push_back(first + i);
+          continue;
+        }
         FreeSlot(other, false);
         policy_->Release(other);
+        superseded.push_back(other);
       }
       loaded_seq[s] = best->seq;
       Slot& slot = slots_[s];
       slot.fh = best->fh;
       slot.block = best->block;
       slot.valid = best->valid;
+      slot.dirty = best->dirty;
+      slot.fsize = best->fsize;
+      slot.uid = best->uid;
+      slot.gid = best->gid;
       slot.crc = std::move(best->crc);
       slot.version = best->version;
+      slot.dirty_since = std::chrono::steady_clock::now();
       index_[key] = s;
-      files_[slot.fh].slots.insert(s);
+      FileState& f = files_[slot.fh];
+      f.slots.insert(s);
       policy_->Adopt(s, key, /*hot=*/false);
+      if (AnyBit(slot.dirty)) f.wb_size = std::max(f.wb_size, slot.fsize);
+      SetDirtyPin(s);
       for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(slot.valid, p) ? 1 : 0;
     }
+  }
+  // The older copy of a block stored twice must not come back once the
+  // newer one is gone: free it on disk too.
+  for (uint32_t s : superseded) {
+    if (slots_[s].fh.empty()) Persist(s);
   }
 }
 
@@ -271,7 +312,11 @@ void BlockCache::Persist(uint32_t s) {
   r.fh = slot.fh;
   r.block = slot.block;
   r.valid = slot.valid;
+  r.dirty = slot.dirty;
   r.version = slot.version;
+  r.fsize = slot.fsize;
+  r.uid = slot.uid;
+  r.gid = slot.gid;
   r.crc = slot.crc;
   const std::string bytes = EncodeRecord(r, pages());
   const off_t at = (off_t{s} * 2 + static_cast<off_t>(r.seq % 2)) * record_bytes_;
@@ -283,14 +328,34 @@ void BlockCache::Persist(uint32_t s) {
   }
 }
 
+void BlockCache::SetDirtyPin(uint32_t s) {
+  Slot& slot = slots_[s];
+  const bool dirty = AnyBit(slot.dirty);
+  if (dirty == slot.dirty_pin) return;
+  slot.dirty_pin = dirty;
+  if (dirty) {
+    policy_->Pin(s);
+    dirty_slots_++;
+    dirty_set_.insert(s);
+  } else {
+    policy_->Unpin(s);
+    dirty_slots_--;
+    dirty_set_.erase(s);
+  }
+}
+
 void BlockCache::FreeSlot(uint32_t s, bool persist) {
   Slot& slot = slots_[s];
   if (slot.fh.empty()) return;
-  index_.erase(Key(slot.fh, slot.block));
+  if (auto it = index_.find(Key(slot.fh, slot.block)); it != index_.end() && it->second == s) {
+    index_.erase(it);
+  }
   if (auto it = files_.find(slot.fh); it != files_.end()) it->second.slots.erase(s);
   for (uint32_t p = 0; p < pages(); ++p) used_pages_ -= TestBit(slot.valid, p) ? 1 : 0;
   slot.fh.clear();
   slot.valid = {};
+  slot.dirty = {};
+  SetDirtyPin(s);
   slot.filling = {};
   slot.crc.assign(pages(), 0);
   slot.gen++;
@@ -301,6 +366,7 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
 void BlockCache::DropLocked(FileState& f) {
   std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
   for (uint32_t s : held) {
+    if (KeepDirtyOnly(s)) continue;
     FreeSlot(s, /*persist=*/true);
     policy_->Release(s);
   }
@@ -308,6 +374,22 @@ void BlockCache::DropLocked(FileState& f) {
     stats_.files_dropped++;
     Log("cache")->debug("dropped {} cached blocks of a file changed elsewhere", held.size());
   }
+}
+
+bool BlockCache::KeepDirtyOnly(uint32_t s) {
+  Slot& slot = slots_[s];
+  if (!slot.dirty_pin) return false;
+  // Unflushed writes are never thrown away by coherence checks (write-back
+  // assumes a single writer); the clean pages around them are.
+  for (uint32_t p = 0; p < pages(); ++p) {
+    if (TestBit(slot.valid, p) && !TestBit(slot.dirty, p)) {
+      ClearBit(slot.valid, p);
+      used_pages_--;
+    }
+  }
+  slot.inval++;
+  Persist(s);
+  return true;
 }
 
 void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
@@ -331,6 +413,7 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
       if (slots_[s].version != f.validated) stale.push_back(s);
     }
     for (uint32_t s : stale) {
+      if (KeepDirtyOnly(s)) continue;
       FreeSlot(s, true);
       policy_->Release(s);
     }
@@ -340,9 +423,18 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
 void BlockCache::Drop(const std::string& fh) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
-  DropLocked(f);
+  // A truncate: the caller flushed the file first; what is dirty now is
+  // cut off by it.
+  std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
+  for (uint32_t s : held) {
+    FreeSlot(s, /*persist=*/true);
+    policy_->Release(s);
+  }
+  if (!held.empty()) stats_.files_dropped++;
   f.have = false;  // the next Observe sets the version
+  f.wb_size = 0;
   f.pruned_upto = ++f.write_counter;
+  f.writes.clear();
 }
 
 uint64_t BlockCache::DropAll() {
@@ -350,6 +442,7 @@ uint64_t BlockCache::DropAll() {
   uint64_t n = 0;
   for (uint32_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s].fh.empty()) continue;
+    if (KeepDirtyOnly(s)) continue;
     FreeSlot(s, /*persist=*/true);
     policy_->Release(s);
     ++n;
@@ -400,6 +493,15 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     if (len == 0 || health_ == Health::kOut) return miss();
     auto fit = files_.find(fh);
     if (fit == files_.end() || !fit->second.have || !fit->second.verified) return miss();
+    if (opts_.mode == CacheMode::kWriteBack) {
+      // Pages past the end of the file hold zeros that must not show.
+      const uint64_t size = LogicalSize(fit->second);
+      if (off >= size) {
+        stats_.read_hits++;
+        return std::string();
+      }
+      len = static_cast<size_t>(std::min<uint64_t>(len, size - off));
+    }
     for (uint64_t b = off / block; b * block < off + len; ++b) {
       auto it = index_.find(Key(fh, b));
       if (it == index_.end()) return miss();
@@ -521,25 +623,44 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
     const uint32_t p0 = static_cast<uint32_t>((lo - b * block) / kPage);
     const uint32_t np = static_cast<uint32_t>((hi - lo) / kPage);
     for (uint32_t p = p0; p < p0 + np; ++p) SetBit(slot.filling, p);
-    jobs_.push_back(Job{s, slot.gen, slot.inval, p0, std::string(data + (lo - off), hi - lo)});
+    jobs_.push_back(Job{s, slot.gen, slot.inval, p0, std::string(data + (lo - off), hi - lo), nullptr, nullptr});
     queued = true;
   }
   if (queued) cv_.notify_one();
 }
 
+bool BlockCache::Changed(const FileState& f, uint64_t block, uint64_t token) {
+  auto it = f.writes.find(block);
+  if (it == f.writes.end()) return f.pruned_upto > token;
+  return it->second.inflight != 0 || it->second.last_begin > token;
+}
+
+bool BlockCache::PageChanged(const FileState& f, uint64_t block, uint32_t page, uint64_t token) {
+  auto it = f.writes.find(block);
+  if (it == f.writes.end()) return f.pruned_upto > token;
+  const BlockWrites& w = it->second;
+  if (w.inflight == 0 && w.last_begin <= token) return false;
+  return w.all_pages || TestBit(w.pages, page);
+}
+
+void BlockCache::NoteChange(FileState& f, uint64_t block, uint32_t p0, uint32_t np) {
+  if (f.writes.size() > 4096 && f.writes_inflight == 0) {
+    f.writes.clear();
+    f.pruned_upto = f.write_counter;
+  }
+  BlockWrites& w = f.writes[block];
+  w.last_begin = ++f.write_counter;
+  for (uint32_t p = p0; p < p0 + np; ++p) SetBit(w.pages, p);
+}
+
 void BlockCache::Fill(const std::string& fh, uint64_t token, uint64_t off, const char* data, size_t len) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
-  StoreLocked(fh, f, off, data, len,
-              [&f, token](uint64_t b) {
-                auto it = f.writes.find(b);
-                if (it == f.writes.end()) return f.pruned_upto <= token;
-                return it->second.inflight == 0 && it->second.last_begin <= token;
-              },
+  StoreLocked(fh, f, off, data, len, [&f, token](uint64_t b) { return !Changed(f, b, token); },
               false);
 }
 
-uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len) {
+uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len, bool invalidate) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
   stats_.writes++;
@@ -551,13 +672,19 @@ uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len)
     BlockWrites& w = f.writes[b];
     w.last_begin = token;
     w.inflight++;
-    auto it = index_.find(Key(fh, b));
-    if (it == index_.end()) continue;
-    Slot& slot = slots_[it->second];
     const uint64_t lo = std::max(off, b * block) - b * block;
     const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
+    if (invalidate) {
+      w.all_pages = true;
+    } else {
+      for (uint64_t p = lo / kPage; p <= (hi - 1) / kPage; ++p) SetBit(w.pages, static_cast<uint32_t>(p));
+    }
+    auto it = index_.find(Key(fh, b));
+    if (it == index_.end() || !invalidate) continue;
+    Slot& slot = slots_[it->second];
     bool changed = false;
     for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
+      if (TestBit(slot.dirty, p)) continue;  // unflushed: newer than any write sent around it
       if (TestBit(slot.valid, p)) {
         ClearBit(slot.valid, p);
         used_pages_--;
@@ -685,36 +812,652 @@ void BlockCache::WriterMain() {
       continue;
     }
     writing_ = true;
-    Job job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    const off_t at = static_cast<off_t>(uint64_t{job.slot} * opts_.block + uint64_t{job.first_page} * kPage);
-    const bool wrote = PwriteAll(data_fd_, job.data.data(), job.data.size(), at);
-    const int err = errno;
-    const uint32_t np = static_cast<uint32_t>(job.data.size() / kPage);
-    std::vector<uint32_t> crcs(np);
-    for (uint32_t k = 0; k < np; ++k) crcs[k] = Crc(job.data.data() + size_t{k} * kPage, kPage);
-    lock.lock();
-    Slot& slot = slots_[job.slot];
-    const bool current = slot.gen == job.gen && slot.inval == job.inval;
-    for (uint32_t k = 0; k < np && slot.gen == job.gen; ++k) ClearBit(slot.filling, job.first_page + k);
-    if (!wrote) {
-      DeviceError("writing the cache", err);
+    if (jobs_.front().wb) {
+      // Write-back writes are committed in batches: one sync of the data
+      // file and one of the index for all of them.
+      std::vector<Job> batch;
+      while (!jobs_.empty() && jobs_.front().wb && batch.size() < 64) {
+        batch.push_back(std::move(jobs_.front()));
+        jobs_.pop_front();
+      }
+      WriterWb(batch, lock);
       continue;
     }
-    if (!current) continue;  // given to another block, or invalidated meanwhile
-    for (uint32_t k = 0; k < np; ++k) {
-      const uint32_t p = job.first_page + k;
-      if (!TestBit(slot.valid, p)) used_pages_++;
-      SetBit(slot.valid, p);
-      slot.crc[p] = crcs[k];
-    }
-    if (auto it = files_.find(slot.fh); it != files_.end() && it->second.have) {
-      slot.version = it->second.validated;
-    }
-    stats_.pages_filled += np;
-    Persist(job.slot);
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    WriteFill(job, lock);
   }
+}
+
+void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
+  Slot& slot = slots_[job.slot];
+  const uint32_t np = static_cast<uint32_t>(job.data.size() / kPage);
+  auto current = [&] { return slot.gen == job.gen && slot.inval == job.inval; };
+  auto clear_filling = [&] {
+    for (uint32_t k = 0; k < np && slot.gen == job.gen; ++k) ClearBit(slot.filling, job.first_page + k);
+  };
+  // Checked before writing too: the slot may hold another block by now,
+  // and pages valid already are as new as this data or newer (dirty ones
+  // certainly), so only invalid pages are written.
+  if (!current()) return clear_filling();
+  PageBits todo{};
+  for (uint32_t k = 0; k < np; ++k) {
+    if (!TestBit(slot.valid, job.first_page + k)) SetBit(todo, job.first_page + k);
+  }
+  lock.unlock();
+  std::vector<uint32_t> crcs(np);
+  bool wrote = true;
+  int err = 0;
+  for (uint32_t k = 0; k < np && wrote;) {
+    if (!TestBit(todo, job.first_page + k)) {
+      ++k;
+      continue;
+    }
+    uint32_t e = k;
+    while (e < np && TestBit(todo, job.first_page + e)) {
+      crcs[e] = Crc(job.data.data() + size_t{e} * kPage, kPage);
+      ++e;
+    }
+    const off_t at = static_cast<off_t>(uint64_t{job.slot} * opts_.block +
+                                        uint64_t{job.first_page + k} * kPage);
+    wrote = PwriteAll(data_fd_, job.data.data() + size_t{k} * kPage, size_t{e - k} * kPage, at);
+    err = errno;
+    k = e;
+  }
+  lock.lock();
+  clear_filling();
+  if (!wrote) return DeviceError("writing the cache", err);
+  if (!current()) return;  // given to another block, or invalidated meanwhile
+  uint32_t filled = 0;
+  for (uint32_t k = 0; k < np; ++k) {
+    const uint32_t p = job.first_page + k;
+    if (!TestBit(todo, p) || TestBit(slot.valid, p)) continue;
+    used_pages_++;
+    SetBit(slot.valid, p);
+    slot.crc[p] = crcs[k];
+    ++filled;
+  }
+  if (filled == 0) return;
+  if (auto it = files_.find(slot.fh); it != files_.end() && it->second.have) {
+    slot.version = it->second.validated;
+  }
+  stats_.pages_filled += filled;
+  Persist(job.slot);
+}
+
+// ---------------------------------------------------------------- write-back
+
+void BlockCache::WriteBack(WbWrite w, std::function<void(WbOutcome)> done) {
+  {
+    std::lock_guard lock(mu_);
+    if (opts_.mode == CacheMode::kWriteBack && health_ == Health::kHealthy && w.len > 0 && !stop_) {
+      Job job{};
+      job.wb = std::make_shared<WbWrite>(std::move(w));
+      job.done = std::move(done);
+      jobs_.push_back(std::move(job));
+      cv_.notify_one();
+      return;
+    }
+    stats_.wb_arounds++;
+  }
+  done(WbOutcome{WbOutcome::kUnavailable, {}});
+}
+
+bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
+                           std::unique_lock<std::mutex>& lock) {
+  const uint64_t block = opts_.block;
+  const uint64_t end = w.off + w.len;
+  FileState& f = State(w.fh);
+  // Step 1 (locked): where each block's pages go, and which pages of the
+  // block's current slot must be carried over or merged.
+  struct Plan {
+    PageBits read{};   // pages of `from` to read
+    std::vector<uint32_t> crc;  // their CRCs now
+  };
+  std::vector<Plan> plans;
+  for (uint64_t b = w.off / block; b * block < end; ++b) {
+    WbPart part;
+    part.block = b;
+    const uint64_t lo = std::max(w.off, b * block) - b * block;
+    const uint64_t hi = std::min(end, (b + 1) * block) - b * block;
+    part.p0 = static_cast<uint32_t>(lo / kPage);
+    part.np = static_cast<uint32_t>((hi - 1) / kPage) - part.p0 + 1;
+    if (auto it = index_.find(Key(w.fh, b)); it != index_.end()) part.from = it->second;
+    // Pages covered in part: merged with the cache's copy or the server's.
+    for (uint32_t p : {part.p0, part.p0 + part.np - 1}) {
+      const uint64_t ps = uint64_t{p} * kPage;
+      const bool partial = lo > ps || hi < ps + kPage;
+      if (!partial) continue;
+      const bool cached = part.from != UINT32_MAX && TestBit(slots_[part.from].valid, p);
+      if (!cached && !w.base.count(b * block + ps)) out.need.push_back(b * block + ps);
+    }
+    parts.push_back(part);
+  }
+  if (!out.need.empty()) {
+    std::sort(out.need.begin(), out.need.end());
+    out.need.erase(std::unique(out.need.begin(), out.need.end()), out.need.end());
+    out.kind = WbOutcome::kNeedPages;
+    parts.clear();
+    return false;
+  }
+  for (auto& part : parts) {
+    Plan plan;
+    bool cow = false;
+    if (part.from != UINT32_MAX) {
+      const Slot& from = slots_[part.from];
+      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) cow = cow || TestBit(from.dirty, p);
+    }
+    if (part.from != UINT32_MAX && !cow) {
+      part.to = part.from;
+    } else {
+      bool evicted = false;
+      auto got = policy_->Allocate(Key(w.fh, part.block), &evicted);
+      if (!got) {
+        // Every slot is dirty or busy: this write goes to the server.
+        UndoWb(parts);
+        out.kind = WbOutcome::kUnavailable;
+        stats_.wb_arounds++;
+        return false;
+      }
+      part.to = *got;
+      if (evicted) {
+        stats_.evictions++;
+        FreeSlot(part.to, /*persist=*/false);
+      }
+      Slot& to = slots_[part.to];
+      to.fh = w.fh;
+      to.block = part.block;
+      to.valid = {};
+      to.dirty = {};
+      to.filling = {};
+      to.crc.assign(pages(), 0);
+      to.version = f.validated;
+      to.gen++;
+      policy_->Pin(part.to);
+      part.allocated = true;
+    }
+    if (part.from != UINT32_MAX) {
+      Slot& from = slots_[part.from];
+      part.from_gen = from.gen;
+      policy_->Pin(part.from);
+      part.pinned_from = true;
+      // Read from the current slot: the partial pages it holds, and on a
+      // copy every valid page the write does not cover whole.
+      for (uint32_t p = 0; p < pages(); ++p) {
+        if (!TestBit(from.valid, p)) continue;
+        const bool touched = p >= part.p0 && p < part.p0 + part.np;
+        const bool edge = p == part.p0 || p == part.p0 + part.np - 1;
+        if ((touched && edge) || (cow && !touched)) SetBit(plan.read, p);
+      }
+      plan.crc = from.crc;
+      if (!cow) {
+        // In place: readers of the pages being rewritten go to the server
+        // (they are clean, so it has them) until the new data is in.
+        for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
+          if (TestBit(from.valid, p)) {
+            ClearBit(from.valid, p);
+            used_pages_--;
+          }
+        }
+        from.inval++;
+      }
+    }
+    plans.push_back(std::move(plan));
+  }
+  // Step 2 (unlocked): build the new pages.
+  lock.unlock();
+  bool io_error = false;
+  int err = 0;
+  std::vector<uint64_t> bad;  // partial pages whose cached copy is damaged
+  for (size_t i = 0; i < parts.size() && !io_error; ++i) {
+    WbPart& part = parts[i];
+    const Plan& plan = plans[i];
+    uint32_t lo = part.p0, hi = part.p0 + part.np;  // page span of the image
+    for (uint32_t p = 0; p < pages(); ++p) {
+      if (TestBit(plan.read, p)) {
+        lo = std::min(lo, p);
+        hi = std::max(hi, p + 1);
+      }
+    }
+    part.img0 = lo;
+    part.image.assign(size_t{hi - lo} * kPage, '\0');
+    part.crc.assign(hi - lo, 0);
+    const uint64_t bstart = part.block * opts_.block;
+    for (uint32_t p = lo; p < hi; ++p) {
+      char* page = part.image.data() + size_t{p - lo} * kPage;
+      if (TestBit(plan.read, p)) {
+        const off_t at = static_cast<off_t>(uint64_t{part.from} * opts_.block + uint64_t{p} * kPage);
+        if (!PreadAll(data_fd_, page, kPage, at)) {
+          io_error = true;
+          err = errno;
+          break;
+        }
+        if (Crc(page, kPage) == plan.crc[p]) {
+          SetBit(part.copied, p);
+          continue;
+        }
+        std::memset(page, 0, kPage);
+        const bool edge = p == part.p0 || p == part.p0 + part.np - 1;
+        if (edge && !w.base.count(bstart + uint64_t{p} * kPage)) bad.push_back(bstart + uint64_t{p} * kPage);
+      }
+      if (auto it = w.base.find(bstart + uint64_t{p} * kPage);
+          it != w.base.end() && !TestBit(part.copied, p)) {
+        std::memcpy(page, it->second.data(), std::min<size_t>(it->second.size(), kPage));
+      }
+    }
+    if (io_error) break;
+    // The write's own bytes.
+    const uint64_t img_start = bstart + uint64_t{lo} * kPage;
+    const uint64_t from = std::max(w.off, img_start);
+    const uint64_t to = std::min(w.off + w.len, bstart + opts_.block);
+    std::memcpy(part.image.data() + (from - img_start), w.data + (from - w.off), to - from);
+    for (uint32_t p = lo; p < hi; ++p) part.crc[p - lo] = Crc(part.image.data() + size_t{p - lo} * kPage, kPage);
+  }
+  lock.lock();
+  if (io_error || !bad.empty()) {
+    if (io_error) DeviceError("reading the cache", err);
+    if (!bad.empty()) {
+      stats_.checksum_failures += bad.size();
+      Log("cache")->warn("cached page failed its checksum during a write; merging with the server's");
+    }
+    UndoWb(parts);
+    out.kind = io_error ? WbOutcome::kUnavailable : WbOutcome::kNeedPages;
+    out.need = std::move(bad);
+    return false;
+  }
+  return true;
+}
+
+void BlockCache::UndoWb(std::vector<WbPart>& parts) {
+  for (auto& part : parts) {
+    if (part.allocated) {
+      Slot& to = slots_[part.to];
+      to.fh.clear();
+      to.valid = {};
+      to.dirty = {};
+      to.gen++;
+      to.inval++;
+      Persist(part.to);  // its previous record may still name an evicted block
+      policy_->Unpin(part.to);
+      policy_->Release(part.to);
+    } else if (part.pinned_from && slots_[part.from].gen == part.from_gen) {
+      Persist(part.from);  // in place: the pages cleared for the write stay invalid
+    }
+    if (part.pinned_from) policy_->Unpin(part.from);
+  }
+  parts.clear();
+}
+
+void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock) {
+  struct Item {
+    std::vector<WbPart> parts;
+    WbOutcome out;
+    bool ok = false;
+  };
+  std::vector<Item> items(batch.size());
+  std::vector<uint32_t> retire;  // slots whose blocks moved (freed after the sync)
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const WbWrite& w = *batch[i].wb;
+    Item& it = items[i];
+    if (health_ != Health::kHealthy) {
+      it.out.kind = WbOutcome::kUnavailable;
+      stats_.wb_arounds++;
+      continue;
+    }
+    if (!PrepareWb(w, it.parts, it.out, lock)) continue;
+    // Step 2b (unlocked): write the new pages to their slots.
+    lock.unlock();
+    bool wrote = true;
+    for (const auto& part : it.parts) {
+      const off_t at = static_cast<off_t>(uint64_t{part.to} * opts_.block + uint64_t{part.img0} * kPage);
+      wrote = wrote && PwriteAll(data_fd_, part.image.data(), part.image.size(), at);
+    }
+    const int err = errno;
+    lock.lock();
+    bool raced = false;
+    for (const auto& part : it.parts) {
+      raced = raced || (part.pinned_from && slots_[part.from].gen != part.from_gen);
+    }
+    if (!wrote || raced) {
+      if (!wrote) DeviceError("writing the cache", err);
+      UndoWb(it.parts);
+      it.out.kind = wrote ? WbOutcome::kRetry : WbOutcome::kUnavailable;
+      if (!wrote) stats_.wb_arounds++;
+      continue;
+    }
+    // Step 3 (locked): the new pages become what readers see.
+    FileState& f = State(w.fh);
+    for (auto& part : it.parts) {
+      Slot& to = slots_[part.to];
+      const Slot* from = part.pinned_from ? &slots_[part.from] : nullptr;
+      const bool moved = part.to != part.from;
+      for (uint32_t p = part.img0; p < part.img0 + part.image.size() / kPage; ++p) {
+        const bool touched = p >= part.p0 && p < part.p0 + part.np;
+        if (!touched && !TestBit(part.copied, p)) continue;
+        if (!TestBit(to.valid, p)) used_pages_++;
+        SetBit(to.valid, p);
+        to.crc[p] = part.crc[p - part.img0];
+        if (touched || (from && TestBit(from->dirty, p))) SetBit(to.dirty, p);
+      }
+      if (from && moved) {
+        to.wgen = from->wgen;
+        to.fsize = from->fsize;
+        to.dirty_since = AnyBit(from->dirty) ? from->dirty_since : now;
+        stats_.copies++;
+      } else if (!to.dirty_pin) {
+        to.dirty_since = now;
+      }
+      to.wgen++;
+      to.fsize = std::max({to.fsize, w.off + w.len, LogicalSize(f)});
+      to.uid = w.uid;
+      to.gid = w.gid;
+      to.inval++;
+      if (from) stats_.write_hits++;
+      if (moved) {
+        const std::string key = Key(w.fh, part.block);
+        index_[key] = part.to;
+        f.slots.insert(part.to);
+        if (from) {
+          f.slots.erase(part.from);
+          retire.push_back(part.from);
+        }
+      }
+      SetDirtyPin(part.to);
+      NoteChange(f, part.block, part.p0, part.np);
+    }
+    f.wb_size = std::max(f.wb_size, w.off + w.len);
+    stats_.writes++;
+    it.ok = true;
+  }
+  // Group commit: data, then the records that declare it, then the old
+  // slots of moved blocks, each step synced before the writes are answered.
+  lock.unlock();
+  const bool data_synced = fdatasync(data_fd_) == 0;
+  const int data_err = errno;
+  lock.lock();
+  if (!data_synced) DeviceError("syncing the cache data", data_err);
+  if (data_synced) {
+    for (const auto& it : items) {
+      if (!it.ok) continue;
+      for (const auto& part : it.parts) Persist(part.to);
+    }
+    for (uint32_t s : retire) {
+      Slot& old = slots_[s];
+      if (old.fh.empty()) continue;
+      // Its pages live on in the block's new slot: no counts to move.
+      for (uint32_t p = 0; p < pages(); ++p) used_pages_ -= TestBit(old.valid, p) ? 1 : 0;
+      old.fh.clear();
+      old.valid = {};
+      old.dirty = {};
+      SetDirtyPin(s);
+      old.gen++;
+      old.inval++;
+      Persist(s);
+      policy_->Release(s);
+    }
+  }
+  lock.unlock();
+  const bool index_synced = data_synced && fdatasync(index_fd_) == 0;
+  const int index_err = errno;
+  lock.lock();
+  if (data_synced && !index_synced) DeviceError("syncing the cache index", index_err);
+  for (auto& it : items) {
+    for (auto& part : it.parts) {
+      if (part.allocated) policy_->Unpin(part.to);
+      if (part.pinned_from) policy_->Unpin(part.from);
+    }
+    if (it.ok && !index_synced) {
+      // In memory the pages are there (and will be flushed); the caller is
+      // told they are not durable, and writes them to the server itself.
+      it.out.kind = WbOutcome::kUnavailable;
+      stats_.wb_arounds++;
+    }
+  }
+  lock.unlock();
+  for (size_t i = 0; i < batch.size(); ++i) batch[i].done(std::move(items[i].out));
+  batch.clear();
+  lock.lock();
+}
+
+bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
+  std::lock_guard lock(mu_);
+  if (dirty_slots_ == 0) return false;
+  const uint64_t block = opts_.block;
+  for (uint64_t b = off / block; b * block < off + len; ++b) {
+    auto it = index_.find(Key(fh, b));
+    if (it == index_.end()) continue;
+    const Slot& slot = slots_[it->second];
+    if (!slot.dirty_pin) continue;
+    const uint64_t lo = std::max(off, b * block) - b * block;
+    const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
+    for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
+      if (TestBit(slot.dirty, p)) return true;
+    }
+  }
+  return false;
+}
+
+uint64_t BlockCache::SizeFloor(const std::string& fh) {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(fh);
+  return it == files_.end() ? 0 : it->second.wb_size;
+}
+
+OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_t off, char* buf,
+                                 size_t have, size_t want) {
+  struct Piece {
+    uint32_t slot;
+    uint64_t gen, block;
+    uint32_t page;
+    uint32_t crc;
+  };
+  std::vector<Piece> pieces;
+  size_t len = have;
+  const uint64_t block = opts_.block;
+  {
+    std::lock_guard lock(mu_);
+    auto fit = files_.find(fh);
+    if (fit == files_.end()) return {OverlayResult::kOk, have};
+    FileState& f = fit->second;
+    if (f.wb_size > off + have) len = static_cast<size_t>(std::min<uint64_t>(want, f.wb_size - off));
+    if (len > have) std::memset(buf + have, 0, len - have);
+    for (uint64_t b = off / block; b * block < off + len; ++b) {
+      auto it = index_.find(Key(fh, b));
+      const Slot* slot = it == index_.end() ? nullptr : &slots_[it->second];
+      if (!Changed(f, b, token) && (!slot || !slot->dirty_pin)) continue;
+      const uint64_t lo = std::max(off, b * block) - b * block;
+      const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
+      for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
+        const bool changed = PageChanged(f, b, p, token);
+        const bool valid = slot && TestBit(slot->valid, p);
+        if (valid && (changed || TestBit(slot->dirty, p))) {
+          pieces.push_back(Piece{it->second, slot->gen, b, p, slot->crc[p]});
+          policy_->Pin(it->second);
+        } else if (changed && !valid) {
+          // Written or flushed since the read left, and not held here: the
+          // server's answer may predate that.
+          for (const auto& pc : pieces) policy_->Unpin(pc.slot);
+          return {OverlayResult::kRetry, 0};
+        }
+      }
+    }
+  }
+  if (pieces.empty()) return {OverlayResult::kOk, len};
+  std::string page(kPage, '\0');
+  OverlayResult res{OverlayResult::kOk, len};
+  int err = 0;
+  std::optional<Piece> bad;
+  for (const Piece& pc : pieces) {
+    const off_t at = static_cast<off_t>(uint64_t{pc.slot} * block + uint64_t{pc.page} * kPage);
+    if (!PreadAll(data_fd_, page.data(), kPage, at)) {
+      err = errno;
+      res.kind = OverlayResult::kError;
+      break;
+    }
+    if (Crc(page.data(), kPage) != pc.crc) {
+      bad = pc;
+      res.kind = OverlayResult::kRetry;
+      break;
+    }
+    const uint64_t ps = pc.block * block + uint64_t{pc.page} * kPage;
+    const uint64_t from = std::max(off, ps), to = std::min<uint64_t>(off + len, ps + kPage);
+    std::memcpy(buf + (from - off), page.data() + (from - ps), to - from);
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& pc : pieces) policy_->Unpin(pc.slot);
+  if (res.kind == OverlayResult::kError) DeviceError("reading the cache", err);
+  if (bad) {
+    Slot& slot = slots_[bad->slot];
+    if (slot.gen == bad->gen && TestBit(slot.valid, bad->page) && slot.crc[bad->page] == bad->crc) {
+      // Damaged on disk, not a race.
+      stats_.checksum_failures++;
+      if (TestBit(slot.dirty, bad->page)) {
+        Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
+                            bad->slot, bad->page);
+        ClearBit(slot.dirty, bad->page);
+        SetDirtyPin(bad->slot);
+        res.kind = OverlayResult::kError;
+      }
+      ClearBit(slot.valid, bad->page);
+      used_pages_--;
+      slot.inval++;
+      Persist(bad->slot);
+    }
+  }
+  return res;
+}
+
+BlockCache::DirtyLevel BlockCache::Dirty() const {
+  std::lock_guard lock(mu_);
+  DirtyLevel d;
+  d.blocks = dirty_slots_;
+  d.slots = nslots_;
+  const auto now = std::chrono::steady_clock::now();
+  for (uint32_t s : dirty_set_) d.oldest = std::max(d.oldest, now - slots_[s].dirty_since);
+  return d;
+}
+
+std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::string& fh,
+                                               std::chrono::steady_clock::time_point older_than) {
+  struct Pick {
+    uint32_t slot;
+    std::string fh;
+    uint64_t block, gen, wgen, size;
+    PageBits dirty;
+    std::vector<uint32_t> crc;
+    uint32_t uid, gid;
+  };
+  std::vector<Pick> picks;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<uint32_t> cand;
+    for (uint32_t s : dirty_set_) {
+      const Slot& slot = slots_[s];
+      if ((fh.empty() || slot.fh == fh) && slot.dirty_since <= older_than) cand.push_back(s);
+    }
+    // File order: by handle, then offset (the server sees ascending writes).
+    std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
+      const Slot &x = slots_[a], &y = slots_[b];
+      return x.fh != y.fh ? x.fh < y.fh : x.block < y.block;
+    });
+    uint64_t bytes = 0;
+    for (uint32_t s : cand) {
+      if (bytes >= max_bytes) break;
+      const Slot& slot = slots_[s];
+      auto fit = files_.find(slot.fh);
+      const uint64_t size = fit == files_.end() ? slot.fsize : std::max(LogicalSize(fit->second), slot.fsize);
+      picks.push_back(Pick{s, slot.fh, slot.block, slot.gen, slot.wgen, size, slot.dirty, slot.crc,
+                           slot.uid, slot.gid});
+      for (auto w : slot.dirty) bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+      policy_->Pin(s);
+    }
+  }
+  std::vector<DirtyRun> runs;
+  std::vector<std::pair<uint32_t, uint32_t>> bad;  // slot, page
+  int err = 0;
+  bool io_error = false;
+  const uint64_t block = opts_.block;
+  for (const Pick& pk : picks) {
+    for (uint32_t p = 0; p < pages() && !io_error;) {
+      if (!TestBit(pk.dirty, p)) {
+        ++p;
+        continue;
+      }
+      uint32_t e = p;
+      while (e < pages() && TestBit(pk.dirty, e)) ++e;
+      DirtyRun run;
+      run.fh = pk.fh;
+      run.block = pk.block;
+      run.wgen = pk.wgen;
+      run.uid = pk.uid;
+      run.gid = pk.gid;
+      run.first_page = p;
+      run.npages = e - p;
+      run.off = pk.block * block + uint64_t{p} * kPage;
+      run.data.resize(size_t{e - p} * kPage);
+      if (!PreadAll(data_fd_, run.data.data(), run.data.size(),
+                    static_cast<off_t>(uint64_t{pk.slot} * block + uint64_t{p} * kPage))) {
+        io_error = true;
+        err = errno;
+        break;
+      }
+      bool ok = true;
+      for (uint32_t k = p; k < e; ++k) {
+        if (Crc(run.data.data() + size_t{k - p} * kPage, kPage) != pk.crc[k]) {
+          bad.emplace_back(pk.slot, k);
+          ok = false;
+        }
+      }
+      // Pages past the end of the file are not written (they would grow it).
+      if (ok && run.off < pk.size) {
+        run.data.resize(static_cast<size_t>(std::min<uint64_t>(run.data.size(), pk.size - run.off)));
+        runs.push_back(std::move(run));
+      }
+      p = e;
+    }
+  }
+  std::lock_guard lock(mu_);
+  for (const Pick& pk : picks) policy_->Unpin(pk.slot);
+  if (io_error) DeviceError("reading dirty data from the cache", err);
+  for (const auto& [s, p] : bad) {
+    Slot& slot = slots_[s];
+    auto pk = std::find_if(picks.begin(), picks.end(), [s = s](const Pick& x) { return x.slot == s; });
+    if (slot.gen != pk->gen || slot.crc[p] != pk->crc[p] || !TestBit(slot.dirty, p)) continue;
+    stats_.checksum_failures++;
+    Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost", s, p);
+    ClearBit(slot.dirty, p);
+    ClearBit(slot.valid, p);
+    used_pages_--;
+    slot.inval++;
+    SetDirtyPin(s);
+    Persist(s);
+  }
+  return runs;
+}
+
+void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
+  std::lock_guard lock(mu_);
+  std::set<uint32_t> touched;
+  for (const auto& run : runs) {
+    auto it = index_.find(Key(run.fh, run.block));
+    if (it == index_.end()) continue;
+    Slot& slot = slots_[it->second];
+    stats_.flushed_bytes += run.data.size();
+    if (slot.wgen != run.wgen) continue;  // written again meanwhile: still dirty
+    for (uint32_t p = run.first_page; p < run.first_page + run.npages; ++p) ClearBit(slot.dirty, p);
+    touched.insert(it->second);
+    NoteChange(State(run.fh), run.block, run.first_page, run.npages);
+  }
+  for (uint32_t s : touched) {
+    SetDirtyPin(s);
+    Persist(s);
+  }
+}
+
+void BlockCache::NoteFlushError() {
+  std::lock_guard lock(mu_);
+  stats_.flush_errors++;
 }
 
 void BlockCache::Quiesce() {
@@ -730,6 +1473,10 @@ CacheStats BlockCache::Stats() const {
   s.slots = nslots_;
   s.slots_used = policy_->in_use();
   s.used_bytes = used_pages_ * kPage;
+  s.dirty_blocks = dirty_slots_;
+  for (uint32_t k : dirty_set_) {
+    for (auto w : slots_[k].dirty) s.dirty_bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+  }
   return s;
 }
 

@@ -1,5 +1,5 @@
 // BlockCache: the local-flash cache tier between the filesystem layer and
-// the NFS engine (cache_dir=, cache_mode=readonly|writethrough).
+// the NFS engine (cache_dir=, cache_mode=readonly|writethrough|writeback).
 //
 // What is cached. Blocks of cache_block bytes (64 KiB - 1 MiB) of regular
 // files, keyed by NFS file handle and block index, in slots of one
@@ -54,10 +54,29 @@
 // disk; when it works again the cache is healthy again. A failed record
 // write makes the whole index untrusted for the next mount (it is truncated).
 //
+// Write-back (cache_mode=writeback). A write is stored as dirty pages and
+// answered once they are durable here: the data is written and synced, then
+// the records that declare it, then those are synced (one sync pair per
+// batch of writes: group commit). A dirty page is never overwritten in
+// place: a write that touches one copies the block to a fresh slot and the
+// newer record wins at load (copy-on-write), so a crash leaves each page
+// either as the last acknowledged write left it or as the new one, never
+// torn. Dirty slots are pinned (never evicted). A write that covers part of
+// a page the cache does not hold asks the caller for the server's page
+// first (kNeedPages) and merges. The flusher (fs/flusher.h) takes dirty
+// runs in file order (CollectDirty), writes them UNSTABLE, COMMITs, and
+// only after an unchanged verifier marks them clean (Flushed). Dirty data
+// found at start-up is flushed before the mount is offered. Reads merge
+// dirty pages over server data (Overlay), and file sizes include unflushed
+// writes (SizeFloor). Write-back assumes this host is the only writer of
+// the export (an ownership record there enforces it: fs/owner.h).
+//
 // Thread safety: all public methods are thread safe.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -78,7 +97,7 @@
 
 namespace mpnfs::cache {
 
-enum class CacheMode { kOff, kReadOnly, kWriteThrough };
+enum class CacheMode { kOff, kReadOnly, kWriteThrough, kWriteBack };
 
 struct CacheOptions {
   std::string dir;
@@ -87,6 +106,13 @@ struct CacheOptions {
   CacheMode mode = CacheMode::kOff;
   uint64_t seq_cutoff = 4 << 20;   // bytes; 0: never bypass
   bool admit_second = false;
+  // Write-back: the flusher starts when dirty blocks exceed dirty_high % of
+  // the cache and stops at dirty_low %; a block dirty for dirty_age seconds
+  // is flushed whatever the level.
+  uint32_t dirty_high = 50, dirty_low = 25;
+  uint32_t dirty_age_s = 30;
+  bool fsync_server = false;      // wb_fsync=server: fsync waits for the server
+  bool flush_on_unmount = true;   // wb_noflush clears it
 };
 
 struct CacheStats {
@@ -96,6 +122,47 @@ struct CacheStats {
   uint64_t writes = 0, write_hits = 0, write_bypasses = 0;
   uint64_t pages_filled = 0, evictions = 0, invalidations = 0, files_dropped = 0;
   uint64_t checksum_failures = 0, device_errors = 0;
+  // Write-back.
+  uint64_t dirty_bytes = 0, dirty_blocks = 0, flushed_bytes = 0, flush_errors = 0;
+  uint64_t copies = 0;       // copy-on-write of a block with dirty pages
+  uint64_t wb_arounds = 0;   // writes sent to the server: no room or device trouble
+};
+
+// What became of a write-back write.
+struct WbOutcome {
+  enum Kind {
+    kStored,       // durable in the cache
+    kNeedPages,    // send again with the server's copy of these pages (base)
+    kRetry,        // raced with a truncate or drop: send again
+    kUnavailable,  // no room, or the cache disk failed: write to the server
+  } kind = kStored;
+  std::vector<uint64_t> need;  // kNeedPages: file offsets of 4 KiB pages
+};
+
+struct WbWrite {
+  std::string fh;
+  uint64_t off = 0;
+  const char* data = nullptr;
+  size_t len = 0;
+  std::shared_ptr<const void> keep;  // owns `data` until done
+  uint32_t uid = 0, gid = 0;
+  // The server's content of pages this write covers in part (short at EOF).
+  std::map<uint64_t, std::string> base;
+};
+
+struct OverlayResult {
+  enum Kind { kOk, kRetry, kError } kind = kOk;
+  size_t len = 0;
+};
+
+// A run of dirty pages for the flusher, read back from the cache.
+struct DirtyRun {
+  std::string fh;
+  uint64_t off = 0;  // file offset
+  std::string data;  // clipped to the file size
+  uint32_t uid = 0, gid = 0;
+  uint64_t block = 0, wgen = 0;
+  uint32_t first_page = 0, npages = 0;
 };
 
 class BlockCache {
@@ -110,13 +177,17 @@ class BlockCache {
   BlockCache& operator=(const BlockCache&) = delete;
 
   CacheMode mode() const { return opts_.mode; }
+  const CacheOptions& options() const { return opts_; }
+  // A random name of this cache directory, kept across mounts (fs/owner.h).
+  const std::string& id() const { return id_; }
   uint64_t capacity_bytes() const { return uint64_t{nslots_} * opts_.block; }
 
   // --- coherence
   // The server says `fh` is at version `v` now.
   void Observe(const std::string& fh, const FileVersion& v);
-  // Forget every block of `fh` (this client truncates it). Reads already in
-  // flight will not store what they bring back.
+  // Forget every block of `fh`, dirty pages included: this client
+  // truncates it (after flushing it), or it is gone from the server
+  // (ESTALE). Reads already in flight will not store what they bring back.
   void Drop(const std::string& fh);
   // This client changed attributes only (chmod, utimes, ...): if `before`
   // is the validated version, `after` becomes it and nothing is dropped.
@@ -138,15 +209,46 @@ class BlockCache {
   void NoteBypass(bool write);
 
   // --- writes
-  // Invalidates [off, off+len) before a write is sent; the token goes to WriteDone.
-  uint64_t WriteStart(const std::string& fh, uint64_t off, size_t len);
+  // Invalidates [off, off+len) before a write is sent (dirty pages are
+  // left alone); the token goes to WriteDone. The flusher passes
+  // invalidate=false: its writes carry what the cache holds.
+  uint64_t WriteStart(const std::string& fh, uint64_t off, size_t len, bool invalidate = true);
   // The write returned. `data` is stored (writethrough, `admit`) if it
   // succeeded and nothing newer raced it. before/after: its WCC versions.
   void WriteDone(const std::string& fh, uint64_t token, uint64_t off, const char* data, size_t len,
                  bool ok, bool admit, const std::optional<FileVersion>& before,
                  const std::optional<FileVersion>& after);
 
-  // Forgets every cached block (online "drop"); returns how many there were.
+  // --- write-back
+  // Stores the write as dirty pages; `done` runs on the cache's writer
+  // thread once they are durable (or with why not).
+  void WriteBack(WbWrite w, std::function<void(WbOutcome)> done);
+  // Whether [off, off+len) holds dirty pages (such a write must not bypass).
+  bool HasDirty(const std::string& fh, uint64_t off, size_t len);
+  // The file's size as this client's unflushed writes make it (0: none).
+  uint64_t SizeFloor(const std::string& fh);
+  // `buf` holds `have` bytes the server returned for [off, off+want), read
+  // since `token`. Puts dirty pages over it, extends it up to the size
+  // unflushed writes give the file (zeros between), and returns the valid
+  // length. kRetry: a write or flush raced the read; read again. kError: an
+  // unflushed page could not be read back (EIO).
+  OverlayResult Overlay(const std::string& fh, uint64_t token, uint64_t off, char* buf, size_t have,
+                        size_t want);
+  struct DirtyLevel {
+    uint64_t blocks = 0, slots = 0;
+    std::chrono::steady_clock::duration oldest{};
+  };
+  DirtyLevel Dirty() const;
+  // Dirty runs in (file, offset) order, at most about `max_bytes`, only of
+  // `fh` if not empty, only of blocks dirty since before `older_than`.
+  std::vector<DirtyRun> CollectDirty(uint64_t max_bytes, const std::string& fh,
+                                     std::chrono::steady_clock::time_point older_than);
+  // The runs are on the server (COMMIT with their WRITE's verifier): clean
+  // unless written again meanwhile.
+  void Flushed(const std::vector<DirtyRun>& runs);
+  void NoteFlushError();
+
+  // Forgets every clean cached block (online "drop"); returns how many.
   uint64_t DropAll();
 
   CacheStats Stats() const;
@@ -163,10 +265,21 @@ class BlockCache {
     FileVersion version;
     uint64_t gen = 0;    // bumped when the slot is given to another block
     uint64_t inval = 0;  // bumped when pages are invalidated
+    // Write-back.
+    PageBits dirty{};
+    bool dirty_pin = false;  // pinned in the policy while any page is dirty
+    uint64_t wgen = 0;       // bumped by each write-back write (kept by copies)
+    uint64_t fsize = 0;
+    uint32_t uid = 0, gid = 0;
+    std::chrono::steady_clock::time_point dirty_since;
   };
   struct BlockWrites {
     uint64_t last_begin = 0;
     int inflight = 0;
+    // Write-back changes (writes into the cache, flushes): which pages they
+    // touched, all of them; `last_begin` is the newest one's counter.
+    PageBits pages{};
+    bool all_pages = false;  // a write sent to the server: any page
   };
   struct FileState {
     bool have = false;
@@ -183,6 +296,7 @@ class BlockCache {
     bool unexplained = false;
     // Sequential detection.
     uint64_t seq_next = 0, seq_run = 0;
+    uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
     std::unordered_set<uint32_t> slots;
   };
   struct Job {
@@ -190,6 +304,23 @@ class BlockCache {
     uint64_t gen, inval;
     uint32_t first_page;
     std::string data;  // whole pages
+    // Write-back jobs carry this instead (slot unused).
+    std::shared_ptr<WbWrite> wb;
+    std::function<void(WbOutcome)> done;
+  };
+  // One block of a write-back write, between its steps (see WriterWb).
+  struct WbPart {
+    uint64_t block;
+    uint32_t from = UINT32_MAX;  // the slot holding the block now, if any
+    uint32_t to = 0;             // where the new pages go (== from: in place)
+    uint64_t from_gen = 0;
+    bool allocated = false;      // `to` was taken for this write
+    bool pinned_from = false;
+    uint32_t p0 = 0, np = 0;     // pages the write touches
+    std::string image;           // pages [img0, img0 + image/kPage) of `to`
+    uint32_t img0 = 0;
+    PageBits copied{};           // pages of `from` carried into `to`
+    std::vector<uint32_t> crc;   // of image pages
   };
   enum class Health { kHealthy, kDegraded, kOut };
 
@@ -202,6 +333,8 @@ class BlockCache {
   FileState& State(const std::string& fh) REQUIRES(mu_);
   void FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
   void DropLocked(FileState& f) REQUIRES(mu_);
+  // A slot with dirty pages keeps only those (true); else false.
+  bool KeepDirtyOnly(uint32_t s) REQUIRES(mu_);
   void Persist(uint32_t s) REQUIRES(mu_);
   // Queues stores of the whole pages of [off, off+len) whose block passes `allowed`.
   template <class Allowed>
@@ -210,6 +343,20 @@ class BlockCache {
   void Settle(FileState& f) REQUIRES(mu_);
   void DeviceError(const char* what, int err) REQUIRES(mu_);
   void WriterMain();
+  void WriteFill(Job& job, std::unique_lock<std::mutex>& lock);
+  // Processes a batch of write-back jobs (group commit).
+  void WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock);
+  // Steps 1-2 of one write-back write; false with `out` set if it cannot go on.
+  bool PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
+                 std::unique_lock<std::mutex>& lock);
+  void UndoWb(std::vector<WbPart>& parts) REQUIRES(mu_);
+  void SetDirtyPin(uint32_t s) REQUIRES(mu_);
+  // A change of the block's server data by this client (write or flush):
+  // reads sent before it must not fill the block.
+  void NoteChange(FileState& f, uint64_t block, uint32_t p0, uint32_t np) REQUIRES(mu_);
+  static bool Changed(const FileState& f, uint64_t block, uint64_t token);
+  static bool PageChanged(const FileState& f, uint64_t block, uint32_t page, uint64_t token);
+  uint64_t LogicalSize(const FileState& f) const { return std::max(f.have ? f.validated.size : 0, f.wb_size); }
   bool Probe();
 
   const CacheOptions opts_;
@@ -230,6 +377,9 @@ class BlockCache {
   uint64_t seq_ GUARDED_BY(mu_) = 1;
   Health health_ GUARDED_BY(mu_) = Health::kHealthy;
   uint64_t used_pages_ GUARDED_BY(mu_) = 0;
+  uint64_t dirty_slots_ GUARDED_BY(mu_) = 0;
+  std::set<uint32_t> dirty_set_ GUARDED_BY(mu_);
+  std::string id_;
   CacheStats stats_ GUARDED_BY(mu_);
   std::thread writer_;
 };

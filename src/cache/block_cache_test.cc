@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <future>
+#include <map>
 #include <random>
 
 namespace mpnfs::cache {
@@ -309,6 +312,193 @@ TEST_F(BlockCacheTest, TheDirectoryServesOneMountAtATime) {
   auto m = BlockCache::Open(o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().what.find("not a directory"), std::string::npos);
+}
+
+
+// ------------------------------------------------------------ write-back
+
+class WriteBackTest : public BlockCacheTest {
+ protected:
+  std::unique_ptr<BlockCache> OpenWb(uint64_t size = 1 << 20) { return Open(CacheMode::kWriteBack, size); }
+  static WbOutcome Wb(BlockCache& c, const std::string& fh, uint64_t off, const std::string& data,
+                      std::map<uint64_t, std::string> base = {}) {
+    auto keep = std::make_shared<std::string>(data);
+    WbWrite w;
+    w.fh = fh;
+    w.off = off;
+    w.data = keep->data();
+    w.len = keep->size();
+    w.keep = keep;
+    w.uid = 1000;
+    w.gid = 1000;
+    w.base = std::move(base);
+    std::promise<WbOutcome> p;
+    auto f = p.get_future();
+    c.WriteBack(std::move(w), [&p](WbOutcome o) { p.set_value(std::move(o)); });
+    return f.get();
+  }
+  static std::string Collected(BlockCache& c, const std::string& fh, uint64_t off, size_t len) {
+    std::string out(len, '?');
+    for (const auto& r : c.CollectDirty(UINT64_MAX, fh, std::chrono::steady_clock::now())) {
+      for (size_t i = 0; i < r.data.size(); ++i) {
+        if (r.off + i >= off && r.off + i < off + len) out[r.off + i - off] = r.data[i];
+      }
+    }
+    return out;
+  }
+};
+
+TEST_F(WriteBackTest, AStoredWriteIsReadBackAndSurvivesAReopen) {
+  const std::string data = Pattern(8192, 'w');
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    EXPECT_EQ(Wb(*c, "fh1", kBlock + 8192, data).kind, WbOutcome::kStored);
+    auto got = c->Read("fh1", kBlock + 8192, 8192);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(*got, data);
+    EXPECT_EQ(c->Stats().dirty_bytes, 8192u);
+    EXPECT_TRUE(c->HasDirty("fh1", kBlock + 8000, 300));
+    EXPECT_FALSE(c->HasDirty("fh1", kBlock, 8192));
+  }
+  // The index is the journal: the dirty pages are found again, with whose
+  // they are, and the flusher gets exactly the written bytes.
+  auto c = OpenWb();
+  EXPECT_EQ(c->Dirty().blocks, 1u);
+  auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].off, kBlock + 8192);
+  EXPECT_EQ(runs[0].data, data);
+  EXPECT_EQ(runs[0].uid, 1000u);
+  EXPECT_EQ(c->SizeFloor("fh1"), kV1.size);  // the write ended inside the file
+  c->Observe("fh1", kV2);  // the server's version moved: dirty pages stay
+  auto got = c->Read("fh1", kBlock + 8192, 8192);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, data);
+}
+
+TEST_F(WriteBackTest, ANonWriteBackMountRefusesACacheHoldingDirtyData) {
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, 'x')).kind, WbOutcome::kStored);
+  }
+  CacheOptions o;
+  o.dir = dir_;
+  o.size = 1 << 20;
+  o.block = kBlock;
+  o.mode = CacheMode::kReadOnly;
+  auto c = BlockCache::Open(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().what.find("cache_mode=writeback"), std::string::npos) << c.error().what;
+}
+
+TEST_F(WriteBackTest, APartialPageIsMergedWithTheServersCopy) {
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  const std::string server = Pattern(4096, 's');
+  auto o = Wb(*c, "fh1", 4096 + 100, "hello");
+  ASSERT_EQ(o.kind, WbOutcome::kNeedPages);
+  ASSERT_EQ(o.need, std::vector<uint64_t>{4096});
+  ASSERT_EQ(Wb(*c, "fh1", 4096 + 100, "hello", {{4096, server}}).kind, WbOutcome::kStored);
+  std::string want = server;
+  want.replace(100, 5, "hello");
+  auto got = c->Read("fh1", 4096, 4096);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, want);
+  // Now cached: a second partial write needs nothing from the server.
+  ASSERT_EQ(Wb(*c, "fh1", 4096 + 200, "again").kind, WbOutcome::kStored);
+  want.replace(200, 5, "again");
+  EXPECT_EQ(Collected(*c, "fh1", 4096, 4096), want);
+}
+
+TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));  // clean pages around
+    ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '1')).kind, WbOutcome::kStored);
+    ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '2')).kind, WbOutcome::kStored);
+    EXPECT_EQ(c->Stats().copies, 1u);
+    EXPECT_EQ(c->Stats().slots_used, 1u);  // the old slot was freed
+    auto got = c->Read("fh1", 0, kBlock);
+    ASSERT_TRUE(got.has_value());
+    std::string want = Pattern(kBlock, 'c');
+    want.replace(8192, 4096, Pattern(4096, '2'));
+    EXPECT_EQ(*got, want);
+  }
+  auto c = OpenWb();
+  EXPECT_EQ(Collected(*c, "fh1", 8192, 4096), Pattern(4096, '2'));
+}
+
+TEST_F(WriteBackTest, AFlushMarksCleanOnlyWhatWasNotWrittenAgain) {
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
+  ASSERT_EQ(Wb(*c, "fh1", kBlock, Pattern(8192, 'b')).kind, WbOutcome::kStored);
+  auto runs = c->CollectDirty(UINT64_MAX, "fh1", std::chrono::steady_clock::now());
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_LT(runs[0].off, runs[1].off);  // file order
+  ASSERT_EQ(Wb(*c, "fh1", kBlock, Pattern(4096, 'n')).kind, WbOutcome::kStored);  // while "in flight"
+  c->Flushed(runs);
+  EXPECT_EQ(c->Dirty().blocks, 1u);  // block 0 clean, block 1 written again
+  EXPECT_EQ(Collected(*c, "fh1", kBlock, 4096), Pattern(4096, 'n'));
+  EXPECT_EQ(c->Stats().flushed_bytes, 16384u);
+  // Clean pages are still cached.
+  EXPECT_TRUE(c->Read("fh1", 0, 8192).has_value());
+}
+
+TEST_F(WriteBackTest, DirtyBlocksAreNeverEvicted) {
+  auto c = OpenWb(16 * kBlock);  // 16 slots
+  c->Observe("fh1", kV1);
+  for (uint64_t b = 0; b < 16; ++b) {
+    ASSERT_EQ(Wb(*c, "fh1", b * kBlock, Pattern(4096, static_cast<char>(b))).kind, WbOutcome::kStored);
+  }
+  EXPECT_EQ(Wb(*c, "fh1", 20 * kBlock, Pattern(4096, 'z')).kind, WbOutcome::kUnavailable);
+  FillFromServer(*c, "fh1", 30 * kBlock, Pattern(kBlock, 'f'));
+  for (uint64_t b = 0; b < 16; ++b) {
+    EXPECT_EQ(Collected(*c, "fh1", b * kBlock, 4096), Pattern(4096, static_cast<char>(b)));
+  }
+  EXPECT_EQ(c->Stats().wb_arounds, 1u);
+  EXPECT_EQ(c->DropAll(), 0u);  // drop keeps unflushed data
+  EXPECT_EQ(c->Dirty().blocks, 16u);
+}
+
+TEST_F(WriteBackTest, OverlayPutsUnflushedPagesOverServerDataAndExtendsTheFile) {
+  auto c = OpenWb();
+  c->Observe("fh1", FileVersion{10000, 1, 1});
+  const uint64_t token = c->ReadStart("fh1");
+  // Grow the file past the server's end: 8 KiB at 16 KiB.
+  ASSERT_EQ(Wb(*c, "fh1", 16384, Pattern(8192, 'd')).kind, WbOutcome::kStored);
+  EXPECT_EQ(c->SizeFloor("fh1"), 24576u);
+  // A read sent before that write returned the server's 10000 bytes.
+  std::string buf(32768, '\0');
+  std::string server = Pattern(10000, 's');
+  std::memcpy(buf.data(), server.data(), server.size());
+  auto r = c->Overlay("fh1", token, 0, buf.data(), server.size(), buf.size());
+  ASSERT_EQ(r.kind, OverlayResult::kOk);
+  ASSERT_EQ(r.len, 24576u);
+  EXPECT_EQ(buf.substr(0, 10000), server);
+  EXPECT_EQ(buf.substr(10000, 6384), std::string(6384, '\0'));
+  EXPECT_EQ(buf.substr(16384, 8192), Pattern(8192, 'd'));
+  // A read of a block flushed and dropped since it was sent must be redone.
+  auto runs = c->CollectDirty(UINT64_MAX, "fh1", std::chrono::steady_clock::now());
+  c->Flushed(runs);
+  c->Drop("fh1");
+  c->Observe("fh1", FileVersion{24576, 2, 2});
+  EXPECT_EQ(c->Overlay("fh1", token, 16384, buf.data(), 8192, 8192).kind, OverlayResult::kRetry);
+}
+
+TEST_F(WriteBackTest, ReadHitsStopAtTheEndOfTheFile) {
+  auto c = OpenWb();
+  c->Observe("fh1", FileVersion{0, 1, 1});
+  ASSERT_EQ(Wb(*c, "fh1", 0, "abc", {{0, ""}}).kind, WbOutcome::kStored);
+  auto got = c->Read("fh1", 0, 4096);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, "abc");
+  auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].data, "abc");  // not a page of zeros: the file is 3 bytes
 }
 
 TEST(RecordFormatTest, RoundTripsAndRejectsDamage) {

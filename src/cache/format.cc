@@ -8,8 +8,9 @@ namespace mpnfs::cache {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d504e43;  // "MPNC"
-// magic, version, fh_len, pad | seq | block | fh[64] | valid[32] | size, mtime, ctime
-constexpr size_t kHeader = 4 + 2 + 2 + 8 + 8 + kMaxFh + sizeof(PageBits) + 8 + 8 + 8;
+// magic, version, fh_len | seq | block | fh[64] | valid[32] | dirty[32] |
+// size, mtime, ctime | fsize | uid, gid
+constexpr size_t kHeader = 4 + 2 + 2 + 8 + 8 + kMaxFh + 2 * sizeof(PageBits) + 8 + 8 + 8 + 8 + 8;
 
 template <class T>
 void Put(std::string& out, size_t at, T v) {
@@ -48,10 +49,16 @@ std::string EncodeRecord(const Record& r, uint32_t pages) {
   at += kMaxFh;
   std::memcpy(out.data() + at, r.valid.data(), sizeof(PageBits));
   at += sizeof(PageBits);
+  std::memcpy(out.data() + at, r.dirty.data(), sizeof(PageBits));
+  at += sizeof(PageBits);
   Put<uint64_t>(out, at, r.version.size);
   Put<int64_t>(out, at + 8, r.version.mtime_ns);
   Put<int64_t>(out, at + 16, r.version.ctime_ns);
   at += 24;
+  Put<uint64_t>(out, at, r.fsize);
+  Put<uint32_t>(out, at + 8, r.uid);
+  Put<uint32_t>(out, at + 12, r.gid);
+  at += 16;
   for (uint32_t i = 0; i < pages; ++i) {
     Put<uint32_t>(out, at + 4 * i, i < r.crc.size() ? r.crc[i] : 0);
   }
@@ -78,10 +85,17 @@ std::optional<Record> DecodeRecord(std::string_view in, uint32_t pages) {
   at += kMaxFh;
   std::memcpy(r.valid.data(), in.data() + at, sizeof(PageBits));
   at += sizeof(PageBits);
+  std::memcpy(r.dirty.data(), in.data() + at, sizeof(PageBits));
+  at += sizeof(PageBits);
   r.version.size = Get<uint64_t>(in, at);
   r.version.mtime_ns = Get<int64_t>(in, at + 8);
   r.version.ctime_ns = Get<int64_t>(in, at + 16);
   at += 24;
+  r.fsize = Get<uint64_t>(in, at);
+  r.uid = Get<uint32_t>(in, at + 8);
+  r.gid = Get<uint32_t>(in, at + 12);
+  at += 16;
+  for (size_t w = 0; w < r.dirty.size(); ++w) r.dirty[w] &= r.valid[w];
   r.crc.resize(pages);
   for (uint32_t i = 0; i < pages; ++i) r.crc[i] = Get<uint32_t>(in, at + 4 * i);
   return r;

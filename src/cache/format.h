@@ -1,4 +1,4 @@
-// The on-disk format of the block cache (version 1).
+// The on-disk format of the block cache (version 2).
 //
 // A cache directory holds:
 //   meta    one line: "mpnfs-cache <version> <block bytes> <slots> <record bytes>"
@@ -7,8 +7,11 @@
 //   lock    flock()ed by the mount that uses the directory
 //
 // A record says which file and block a slot holds, which 4 KiB pages of it
-// are valid, the CRC-32 of each valid page, and the file's size, mtime and
-// ctime that the pages were validated against. Each write of a record goes
+// are valid, which of those are dirty (written here, not yet on the server:
+// cache_mode=writeback), the CRC-32 of each valid page, the file's size,
+// mtime and ctime that the pages were validated against, and for dirty
+// pages the file size they imply and the user who wrote them (the flusher
+// writes as that user). Each write of a record goes
 // to the copy the other one is not (seq odd / even) and carries a sequence
 // number and its own CRC: a torn or half-written record is recognised and
 // the other copy used; the newest valid copy wins. Page data is written
@@ -27,7 +30,7 @@
 
 namespace mpnfs::cache {
 
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 constexpr uint32_t kPage = 4096;
 constexpr uint32_t kMaxPages = 256;  // 1 MiB blocks at most
 constexpr size_t kMaxFh = 64;
@@ -57,7 +60,10 @@ struct Record {
   std::string fh;          // empty: the slot is free
   uint64_t block = 0;      // block index within the file
   PageBits valid{};
+  PageBits dirty{};           // a subset of valid
   FileVersion version;
+  uint64_t fsize = 0;         // dirty pages: the file size they imply
+  uint32_t uid = 0, gid = 0;  // dirty pages: who wrote them
   std::vector<uint32_t> crc;  // one per page of the block
 };
 
