@@ -461,9 +461,11 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
   // Close to where the run ended counts as continuing it: readahead and
-  // write-behind requests of one stream arrive slightly out of order.
-  constexpr uint64_t kSlack = 8 << 20;
-  const bool near = off + kSlack >= f.seq_next && off <= f.seq_next + kSlack;
+  // write-behind requests of one stream arrive slightly out of order. How
+  // close scales with the request, so that small random requests in a small
+  // file do not look like a stream.
+  const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
+  const bool near = off + slack >= f.seq_next && off <= f.seq_next + slack;
   f.seq_run = near && f.seq_run > 0 ? f.seq_run + len : len;
   f.seq_next = near ? std::max(f.seq_next, off + len) : off + len;
   return opts_.seq_cutoff > 0 && f.seq_run > opts_.seq_cutoff;
@@ -663,7 +665,7 @@ void BlockCache::Fill(const std::string& fh, uint64_t token, uint64_t off, const
 uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len, bool invalidate) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
-  stats_.writes++;
+  if (invalidate) stats_.writes++;  // (not the flusher's)
   f.writes_inflight++;
   f.burst_concurrency = std::max(f.burst_concurrency, f.writes_inflight);
   const uint64_t token = ++f.write_counter;
@@ -890,7 +892,8 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
 void BlockCache::WriteBack(WbWrite w, std::function<void(WbOutcome)> done) {
   {
     std::lock_guard lock(mu_);
-    if (opts_.mode == CacheMode::kWriteBack && health_ == Health::kHealthy && w.len > 0 && !stop_) {
+    if (opts_.mode == CacheMode::kWriteBack && health_ == Health::kHealthy && w.len > 0 && !stop_ &&
+        !wb_stopped_) {
       Job job{};
       job.wb = std::make_shared<WbWrite>(std::move(w));
       job.done = std::move(done);
@@ -1244,8 +1247,8 @@ uint64_t BlockCache::SizeFloor(const std::string& fh) {
   return it == files_.end() ? 0 : it->second.wb_size;
 }
 
-OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_t off, char* buf,
-                                 size_t have, size_t want) {
+OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_t off,
+                                 std::string_view server, size_t want, std::string* out) {
   struct Piece {
     uint32_t slot;
     uint64_t gen, block;
@@ -1253,15 +1256,15 @@ OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_
     uint32_t crc;
   };
   std::vector<Piece> pieces;
+  const size_t have = server.size();
   size_t len = have;
   const uint64_t block = opts_.block;
   {
     std::lock_guard lock(mu_);
     auto fit = files_.find(fh);
-    if (fit == files_.end()) return {OverlayResult::kOk, have};
+    if (fit == files_.end()) return {};
     FileState& f = fit->second;
     if (f.wb_size > off + have) len = static_cast<size_t>(std::min<uint64_t>(want, f.wb_size - off));
-    if (len > have) std::memset(buf + have, 0, len - have);
     for (uint64_t b = off / block; b * block < off + len; ++b) {
       auto it = index_.find(Key(fh, b));
       const Slot* slot = it == index_.end() ? nullptr : &slots_[it->second];
@@ -1278,14 +1281,16 @@ OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_
           // Written or flushed since the read left, and not held here: the
           // server's answer may predate that.
           for (const auto& pc : pieces) policy_->Unpin(pc.slot);
-          return {OverlayResult::kRetry, 0};
+          return {OverlayResult::kRetry, false};
         }
       }
     }
   }
-  if (pieces.empty()) return {OverlayResult::kOk, len};
+  if (pieces.empty() && len == have) return {};
+  out->assign(server);
+  out->resize(len, '\0');
   std::string page(kPage, '\0');
-  OverlayResult res{OverlayResult::kOk, len};
+  OverlayResult res{OverlayResult::kOk, true};
   int err = 0;
   std::optional<Piece> bad;
   for (const Piece& pc : pieces) {
@@ -1302,7 +1307,7 @@ OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_
     }
     const uint64_t ps = pc.block * block + uint64_t{pc.page} * kPage;
     const uint64_t from = std::max(off, ps), to = std::min<uint64_t>(off + len, ps + kPage);
-    std::memcpy(buf + (from - off), page.data() + (from - ps), to - from);
+    std::memcpy(out->data() + (from - off), page.data() + (from - ps), to - from);
   }
   std::lock_guard lock(mu_);
   for (const auto& pc : pieces) policy_->Unpin(pc.slot);
@@ -1453,6 +1458,16 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
     SetDirtyPin(s);
     Persist(s);
   }
+}
+
+void BlockCache::StopWriteBack() {
+  std::lock_guard lock(mu_);
+  wb_stopped_ = true;
+}
+
+void BlockCache::ResumeWriteBack() {
+  std::lock_guard lock(mu_);
+  wb_stopped_ = false;
 }
 
 void BlockCache::NoteFlushError() {

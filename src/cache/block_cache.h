@@ -85,6 +85,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -152,7 +153,7 @@ struct WbWrite {
 
 struct OverlayResult {
   enum Kind { kOk, kRetry, kError } kind = kOk;
-  size_t len = 0;
+  bool replaced = false;
 };
 
 // A run of dirty pages for the flusher, read back from the cache.
@@ -227,13 +228,13 @@ class BlockCache {
   bool HasDirty(const std::string& fh, uint64_t off, size_t len);
   // The file's size as this client's unflushed writes make it (0: none).
   uint64_t SizeFloor(const std::string& fh);
-  // `buf` holds `have` bytes the server returned for [off, off+want), read
-  // since `token`. Puts dirty pages over it, extends it up to the size
-  // unflushed writes give the file (zeros between), and returns the valid
-  // length. kRetry: a write or flush raced the read; read again. kError: an
-  // unflushed page could not be read back (EIO).
-  OverlayResult Overlay(const std::string& fh, uint64_t token, uint64_t off, char* buf, size_t have,
-                        size_t want);
+  // `server` is what the server returned for [off, off+want), read since
+  // `token`. If this client's unflushed pages must show in it, or unflushed
+  // writes make the file longer than the server says, the merged bytes go
+  // to *out (replaced = true). kRetry: a write or flush raced the read;
+  // read again. kError: an unflushed page could not be read back (EIO).
+  OverlayResult Overlay(const std::string& fh, uint64_t token, uint64_t off, std::string_view server,
+                        size_t want, std::string* out);
   struct DirtyLevel {
     uint64_t blocks = 0, slots = 0;
     std::chrono::steady_clock::duration oldest{};
@@ -247,6 +248,9 @@ class BlockCache {
   // unless written again meanwhile.
   void Flushed(const std::vector<DirtyRun>& runs);
   void NoteFlushError();
+  // Online detach: WriteBack() answers kUnavailable from now on (until Resume).
+  void StopWriteBack();
+  void ResumeWriteBack();
 
   // Forgets every clean cached block (online "drop"); returns how many.
   uint64_t DropAll();
@@ -374,6 +378,7 @@ class BlockCache {
   std::deque<Job> jobs_ GUARDED_BY(mu_);
   bool writing_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;
+  bool wb_stopped_ GUARDED_BY(mu_) = false;
   uint64_t seq_ GUARDED_BY(mu_) = 1;
   Health health_ GUARDED_BY(mu_) = Health::kHealthy;
   uint64_t used_pages_ GUARDED_BY(mu_) = 0;

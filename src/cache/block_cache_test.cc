@@ -421,6 +421,7 @@ TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
     ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '2')).kind, WbOutcome::kStored);
     EXPECT_EQ(c->Stats().copies, 1u);
     EXPECT_EQ(c->Stats().slots_used, 1u);  // the old slot was freed
+    EXPECT_EQ(c->Stats().dirty_bytes, 4096u);  // the clean pages came along clean
     auto got = c->Read("fh1", 0, kBlock);
     ASSERT_TRUE(got.has_value());
     std::string want = Pattern(kBlock, 'c');
@@ -472,21 +473,24 @@ TEST_F(WriteBackTest, OverlayPutsUnflushedPagesOverServerDataAndExtendsTheFile) 
   ASSERT_EQ(Wb(*c, "fh1", 16384, Pattern(8192, 'd')).kind, WbOutcome::kStored);
   EXPECT_EQ(c->SizeFloor("fh1"), 24576u);
   // A read sent before that write returned the server's 10000 bytes.
-  std::string buf(32768, '\0');
-  std::string server = Pattern(10000, 's');
-  std::memcpy(buf.data(), server.data(), server.size());
-  auto r = c->Overlay("fh1", token, 0, buf.data(), server.size(), buf.size());
+  const std::string server = Pattern(10000, 's');
+  std::string buf;
+  auto r = c->Overlay("fh1", token, 0, server, 32768, &buf);
   ASSERT_EQ(r.kind, OverlayResult::kOk);
-  ASSERT_EQ(r.len, 24576u);
+  ASSERT_TRUE(r.replaced);
+  ASSERT_EQ(buf.size(), 24576u);
   EXPECT_EQ(buf.substr(0, 10000), server);
   EXPECT_EQ(buf.substr(10000, 6384), std::string(6384, '\0'));
   EXPECT_EQ(buf.substr(16384, 8192), Pattern(8192, 'd'));
+  // Nothing unflushed in range: the server's bytes stand as they are.
+  EXPECT_FALSE(c->Overlay("fh1", c->ReadStart("fh1"), 0, server.substr(0, 8192), 8192, &buf).replaced);
   // A read of a block flushed and dropped since it was sent must be redone.
   auto runs = c->CollectDirty(UINT64_MAX, "fh1", std::chrono::steady_clock::now());
   c->Flushed(runs);
   c->Drop("fh1");
   c->Observe("fh1", FileVersion{24576, 2, 2});
-  EXPECT_EQ(c->Overlay("fh1", token, 16384, buf.data(), 8192, 8192).kind, OverlayResult::kRetry);
+  EXPECT_EQ(c->Overlay("fh1", token, 16384, std::string(8192, 's'), 8192, &buf).kind,
+            OverlayResult::kRetry);
 }
 
 TEST_F(WriteBackTest, ReadHitsStopAtTheEndOfTheFile) {

@@ -82,12 +82,15 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         "\"read_misses\": {}, \"read_bypasses\": {}, \"read_hit_ratio\": {:.4f}, \"writes\": {}, "
         "\"write_hits\": {}, \"write_bypasses\": {}, \"write_hit_ratio\": {:.4f}, "
         "\"pages_filled\": {}, \"evictions\": {}, \"invalidations\": {}, \"files_dropped\": {}, "
-        "\"checksum_failures\": {}, \"device_errors\": {}}}",
+        "\"checksum_failures\": {}, \"device_errors\": {}, \"dirty_bytes\": {}, "
+        "\"dirty_blocks\": {}, \"flushed_bytes\": {}, \"flush_errors\": {}, \"copies\": {}, "
+        "\"writes_around\": {}}}",
         k.mode, k.state, k.capacity_bytes, k.used_bytes, k.slots, k.slots_used, k.read_hits,
         k.read_misses, k.read_bypasses, ratio(k.read_hits, k.read_hits + k.read_misses), k.writes,
         k.write_hits, k.write_bypasses, ratio(k.write_hits, k.writes - k.write_bypasses),
         k.pages_filled, k.evictions, k.invalidations, k.files_dropped, k.checksum_failures,
-        k.device_errors);
+        k.device_errors, k.dirty_bytes, k.dirty_blocks, k.flushed_bytes, k.flush_errors, k.copies,
+        k.wb_arounds);
   }
   out += "}\n";
   return out;

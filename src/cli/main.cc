@@ -28,6 +28,7 @@
 #include "engine/engine.h"
 #include "nfs/local_bind.h"
 #include "fs/filesystem.h"
+#include "fs/owner.h"
 #include "fuse/fuse_ops.h"
 #include "mpnfs_config.h"
 #include "nfs/libnfs_transport.h"
@@ -39,7 +40,8 @@ namespace {
 
 // Answers one control-socket command (see cli/control.h, mpnfs(8) STATISTICS).
 std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng,
-                    fs::Filesystem& filesystem, const std::string& source, const std::string& mp) {
+                    fs::Filesystem& filesystem, nfs::Nfs3& nfs, const nfs::Fh& root,
+                    const std::string& source, const std::string& mp) {
   auto cache = filesystem.cache();
   if (cmd == "stats") {
     if (!cache) return cli::StatsJson(source, mp, eng.Stats());
@@ -49,16 +51,27 @@ std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng
   if (cmd.rfind("cache ", 0) != 0) return "error: unknown command '" + cmd + "'\n";
   if (!privileged) return "error: only root may change the cache\n";
   if (!cache) return "error: this mount has no SSD cache\n";
+  const bool wb = cache->mode() == cache::CacheMode::kWriteBack;
   if (cmd == "cache drop") {
     const uint64_t n = cache->DropAll();
-    return "dropped " + std::to_string(n) + " cached blocks\n";
+    return "dropped " + std::to_string(n) + " cached blocks" +
+           (wb ? " (blocks with unflushed writes are kept)" : "") + "\n";
   }
   if (cmd == "cache flush") {
-    return "nothing to flush: cache_mode=" + cache->Stats().mode + " keeps no dirty data\n";
+    if (!wb) return "nothing to flush: cache_mode=" + cache->Stats().mode + " keeps no dirty data\n";
+    const uint64_t before = cache->Stats().dirty_bytes;
+    if (auto r = filesystem.FlushCache(); !r) return "error: flush failed: " + r.error().what + "\n";
+    return "flushed " + std::to_string(before) + " dirty bytes to the server\n";
   }
   if (cmd == "cache detach") {
     cache.reset();
-    filesystem.DetachCache();
+    if (auto r = filesystem.DetachCache(); !r) return "error: " + r.error().what + "\n";
+    if (wb) {
+      // Nothing of this mount is left unflushed: the export is free again.
+      if (auto r = fs::ReleaseOwner(nfs, root); !r) {
+        Log("mount")->warn("removing {}: {}", fs::kOwnerName, r.error().what);
+      }
+    }
     return "cache detached; the mount runs uncached until it is mounted again\n";
   }
   return "error: unknown command '" + cmd + "'\n";
@@ -243,7 +256,40 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
       return kExitMountFailed;
     }
   }
+  // The write-back ownership record (fs/owner.h): a write-back cache claims
+  // the export; nothing else mounts it while a record names another cache.
+  const bool wb = cache && cache->mode() == cache::CacheMode::kWriteBack;
+  {
+    auto owner = fs::ReadOwner(nfs, *root);
+    if (!owner) {
+      rep.Done(kExitMountFailed, "mpnfs: " + owner.error().what);
+      return kExitMountFailed;
+    }
+    if (*owner && (!wb || (*owner)->cache_id != cache->id())) {
+      rep.Done(kExitMountFailed, "mpnfs: " + fs::OwnerRefusal(**owner, m.server + ":" + m.export_path));
+      return kExitMountFailed;
+    }
+    if (wb) {
+      if (auto r = fs::ClaimOwner(nfs, *root, m.cache.dir, cache->id()); !r) {
+        rep.Done(kExitMountFailed, "mpnfs: cannot write the write-back ownership record: " + r.error().what);
+        return kExitMountFailed;
+      }
+    }
+  }
+  const uint64_t dirty_at_start = wb ? cache->Stats().dirty_bytes : 0;
   fs::Filesystem filesystem(nfs, *root, m.fs, std::move(cache));
+  if (dirty_at_start > 0) {
+    // Writes acknowledged by an earlier mount that stopped before flushing
+    // them (a crash, a kill, wb_noflush): to the server before anything
+    // can read the file there or here.
+    log->warn("flushing {} KiB of write-back data left by an earlier mount", dirty_at_start >> 10);
+    if (auto r = filesystem.FlushCache(); !r) {
+      rep.Done(kExitMountFailed, "mpnfs: cannot flush the write-back data an earlier mount left in " +
+                                     m.cache.dir + ": " + r.error().what + " (it stays there)");
+      return kExitMountFailed;
+    }
+    log->info("write-back data of the earlier mount is on the server");
+  }
   fuse::FuseContext ctx;
   ctx.fs = &filesystem;
   ctx.opts.max_write = 1u << 20;  // larger FUSE writes split into wsize calls
@@ -283,8 +329,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     const std::string source = m.server + ":" + m.export_path;
     const std::string mp = mp_real;
     control = std::make_unique<cli::ControlSocket>(
-        *cpath, [&eng, &filesystem, source, mp](const std::string& cmd, bool privileged) {
-          return Control(cmd, privileged, eng, filesystem, source, mp);
+        *cpath, [&eng, &filesystem, &nfs, root = *root, source, mp](const std::string& cmd,
+                                                                        bool privileged) {
+          return Control(cmd, privileged, eng, filesystem, nfs, root, source, mp);
         });
     if (auto st = control->Start(); !st) {
       log->warn("no statistics socket: {}", st.error().what);
@@ -311,6 +358,22 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   fuse_loop_cfg_destroy(cfg);
   control.reset();
   fuse_session_unmount(se);
+  if (auto c = filesystem.cache(); c && c->mode() == cache::CacheMode::kWriteBack) {
+    // Unmount: the cached writes go to the server (unless wb_noflush); the
+    // ownership record goes once nothing is left dirty.
+    if (c->options().flush_on_unmount) {
+      if (auto r = filesystem.FlushCache(); !r) log->error("flush at unmount failed: {}", r.error().what);
+    }
+    const auto left = c->Stats().dirty_bytes;
+    if (left == 0) {
+      if (auto r = fs::ReleaseOwner(nfs, *root); !r) {
+        log->warn("removing {}: {}", fs::kOwnerName, r.error().what);
+      }
+    } else {
+      log->warn("{} KiB of write-back data stay in {} (flushed at the next mount there)", left >> 10,
+                m.cache.dir);
+    }
+  }
   // Calls still pending complete (with an error) and reply while the session
   // object exists; only then is it destroyed.
   eng.Stop();

@@ -94,6 +94,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
     long lo, hi;
     std::function<void(long)> set;
   };
+  std::string wb_opt;  // a write-back option seen (they need cache_mode=writeback)
   std::map<std::string, Num> nums = {
       {"port", {1, 65535, [&](long v) { m.port = static_cast<int>(v); }}},
       {"mountport", {1, 65535, [&](long v) { m.mount_port = static_cast<int>(v); }}},
@@ -115,6 +116,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
        }}},
       {"cache_block", {64, 1024, [&](long v) { m.cache.block = static_cast<uint32_t>(v) << 10; }}},
       {"seq_cutoff", {0, 1 << 20, [&](long v) { m.cache.seq_cutoff = static_cast<uint64_t>(v) << 20; }}},
+      {"dirty_high", {1, 100, [&](long v) { wb_opt = "dirty_high="; m.cache.dirty_high = static_cast<uint32_t>(v); }}},
+      {"dirty_low", {0, 99, [&](long v) { wb_opt = "dirty_low="; m.cache.dirty_low = static_cast<uint32_t>(v); }}},
+      {"dirty_age", {1, 86400, [&](long v) { wb_opt = "dirty_age="; m.cache.dirty_age_s = static_cast<uint32_t>(v); }}},
       {"path_timeout", {0, 600000, [&](long v) {
          m.engine.path_timeout = std::chrono::milliseconds(v);
        }}},
@@ -134,6 +138,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"noreaddirplus", [&] { m.readdirplus = false; }},
       {"debug", [&] { m.debug = true; m.foreground = true; }},
       {"cache_optional", [&] { m.cache_optional = true; }},
+      {"wb_noflush", [&] { wb_opt = "wb_noflush"; m.cache.flush_on_unmount = false; }},
   };
   bool have_cache_mode = false;
   for (const auto& s : opt_strings) {
@@ -209,12 +214,15 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         } else if (val == "writethrough") {
           m.cache.mode = cache::CacheMode::kWriteThrough;
         } else if (val == "writeback") {
-          return Bad("cache_mode=writeback is not available in this version (see mpnfs(8)); "
-                     "use readonly or writethrough");
+          m.cache.mode = cache::CacheMode::kWriteBack;
         } else {
-          return Bad("cache_mode= must be off, readonly or writethrough");
+          return Bad("cache_mode= must be off, readonly, writethrough or writeback");
         }
         have_cache_mode = true;
+      } else if (key == "wb_fsync") {
+        if (val != "cache" && val != "server") return Bad("wb_fsync= must be cache or server");
+        m.cache.fsync_server = val == "server";
+        wb_opt = "wb_fsync=";
       } else if (key == "admit") {
         if (val != "first" && val != "second") return Bad("admit= must be first or second");
         m.cache.admit_second = val == "second";
@@ -247,6 +255,10 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
     return Bad("cache_mode= needs cache_dir=");
   }
   if ((m.cache.block & (m.cache.block - 1)) != 0) return Bad("cache_block= must be a power of two (KiB)");
+  if (!wb_opt.empty() && m.cache.mode != cache::CacheMode::kWriteBack) {
+    return Bad(wb_opt + " applies to cache_mode=writeback only");
+  }
+  if (m.cache.dirty_low >= m.cache.dirty_high) return Bad("dirty_low= must be below dirty_high=");
   if (have_actimeo) m.fs.acregmin = m.fs.acregmax = m.fs.acdirmin = m.fs.acdirmax = actimeo;
   if (m.fs.acregmin > m.fs.acregmax) return Bad("acregmin must not exceed acregmax");
   if (m.fs.acdirmin > m.fs.acdirmax) return Bad("acdirmin must not exceed acdirmax");

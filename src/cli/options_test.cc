@@ -134,10 +134,37 @@ TEST(OptionsTest, CacheOptions) {
   EXPECT_EQ(Parse({"s:/e", "/m"})->cache.mode, cache::CacheMode::kOff);
   EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_size=512m"})->cache.size, 512ull << 20);
   for (const char* bad : {"cache_mode=readonly", "cache_dir=relative", "cache_dir=/c,cache_size=12X",
-                          "cache_dir=/c,cache_size=0", "cache_dir=/c,cache_mode=writeback",
+                          "cache_dir=/c,cache_size=0", "cache_dir=/c,cache_mode=fast",
                           "cache_dir=/c,cache_block=100", "cache_dir=/c,admit=third"}) {
     EXPECT_FALSE(Parse({"s:/e", "/m", "-o", bad}).ok()) << bad;
   }
+}
+
+TEST(OptionsTest, WriteBackOptions) {
+  auto m = Parse({"s:/e", "/m", "-o",
+                  "cache_dir=/c,cache_mode=writeback,wb_fsync=server,dirty_high=70,dirty_low=10,"
+                  "dirty_age=5,wb_noflush"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->cache.mode, cache::CacheMode::kWriteBack);
+  EXPECT_TRUE(m->cache.fsync_server);
+  EXPECT_EQ(m->cache.dirty_high, 70u);
+  EXPECT_EQ(m->cache.dirty_low, 10u);
+  EXPECT_EQ(m->cache.dirty_age_s, 5u);
+  EXPECT_FALSE(m->cache.flush_on_unmount);
+  m = Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_mode=writeback"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_FALSE(m->cache.fsync_server);
+  EXPECT_TRUE(m->cache.flush_on_unmount);
+  for (const char* bad : {"cache_dir=/c,wb_fsync=server", "cache_dir=/c,cache_mode=writethrough,wb_noflush",
+                          "cache_dir=/c,cache_mode=writeback,wb_fsync=disk",
+                          "cache_dir=/c,cache_mode=writeback,dirty_high=20,dirty_low=30",
+                          "cache_dir=/c,cache_mode=writeback,dirty_age=0"}) {
+    auto r = Parse({"s:/e", "/m", "-o", bad});
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+  auto r = Parse({"s:/e", "/m", "-o", "cache_dir=/c,dirty_age=3"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().what.find("cache_mode=writeback"), std::string::npos) << r.error().what;
 }
 
 TEST(OptionsTest, SplitsSources) {

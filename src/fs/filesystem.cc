@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "fs/cache_version.h"
 #include "fs/gather.h"
 #include "fs/split.h"
 
@@ -69,11 +70,44 @@ Result<Filesystem::InodeP> Filesystem::Parent(uint64_t parent, const std::string
 
 Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts,
                        std::shared_ptr<cache::BlockCache> cache)
-    : nfs_(nfs), opts_(opts), cache_(std::move(cache)), inodes_(std::move(root)), log_(Log("fs")) {}
+    : nfs_(nfs), opts_(opts), cache_(cache), inodes_(std::move(root)), log_(Log("fs")) {
+  if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    flusher_.store(std::make_shared<Flusher>(nfs_, cache, opts_.wsize));
+  }
+}
 
-bool Filesystem::DetachCache() {
+Filesystem::~Filesystem() = default;
+
+Result<Ok> Filesystem::FlushCache() {
+  auto fl = flusher_.load();
+  if (!fl) return Ok{};
+  return fl->FlushAll();
+}
+
+void Filesystem::FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done) {
+  auto fl = flusher_.load();
+  if (!fl) return done(Ok{});
+  fl->Flush(inode->fh(), std::move(done));
+}
+
+Result<Ok> Filesystem::DetachCache() {
+  std::shared_ptr<cache::BlockCache> cur = cache_.load();
+  if (!cur) return Error::Errno(ENOENT, "this mount has no SSD cache");
+  if (auto fl = flusher_.load()) {
+    // No new dirty data from here on (writes go to the server), then
+    // everything dirty to the server, and only then the swap: reads keep
+    // seeing unflushed writes until they are on the server.
+    cur->StopWriteBack();
+    if (auto r = fl->FlushAll(); !r) {
+      cur->ResumeWriteBack();
+      return Error::Errno(r.error().err, "flushing before the detach failed: " + r.error().what +
+                                             " (the cache stays attached)");
+    }
+  }
+  cur.reset();
   std::shared_ptr<cache::BlockCache> old = cache_.exchange(nullptr);
-  if (!old) return false;
+  if (!old) return Error::Errno(ENOENT, "this mount has no SSD cache");
+  flusher_.store(nullptr);
   // Operations that began with the cache keep it alive; let them finish so
   // that closing it (a sync of its files) happens here, not on an event loop.
   for (int i = 0; i < 500 && old.use_count() > 1; ++i) {
@@ -81,20 +115,8 @@ bool Filesystem::DetachCache() {
   }
   old.reset();
   log_->warn("SSD cache detached; running uncached");
-  return true;
+  return Ok{};
 }
-
-namespace {
-
-int64_t Ns(const nfs::Time& t) { return int64_t{t.sec} * 1000000000 + t.nsec; }
-cache::FileVersion Version(const nfs::Attr& a) {
-  return cache::FileVersion{a.size, Ns(a.mtime), Ns(a.ctime)};
-}
-cache::FileVersion Version(const nfs::Wcc::Before& b) {
-  return cache::FileVersion{b.size, Ns(b.mtime), Ns(b.ctime)};
-}
-
-}  // namespace
 
 void Filesystem::Observe(const InodeP& inode, const nfs::Attr& a) {
   if (a.type != nfs::Ftype::kReg) return;
@@ -121,6 +143,11 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
   {
     std::lock_guard lock(inode->mu);
     if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
+  }
+  if (auto cache = cache_.load(); cache && a.type == nfs::Ftype::kReg) {
+    // Write-back: the size includes writes not yet on the server.
+    const uint64_t floor = cache->SizeFloor(inode->fh());
+    if (floor > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = static_cast<off_t>(floor);
   }
   out.timeout = AttrTimeout(inode, a);
   return out;
@@ -196,13 +223,27 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
 void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
+  if (auto cache = cache_.load(); sa.size && cache && cache->SizeFloor(inode->fh()) > 0) {
+    // Write-back: the file's unflushed writes reach the server before the
+    // truncate, which then cuts what it cuts (the cache forgets the file).
+    return FlushFile(inode, [this, c, ino, sa, cb = std::move(cb)](Result<Ok> r) mutable {
+      if (!r) return cb(r.error());
+      SetattrNow(c, ino, sa, std::move(cb));
+    });
+  }
+  SetattrNow(c, ino, sa, std::move(cb));
+}
+
+void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return cb(Stale());
   if (sa.size) {
     // A truncate must not be overtaken by an older write-behind write.
     std::unique_lock lock(inode->mu);
     if (inode->WriteBehindPending()) {
       lock.unlock();
       return WhenDrained(inode, [this, c, ino, sa, cb = std::move(cb)]() mutable {
-        Setattr(c, ino, sa, std::move(cb));
+        SetattrNow(c, ino, sa, std::move(cb));
       });
     }
   }
@@ -515,6 +556,11 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
 
 void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
                       std::function<void(Result<std::string_view>)> cb) {
+  ReadAttempt(c, f, size, off, std::move(cb), 0);
+}
+
+void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
+                             std::function<void(Result<std::string_view>)> cb, int attempt) {
   const InodeP inode = f->inode;
   if (size == 0) return cb(std::string_view());
   {
@@ -522,8 +568,8 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
     if (inode->WriteBehindPending()) {
       // A read must see this client's write-behind data: wait for it to land.
       lock.unlock();
-      return WhenDrained(inode, [this, c, f, size, off, cb = std::move(cb)]() mutable {
-        Read(c, f, size, off, std::move(cb));
+      return WhenDrained(inode, [this, c, f, size, off, attempt, cb = std::move(cb)]() mutable {
+        ReadAttempt(c, f, size, off, std::move(cb), attempt);
       });
     }
   }
@@ -535,8 +581,27 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
       cache->NoteBypass(false);  // a scan: neither served from nor stored in the cache
     } else {
       if (auto hit = cache->Read(inode->fh(), off, size)) return cb(std::string_view(*hit));
-      token = cache->ReadStart(inode->fh());
       admit = true;
+    }
+    token = cache->ReadStart(inode->fh());
+    if (cache->mode() == cache::CacheMode::kWriteBack) {
+      // This client's unflushed writes must show in what the server returns
+      // (a scan that bypasses the cache included).
+      cb = [this, c, f, size, off, attempt, inode, token, cache,
+            cb = std::move(cb)](Result<std::string_view> r) mutable {
+        if (!r) return cb(r.error());
+        std::string merged;
+        auto o = cache->Overlay(inode->fh(), token, off, *r, size, &merged);
+        if (o.kind == cache::OverlayResult::kError) {
+          return cb(Error::Errno(EIO, "an unflushed cached page could not be read back"));
+        }
+        if (o.kind == cache::OverlayResult::kRetry) {
+          if (attempt >= 16) return cb(Error::Errno(EIO, "read keeps racing with writes"));
+          cache.reset();
+          return ReadAttempt(c, f, size, off, std::move(cb), attempt + 1);
+        }
+        cb(o.replaced ? std::string_view(merged) : *r);
+      };
     }
   }
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.rsize));
@@ -661,7 +726,7 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
   auto op = std::make_shared<Gather>(pieces.size());
   bool admit = false;
-  if (auto cache = cache_.load()) {
+  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteThrough) {
     admit = !cache->Sequential(inode->fh(), off, size);
     if (!admit) cache->NoteBypass(true);
   }
@@ -714,6 +779,93 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
+  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    // A scan's writes bypass the cache, unless they overlap unflushed
+    // writes (which must not land on the server after them).
+    const bool seq = cache->Sequential(inode->fh(), off, size);
+    if (!seq || cache->HasDirty(inode->fh(), off, size)) {
+      return WriteBack(c, f, std::move(data), off, {}, std::move(cb), 0);
+    }
+    cache->NoteBypass(true);
+  }
+  WriteToServer(c, f, std::move(data), off, std::move(cb));
+}
+
+void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+                           std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt) {
+  InodeP inode = f->inode;
+  auto cache = cache_.load();
+  if (!cache) return WriteToServer(c, f, std::move(data), off, std::move(cb));
+  cache::WbWrite w;
+  w.fh = inode->fh();
+  w.off = off;
+  w.data = data->data();
+  w.len = data->size();
+  w.keep = data;
+  w.uid = c.uid;
+  w.gid = c.gid;
+  w.base = std::move(base);
+  // Runs on the cache's writer thread.
+  auto done = [this, c, f, inode, data, off, cb = std::move(cb), attempt,
+               base = w.base](cache::WbOutcome o) mutable {
+    switch (o.kind) {
+      case cache::WbOutcome::kStored: {
+        const bool sync = f->flags & (O_SYNC | O_DSYNC);
+        auto cache = cache_.load();
+        if (sync && cache && cache->options().fsync_server) {
+          // wb_fsync=server: an O_SYNC write is on the server when it returns.
+          const size_t n = data->size();
+          return FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
+            if (!r) return cb(r.error());
+            cb(n);
+          });
+        }
+        return cb(data->size());
+      }
+      case cache::WbOutcome::kNeedPages: {
+        if (attempt >= 8) break;  // keeps racing: go around the cache
+        // Partial pages the cache does not hold: fetch the server's copies.
+        auto got = std::make_shared<std::map<uint64_t, std::string>>(std::move(base));
+        auto mu = std::make_shared<std::mutex>();
+        auto op = std::make_shared<Gather>(o.need.size());
+        for (uint64_t page : o.need) {
+          nfs_.Read(inode->fh(), page, 4096, c,
+                    [this, c, f, data, off, cb, attempt, got, mu, op, page](Result<nfs::ReadReply> r) mutable {
+                      if (r) {
+                        std::lock_guard lock(*mu);
+                        (*got)[page] = std::string(r->data, std::min<size_t>(r->len, 4096));
+                      }
+                      if (!op->Done(r)) return;
+                      if (op->error()) return cb(*op->error());
+                      WriteBack(c, f, std::move(data), off, std::move(*got), std::move(cb), attempt + 1);
+                    });
+        }
+        return;
+      }
+      case cache::WbOutcome::kRetry:
+        if (attempt >= 8) break;
+        return WriteBack(c, f, std::move(data), off, std::move(base), std::move(cb), attempt + 1);
+      case cache::WbOutcome::kUnavailable:
+        break;
+    }
+    // Around the cache, to the server: after the file's unflushed writes
+    // that this one overlaps, so that they cannot land after it.
+    auto cache = cache_.load();
+    if (cache && cache->HasDirty(inode->fh(), off, data->size())) {
+      return FlushFile(inode, [this, c, f, data, off, cb = std::move(cb)](Result<Ok> r) mutable {
+        if (!r) return cb(r.error());
+        WriteToServer(c, f, std::move(data), off, std::move(cb));
+      });
+    }
+    WriteToServer(c, f, std::move(data), off, std::move(cb));
+  };
+  cache->WriteBack(std::move(w), std::move(done));
+}
+
+void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+                               Cb<size_t> cb) {
+  InodeP inode = f->inode;
+  const size_t size = data->size();
   const bool behind = opts_.write_behind > 0 && !opts_.sync && !opts_.direct_io &&
                       !(f->flags & (O_DIRECT | O_SYNC | O_DSYNC));
   if (!behind) {
@@ -808,6 +960,18 @@ void Filesystem::Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb) {
 
 void Filesystem::Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb) {
   InodeP inode = f->inode;
+  auto cache = cache_.load();
+  if (cache && cache->options().fsync_server && cache->mode() == cache::CacheMode::kWriteBack) {
+    // wb_fsync=server: the file's cached writes go to the server first.
+    return FlushFile(inode, [this, c, inode, cb = std::move(cb)](Result<Ok> r) mutable {
+      if (!r) return cb(r.error());
+      CommitAfterDrain(c, inode, std::move(cb));
+    });
+  }
+  CommitAfterDrain(c, inode, std::move(cb));
+}
+
+void Filesystem::CommitAfterDrain(const Cred& c, const InodeP& inode, Cb<Ok> cb) {
   WhenDrained(inode, [this, inode, c, cb = std::move(cb)]() mutable {
     if (auto e = TakeWriteError(inode)) return cb(*e);
     Commit(inode, c, std::move(cb));
@@ -815,7 +979,9 @@ void Filesystem::Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb) {
 }
 
 void Filesystem::Flush(const Cred& c, OpenFile* f, Cb<Ok> cb) {
-  if (opts_.cto) return Fsync(c, f, std::move(cb));
+  // Close: what went to the server is committed (close-to-open); cached
+  // write-back data stays in the cache (mpnfs(8), "Write-back").
+  if (opts_.cto) return CommitAfterDrain(c, f->inode, std::move(cb));
   // nocto: no commit on close, but write-behind errors are still reported.
   InodeP inode = f->inode;
   WhenDrained(inode, [this, inode, cb = std::move(cb)] {

@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,6 +38,7 @@
 
 #include "cache/block_cache.h"
 #include "common/log.h"
+#include "fs/flusher.h"
 #include "fs/inode_table.h"
 #include "fs/options.h"
 #include "mpnfs/result.h"
@@ -97,14 +99,18 @@ class Filesystem {
   // `cache` (optional, may be null) is the SSD cache tier (cache/block_cache.h).
   Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts,
              std::shared_ptr<cache::BlockCache> cache = nullptr);
+  ~Filesystem();
 
   // The SSD cache in use, or null. Each operation works on the cache it
   // found when it began, so DetachCache() never pulls it from under one.
   std::shared_ptr<cache::BlockCache> cache() const { return cache_.load(); }
-  // Stops using the SSD cache (online detach). Returns once the operations
-  // still holding it have finished (at most a few seconds) and it has been
-  // closed; false if there was none.
-  bool DetachCache();
+  // Stops using the SSD cache (online detach). A write-back cache takes no
+  // new dirty data and is flushed first (an error leaves it attached).
+  // Returns once the operations still holding it have finished (at most a
+  // few seconds) and it has been closed.
+  Result<Ok> DetachCache();
+  // Write-back: every dirty page to the server now (waits); Ok without one.
+  Result<Ok> FlushCache();
 
   const FsOptions& options() const { return opts_; }
   InodeTable& inodes() { return inodes_; }
@@ -161,6 +167,18 @@ class Filesystem {
     std::optional<Error> err;
     std::function<void(Result<std::string_view>)> cb;
   };
+  void ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
+                   std::function<void(Result<std::string_view>)> cb, int attempt);
+  void SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
+  // cache_mode=writeback: the write goes to the SSD cache; `base` holds the
+  // server's copies of partial pages the cache asked for.
+  void WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+                 std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt);
+  // The NFS write path (write-behind for page-cache opens, else synchronous).
+  void WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
+  // The file's dirty cache pages to the server (now if there is no flusher).
+  void FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done);
+  void CommitAfterDrain(const Cred& c, const InodeP& inode, Cb<Ok> cb);
   void ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
                  uint64_t off, size_t buf_off, size_t len);
 
@@ -198,6 +216,7 @@ class Filesystem {
   nfs::Nfs3& nfs_;
   const FsOptions opts_;
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
+  std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
   InodeTable inodes_;
   std::atomic<uint64_t> seq_{0};
   std::atomic<int64_t> open_files_{0};  // in this mount; 0: unlink needs no check

@@ -1,0 +1,250 @@
+#include "fs/flusher.h"
+
+#include <algorithm>
+#include <future>
+#include <map>
+#include <set>
+
+#include "common/log.h"
+#include "fs/cache_version.h"
+
+namespace mpnfs::fs {
+namespace {
+
+constexpr uint64_t kBackgroundRound = 8 << 20;
+constexpr uint64_t kUrgentRound = 32 << 20;
+constexpr int kMaxFruitlessRounds = 10;
+
+// One WRITE of the round: neighbouring runs of one file and writer.
+struct Call {
+  std::string fh;
+  uint64_t off = 0;
+  engine::Cred cred;
+  std::vector<size_t> runs;  // indexes into the round's runs
+  nfs::Buffer buf;
+  std::optional<uint64_t> verf;  // UNSTABLE reply's verifier; unset: FILE_SYNC or failed
+  bool stable = false, ok = false;
+  std::optional<Error> err;
+};
+
+}  // namespace
+
+Flusher::Flusher(nfs::Nfs3& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize)
+    : nfs_(nfs), cache_(std::move(cache)), wsize_(std::max<uint32_t>(wsize, 4096)) {
+  thread_ = std::thread([this] { Main(); });
+}
+
+Flusher::~Flusher() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  // Requests never served (stopped first): say so.
+  for (auto& r : requests_) r.done(Error::Errno(EIO, "the flusher stopped"));
+}
+
+void Flusher::Flush(const std::string& fh, std::function<void(Result<Ok>)> done) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stop_) {
+      requests_.push_back(Request{fh, std::move(done)});
+      cv_.notify_all();
+      return;
+    }
+  }
+  done(Error::Errno(EIO, "the flusher stopped"));
+}
+
+Result<Ok> Flusher::FlushAll() {
+  std::promise<Result<Ok>> p;
+  auto f = p.get_future();
+  Flush("", [&p](Result<Ok> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
+                                std::chrono::steady_clock::time_point older_than, bool* pending) {
+  std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than);
+  *pending = !runs.empty();
+  if (runs.empty()) return uint64_t{0};
+  // Join neighbours (runs come in file order) into calls of up to wsize.
+  std::vector<Call> calls;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    Call* last = calls.empty() ? nullptr : &calls.back();
+    size_t last_len = 0;
+    if (last) {
+      for (size_t k : last->runs) last_len += runs[k].data.size();
+    }
+    if (last && last->fh == r.fh && last->cred.uid == r.uid && last->cred.gid == r.gid &&
+        last->off + last_len == r.off && last_len + r.data.size() <= wsize_) {
+      last->runs.push_back(i);
+      continue;
+    }
+    Call c;
+    c.fh = r.fh;
+    c.off = r.off;
+    c.cred.uid = r.uid;
+    c.cred.gid = r.gid;
+    c.runs.push_back(i);
+    calls.push_back(std::move(c));
+  }
+  // Send every WRITE, then wait for all.
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t left = calls.size();
+  for (auto& c : calls) {
+    size_t len = 0;
+    for (size_t k : c.runs) len += runs[k].data.size();
+    auto bytes = std::make_shared<nfs::Bytes>(len);
+    size_t at = 0;
+    for (size_t k : c.runs) {
+      std::copy(runs[k].data.begin(), runs[k].data.end(), bytes->data() + at);
+      at += runs[k].data.size();
+    }
+    c.buf = bytes;
+    const uint64_t token = cache_->WriteStart(c.fh, c.off, len, /*invalidate=*/false);
+    nfs_.Write(c.fh, c.off, c.buf, 0, len, /*stable=*/false, c.cred,
+               [this, &c, &mu, &cv, &left, token, len](Result<nfs::WriteReply> r) {
+                 const bool whole = r && r->count >= len;
+                 std::optional<cache::FileVersion> before, after;
+                 if (r && r->wcc.before) before = Version(*r->wcc.before);
+                 if (r && r->wcc.after) after = Version(*r->wcc.after);
+                 cache_->WriteDone(c.fh, token, c.off, c.buf->data(), len, whole, false, before, after);
+                 std::lock_guard lock(mu);
+                 if (!r) {
+                   c.err = r.error();
+                 } else if (!whole) {
+                   c.err = Error::Errno(EIO, "short WRITE while flushing");
+                 } else {
+                   c.ok = true;
+                   c.stable = r->stable;
+                   if (!r->stable) c.verf = r->verf;
+                 }
+                 if (--left == 0) cv.notify_all();
+               });
+  }
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return left == 0; });
+  }
+  // COMMIT each file that took UNSTABLE writes.
+  std::map<std::string, engine::Cred> files;
+  for (const auto& c : calls) {
+    if (c.ok && !c.stable) files.emplace(c.fh, c.cred);
+  }
+  std::map<std::string, Result<nfs::CommitReply>> commits;
+  left = files.size();
+  for (const auto& [f, cred] : files) {
+    nfs_.Commit(f, cred, [&, f = f](Result<nfs::CommitReply> r) {
+      std::lock_guard lock(mu);
+      commits.emplace(f, std::move(r));
+      if (--left == 0) cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return left == 0; });
+  }
+  std::vector<cache::DirtyRun> clean;
+  std::optional<Error> first_err;
+  std::set<std::string> gone;
+  uint64_t bytes = 0;
+  for (auto& c : calls) {
+    bool ok = c.ok;
+    if (ok && !c.stable) {
+      auto it = commits.find(c.fh);
+      if (!it->second) {
+        ok = false;
+        c.err = it->second.error();
+      } else if (it->second->verf != *c.verf) {
+        ok = false;  // the server restarted and may have lost it: sent again next round
+        Log("flush")->warn("server write verifier changed while flushing: writing again");
+      }
+    }
+    if (c.err && c.err->err == ESTALE) {
+      gone.insert(c.fh);
+      continue;
+    }
+    if (c.err && !first_err) first_err = c.err;
+    if (!ok) continue;
+    for (size_t k : c.runs) {
+      bytes += runs[k].data.size();
+      clean.push_back(std::move(runs[k]));
+    }
+  }
+  cache_->Flushed(clean);
+  for (const auto& f : gone) {
+    Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
+                       "its cached writes are dropped");
+    cache_->Drop(f);
+  }
+  if (first_err) {
+    cache_->NoteFlushError();
+    return *first_err;
+  }
+  return bytes;
+}
+
+Result<Ok> Flusher::Drain(const std::string& fh) {
+  int fruitless = 0;
+  while (true) {
+    bool pending = false;
+    auto r = Round(fh, kUrgentRound, std::chrono::steady_clock::now(), &pending);
+    if (!r) return r.error();
+    if (!pending) return Ok{};
+    if (*r == 0 && ++fruitless >= kMaxFruitlessRounds) {
+      return Error::Errno(EIO, "flushing makes no progress (the server keeps losing unstable writes)");
+    }
+  }
+}
+
+void Flusher::Main() {
+  auto log = Log("flush");
+  const auto& o = cache_->options();
+  bool above_low = false;
+  auto retry_at = std::chrono::steady_clock::now();
+  bool busy = false;  // the last background round left more to do
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(busy ? 0 : 200),
+                 [this] { return stop_ || !requests_.empty(); });
+    if (stop_) break;
+    if (!requests_.empty()) {
+      Request req = std::move(requests_.front());
+      requests_.pop_front();
+      lock.unlock();
+      auto r = Drain(req.fh);
+      if (!r) log->warn("flush failed: {}", r.error().what);
+      req.done(std::move(r));
+      lock.lock();
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now < retry_at) continue;
+    lock.unlock();
+    // Background: watermarks, then age.
+    const auto level = cache_->Dirty();
+    const uint64_t pct = level.slots ? level.blocks * 100 / level.slots : 0;
+    if (pct >= o.dirty_high) above_low = true;
+    if (pct < o.dirty_low) above_low = false;
+    const auto age = std::chrono::seconds(o.dirty_age_s);
+    Result<uint64_t> r = uint64_t{0};
+    bool pending = false;
+    if (above_low) {
+      r = Round("", kBackgroundRound, now, &pending);
+    } else if (level.blocks > 0 && level.oldest >= age) {
+      r = Round("", kBackgroundRound, now - age, &pending);
+    }
+    if (!r) {
+      log->warn("background flush failed: {} (dirty data kept; retrying in 1 s)", r.error().what);
+      retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
+    lock.lock();
+    busy = r && pending;  // more may be due: go round again at once
+  }
+}
+
+}  // namespace mpnfs::fs

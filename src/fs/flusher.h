@@ -1,0 +1,76 @@
+// Flusher: writes the SSD cache's dirty pages (cache_mode=writeback) to the
+// NFS server, on its own thread.
+//
+// When. In the background: once dirty blocks pass dirty_high % of the cache
+// it flushes until they are under dirty_low %, and it flushes any block
+// dirty for dirty_age seconds. On request: Flush() for one file (fsync with
+// wb_fsync=server, a truncate, a write that must go around the cache) or
+// for all (mpnfsctl cache flush, detach, unmount, the start-up recovery).
+//
+// How. A round takes dirty runs in file-offset order (BlockCache::
+// CollectDirty), joins neighbours into WRITE calls of up to wsize, sends
+// them UNSTABLE (as the writer's uid/gid, recorded with the pages), then
+// COMMITs each file. A run becomes clean only if the COMMIT's verifier is
+// the one its WRITE returned: a server that restarted in between lost it,
+// and it is sent again in the next round. Background rounds carry at most
+// 8 MiB, so foreground calls are never queued behind a long flush. A file
+// the server no longer has (ESTALE) cannot be written: its dirty pages are
+// dropped, with a warning.
+//
+// Thread safety: all public methods are thread safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "cache/block_cache.h"
+#include "common/thread_annotations.h"
+#include "mpnfs/result.h"
+#include "nfs/nfs3.h"
+
+namespace mpnfs::fs {
+
+class Flusher {
+ public:
+  Flusher(nfs::Nfs3& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize);
+  // Stops the thread; flushes nothing more (see Flush for that).
+  ~Flusher();
+  Flusher(const Flusher&) = delete;
+  Flusher& operator=(const Flusher&) = delete;
+
+  // Writes every dirty page (only `fh`'s, if not empty) to the server;
+  // `done` runs on the flusher thread once they are clean there, or with
+  // the error that stopped it.
+  void Flush(const std::string& fh, std::function<void(Result<Ok>)> done);
+  // Flush("") and wait.
+  Result<Ok> FlushAll();
+
+ private:
+  struct Request {
+    std::string fh;
+    std::function<void(Result<Ok>)> done;
+  };
+  void Main();
+  // One round over at most `max_bytes`; the bytes made clean, 0 if nothing
+  // matched. `*pending` says whether anything matched at all.
+  Result<uint64_t> Round(const std::string& fh, uint64_t max_bytes,
+                         std::chrono::steady_clock::time_point older_than, bool* pending);
+  Result<Ok> Drain(const std::string& fh);
+
+  nfs::Nfs3& nfs_;
+  const std::shared_ptr<cache::BlockCache> cache_;
+  const uint32_t wsize_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request> requests_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace mpnfs::fs
