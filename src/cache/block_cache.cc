@@ -95,11 +95,36 @@ Result<bool> BlockCache::Init() {
     return Error::Errno(EBUSY, "cache_dir " + dir + " is in use by another mount");
   }
 
+  const std::string data_path = dir + "/data", index_path = dir + "/index";
+  std::string old_meta;
+  {
+    std::ifstream in(dir + "/meta");
+    std::getline(in, old_meta);
+    old_meta += "\n";
+  }
+  // Write-back data not yet on the server is never thrown away for a change
+  // of geometry: the cache keeps its old one until that data is flushed.
+  {
+    std::istringstream in(old_meta);
+    std::string magic;
+    uint32_t ver = 0, block = 0, slots = 0, rec = 0;
+    if (in >> magic >> ver >> block >> slots >> rec && magic == "mpnfs-cache" && ver == kFormatVersion &&
+        block >= 64 * 1024 && block <= kMaxPages * kPage && (block & (block - 1)) == 0 &&
+        rec == RecordBytes(block / kPage) && IndexHasDirty(index_path, block / kPage, slots, rec)) {
+      if (block != opts_.block || uint64_t{slots} * block != opts_.size) {
+        Log("cache")->warn("cache_dir {} holds write-back data not yet on the server: keeping its "
+                           "geometry ({} MiB in {} KiB blocks) for this mount",
+                           dir, (uint64_t{slots} * block) >> 20, block >> 10);
+      }
+      opts_.block = block;
+      opts_.size = uint64_t{slots} * block;
+      keep_slots_ = slots;
+    }
+  }
   // Size: cache_size, but never more than the filesystem can hold while
   // keeping 5% of it free (the data file is preallocated below).
   const uint32_t ppb = pages();
   record_bytes_ = RecordBytes(ppb);
-  const std::string data_path = dir + "/data", index_path = dir + "/index";
   struct statvfs vfs{};
   if (statvfs(dir.c_str(), &vfs) != 0) return Sys("statvfs " + dir);
   uint64_t have = 0;
@@ -113,7 +138,9 @@ Result<bool> BlockCache::Init() {
   const uint64_t per_slot = opts_.block + 2ull * record_bytes_;
   uint64_t want = opts_.size / opts_.block;
   const uint64_t fit = avail > margin ? (avail - margin) / per_slot : 0;
-  if (fit < want) {
+  if (keep_slots_ != 0) {
+    want = keep_slots_;  // its files exist at that size already
+  } else if (fit < want) {
     Log("cache")->warn("cache_dir {}: room for {} MiB only (keeping 5% of the filesystem free); "
                        "cache_size lowered from {} MiB",
                        dir, fit * opts_.block >> 20, opts_.size >> 20);
@@ -129,12 +156,6 @@ Result<bool> BlockCache::Init() {
   std::ostringstream meta;
   meta << "mpnfs-cache " << kFormatVersion << " " << opts_.block << " " << nslots_ << " "
        << record_bytes_ << "\n";
-  std::string old_meta;
-  {
-    std::ifstream in(dir + "/meta");
-    std::getline(in, old_meta);
-    old_meta += "\n";
-  }
   const bool reuse = old_meta == meta.str();
   if (!reuse) {
     if (old_meta.size() > 1) {
@@ -192,6 +213,29 @@ Result<bool> BlockCache::Init() {
                      stats_.mode, dir, capacity_bytes() >> 20, opts_.block >> 10, policy_->in_use(),
                      dirty_slots_);
   return true;
+}
+
+bool BlockCache::IndexHasDirty(const std::string& path, uint32_t pages, uint32_t slots, uint32_t rec) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool dirty = false;
+  std::string buf;
+  const uint32_t chunk = 1024;
+  for (uint32_t first = 0; first < slots && !dirty; first += chunk) {
+    const uint32_t n = std::min(chunk, slots - first);
+    buf.resize(size_t{n} * 2 * rec);
+    if (!PreadAll(fd, buf.data(), buf.size(), off_t{first} * 2 * rec)) break;
+    for (uint32_t i = 0; i < n && !dirty; ++i) {
+      std::optional<Record> best;
+      for (int copy = 0; copy < 2; ++copy) {
+        auto r = DecodeRecord(std::string_view(buf.data() + (size_t{i} * 2 + copy) * rec, rec), pages);
+        if (r && (!best || r->seq > best->seq)) best = std::move(r);
+      }
+      dirty = best && !best->fh.empty() && AnyBit(best->dirty);
+    }
+  }
+  close(fd);
+  return dirty;
 }
 
 void BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer starts

@@ -331,6 +331,7 @@ class BlockCache {
   explicit BlockCache(CacheOptions opts);
   Result<bool> Init();
   void LoadIndex();
+  static bool IndexHasDirty(const std::string& path, uint32_t pages, uint32_t slots, uint32_t rec);
   static std::string Key(const std::string& fh, uint64_t block);
   uint32_t pages() const { return opts_.block / kPage; }
 
@@ -363,7 +364,8 @@ class BlockCache {
   uint64_t LogicalSize(const FileState& f) const { return std::max(f.have ? f.validated.size : 0, f.wb_size); }
   bool Probe();
 
-  const CacheOptions opts_;
+  CacheOptions opts_;  // set before Init() returns; block/size may follow the files found
+  uint32_t keep_slots_ = 0;
   uint32_t nslots_ = 0;
   uint32_t record_bytes_ = 0;
   int data_fd_ = -1, index_fd_ = -1, lock_fd_ = -1;

@@ -385,12 +385,17 @@ TEST_F(WriteBackTest, ANonWriteBackMountRefusesACacheHoldingDirtyData) {
   }
   CacheOptions o;
   o.dir = dir_;
-  o.size = 1 << 20;
-  o.block = kBlock;
+  o.size = 8 << 20;    // another size
+  o.block = 2 * kBlock;  // and block: the cache keeps its own until flushed
   o.mode = CacheMode::kReadOnly;
   auto c = BlockCache::Open(o);
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().what.find("cache_mode=writeback"), std::string::npos) << c.error().what;
+  o.mode = CacheMode::kWriteBack;
+  auto wb = BlockCache::Open(o);
+  ASSERT_TRUE(wb.ok()) << wb.error().what;
+  EXPECT_EQ((*wb)->capacity_bytes(), 1u << 20);
+  EXPECT_EQ(Collected(**wb, "fh1", 0, 4096), Pattern(4096, 'x'));
 }
 
 TEST_F(WriteBackTest, APartialPageIsMergedWithTheServersCopy) {

@@ -726,7 +726,8 @@ void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
   auto op = std::make_shared<Gather>(pieces.size());
   bool admit = false;
-  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteThrough) {
+  // (Write-back mounts decided in Write() already.)
+  if (auto cache = cache_.load(); cache && cache->mode() != cache::CacheMode::kWriteBack) {
     admit = !cache->Sequential(inode->fh(), off, size);
     if (!admit) cache->NoteBypass(true);
   }

@@ -1,4 +1,5 @@
-"""The SSD cache tier (cache_dir=, cache_mode=readonly|writethrough): data
+"""The SSD cache tier (cache_dir=, cache_mode=readonly|writethrough; write-back is in
+test_writeback.py): data
 read back equals data written, through remounts (a warm cache), sequential
 bypass, eviction at capacity, a damaged cache page detected and not served,
 another client's change seen at the next open, a cache filesystem too small,
@@ -178,8 +179,10 @@ def test_bad_cache_settings_refuse_to_mount_unless_optional(bed, mount_factory, 
 
     r = try_mount(f"cache_dir={tmp_path}/missing")
     assert r.returncode == 32 and "not a directory" in r.stderr, r.stderr
-    r = try_mount("cache_mode=writeback,cache_dir=/tmp")
-    assert r.returncode == 1 and "writeback" in r.stderr
+    r = try_mount("cache_mode=fast,cache_dir=/tmp")
+    assert r.returncode == 1 and "cache_mode=" in r.stderr, r.stderr
+    r = try_mount(f"cache_dir={cache_dir},dirty_age=5")
+    assert r.returncode == 1 and "cache_mode=writeback" in r.stderr, r.stderr
     held = mount_factory(f"cache_dir={cache_dir}")
     r = try_mount(f"cache_dir={cache_dir}")
     assert r.returncode == 32 and "in use" in r.stderr, r.stderr
