@@ -323,6 +323,7 @@ BlockCache::~BlockCache() {
         Persist(s);
       }
     }
+    DiscardBrokenIndex();  // again: the disk may take it now
   }
   if (data_fd_ >= 0) {
     fdatasync(data_fd_);
@@ -349,7 +350,8 @@ BlockCache::FileState& BlockCache::State(const std::string& fh) {
   return files_[fh];
 }
 
-void BlockCache::Persist(uint32_t s) {
+bool BlockCache::Persist(uint32_t s) {
+  if (index_broken_) return false;
   const Slot& slot = slots_[s];
   Record r;
   r.seq = seq_++;
@@ -364,12 +366,21 @@ void BlockCache::Persist(uint32_t s) {
   r.crc = slot.crc;
   const std::string bytes = EncodeRecord(r, pages());
   const off_t at = (off_t{s} * 2 + static_cast<off_t>(r.seq % 2)) * record_bytes_;
-  if (!PwriteAll(index_fd_, bytes.data(), bytes.size(), at)) {
-    // The index may now claim pages that are gone: the next mount must not trust it.
-    DeviceError("writing the cache index", errno);
-    if (ftruncate(index_fd_, 0) != 0) unlink((opts_.dir + "/index").c_str());
-    health_ = Health::kOut;
-  }
+  if (PwriteAll(index_fd_, bytes.data(), bytes.size(), at)) return true;
+  // The index may now claim pages that are gone (or miss newer ones): the
+  // next mount must not trust it. It is emptied at once, unless it records
+  // unflushed writes: then once they are on the server (the flusher drains
+  // a cache that is out of service).
+  DeviceError("writing the cache index", errno);
+  health_ = Health::kOut;
+  index_broken_ = true;
+  DiscardBrokenIndex();
+  return false;
+}
+
+void BlockCache::DiscardBrokenIndex() {
+  if (!index_broken_ || dirty_slots_ != 0) return;
+  if (ftruncate(index_fd_, 0) != 0) unlink((opts_.dir + "/index").c_str());
 }
 
 void BlockCache::SetDirtyPin(uint32_t s) {
@@ -845,7 +856,7 @@ void BlockCache::WriterMain() {
           if (ok && health_ != Health::kHealthy && !stop_) {
             // A failed record write truncated the index: stay out then.
             struct stat st{};
-            if (fstat(index_fd_, &st) == 0 && st.st_size > 0) {
+            if (!index_broken_ && fstat(index_fd_, &st) == 0 && st.st_size > 0) {
               health_ = Health::kHealthy;
               stats_.device_errors = 0;
               Log("cache")->warn("cache disk answers again; cache healthy");
@@ -1139,7 +1150,8 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
   struct Item {
     std::vector<WbPart> parts;
     WbOutcome out;
-    bool ok = false;
+    bool ok = false;       // applied in memory
+    bool durable = true;   // and its records written
   };
   std::vector<Item> items(batch.size());
   std::vector<uint32_t> retire;  // slots whose blocks moved (freed after the sync)
@@ -1225,9 +1237,11 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
   lock.lock();
   if (!data_synced) DeviceError("syncing the cache data", data_err);
   if (data_synced) {
-    for (const auto& it : items) {
+    for (auto& it : items) {
       if (!it.ok) continue;
-      for (const auto& part : it.parts) Persist(part.to);
+      for (const auto& part : it.parts) {
+        if (!Persist(part.to)) it.durable = false;
+      }
     }
     for (uint32_t s : retire) {
       Slot& old = slots_[s];
@@ -1254,7 +1268,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       if (part.allocated) policy_->Unpin(part.to);
       if (part.pinned_from) policy_->Unpin(part.from);
     }
-    if (it.ok && !index_synced) {
+    if (it.ok && (!index_synced || !it.durable)) {
       // In memory the pages are there (and will be flushed); the caller is
       // told they are not durable, and writes them to the server itself.
       it.out.kind = WbOutcome::kUnavailable;
@@ -1382,6 +1396,7 @@ BlockCache::DirtyLevel BlockCache::Dirty() const {
   DirtyLevel d;
   d.blocks = dirty_slots_;
   d.slots = nslots_;
+  d.urgent = health_ != Health::kHealthy;
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t s : dirty_set_) d.oldest = std::max(d.oldest, now - slots_[s].dirty_since);
   return d;
@@ -1502,6 +1517,7 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
     SetDirtyPin(s);
     Persist(s);
   }
+  DiscardBrokenIndex();
 }
 
 void BlockCache::StopWriteBack() {

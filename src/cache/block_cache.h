@@ -52,7 +52,9 @@
 // checked); repeated errors take it out of service (everything goes to the
 // server). Every 30 s a probe write and read of a scratch file tests the
 // disk; when it works again the cache is healthy again. A failed record
-// write makes the whole index untrusted for the next mount (it is truncated).
+// write makes the whole index untrusted for the next mount: no record is
+// written after it, and it is truncated (in write-back mode once the
+// flusher, which drains a cache out of service, has left nothing dirty).
 //
 // Write-back (cache_mode=writeback). A write is stored as dirty pages and
 // answered once they are durable here: the data is written and synced, then
@@ -238,6 +240,7 @@ class BlockCache {
   struct DirtyLevel {
     uint64_t blocks = 0, slots = 0;
     std::chrono::steady_clock::duration oldest{};
+    bool urgent = false;  // the cache is degraded or out: flush everything
   };
   DirtyLevel Dirty() const;
   // Dirty runs in (file, offset) order, at most about `max_bytes`, only of
@@ -340,7 +343,9 @@ class BlockCache {
   void DropLocked(FileState& f) REQUIRES(mu_);
   // A slot with dirty pages keeps only those (true); else false.
   bool KeepDirtyOnly(uint32_t s) REQUIRES(mu_);
-  void Persist(uint32_t s) REQUIRES(mu_);
+  // Writes the slot's record; false if the index could not be written.
+  bool Persist(uint32_t s) REQUIRES(mu_);
+  void DiscardBrokenIndex() REQUIRES(mu_);
   // Queues stores of the whole pages of [off, off+len) whose block passes `allowed`.
   template <class Allowed>
   void StoreLocked(const std::string& fh, FileState& f, uint64_t off, const char* data, size_t len,
@@ -381,6 +386,7 @@ class BlockCache {
   bool writing_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;
   bool wb_stopped_ GUARDED_BY(mu_) = false;
+  bool index_broken_ GUARDED_BY(mu_) = false;  // a record write failed: write no more
   uint64_t seq_ GUARDED_BY(mu_) = 1;
   Health health_ GUARDED_BY(mu_) = Health::kHealthy;
   uint64_t used_pages_ GUARDED_BY(mu_) = 0;

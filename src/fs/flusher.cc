@@ -228,8 +228,9 @@ void Flusher::Main() {
     // Background: watermarks, then age.
     const auto level = cache_->Dirty();
     const uint64_t pct = level.slots ? level.blocks * 100 / level.slots : 0;
-    if (pct >= o.dirty_high) above_low = true;
-    if (pct < o.dirty_low) above_low = false;
+    if (pct >= o.dirty_high || (level.urgent && level.blocks > 0)) above_low = true;
+    if (pct < o.dirty_low && !level.urgent) above_low = false;
+    if (level.blocks == 0) above_low = false;
     const auto age = std::chrono::seconds(o.dirty_age_s);
     Result<uint64_t> r = uint64_t{0};
     bool pending = false;

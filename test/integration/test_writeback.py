@@ -257,3 +257,39 @@ def test_online_detach_flushes_and_frees_the_export(mount_factory, cache_dir):
     data[:8192] = b"z" * 8192
     assert direct_read(f, 0, 1 << 20) == data
     assert is_mounted(m.path)
+
+
+@pytest.mark.parametrize("broken", ["data", "index"])
+def test_a_failing_cache_disk_loses_no_write(mount_factory, cache_dir, broken):
+    """The cache's data or index file stops taking writes (chattr +i: EPERM
+    on every write, as a failing device would give EIO): new writes go to
+    the server, the unflushed ones already in the cache are flushed, nothing
+    is lost, and a later mount starts from a cache it can trust."""
+    m = mount_factory(wb_opts(cache_dir))
+    f, data = file_with_dirty_pieces(m, f"wb-fail-{broken}", 2, 10, 65536)
+    assert cache_stats(m)["dirty_bytes"] > 0
+    target = cache_dir / broken
+    subprocess.run(["chattr", "+i", str(target)], check=True)
+    try:
+        rnd = random.Random(11)
+        for _ in range(40):
+            o = rnd.randrange(0, 2 << 20, 8192)
+            new = os.urandom(8192)
+            direct_write(f, o, new)
+            data[o:o + 8192] = new
+        st = cache_stats(m)
+        assert st["device_errors"] >= 1 and st["state"] in ("degraded", "out"), st
+        assert st["writes_around"] >= 1, st
+        assert direct_read(f, 0, 2 << 20) == data
+        deadline = time.time() + 20  # a cache out of service is drained at once
+        while cache_stats(m)["dirty_bytes"] > 0 and time.time() < deadline:
+            time.sleep(0.2)
+        assert cache_stats(m)["dirty_bytes"] == 0
+        assert server_bytes(f.name) == bytes(data)
+        assert "cache disk error" in m.log_text()
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=False)
+    m.unmount()
+    assert not owner_record()
+    m2 = mount_factory(wb_opts(cache_dir))
+    assert hashlib.md5((m2.path / f.name).read_bytes()).digest() == hashlib.md5(data).digest()
