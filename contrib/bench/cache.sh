@@ -3,8 +3,9 @@
 # (the one path shaped with tbf to RATE mbit, default 20: an 8 KiB request
 # then takes ~3 ms on the wire, HDD-like), without a cache, with a cache of
 # 30% of the data set and with one larger than it; the 30% cache again after
-# and during a sequential scan twice the cache size; and cached reads
-# against a plain read of the cache's own data file (the local ceiling).
+# and during a sequential scan twice the cache size; the 70/30 mix again
+# with cache_mode=writeback; and cached reads against a plain read of the
+# cache's own data file (the local ceiling).
 # Each cached run is warmed first with the same workload, unshaped (and,
 # for the cache larger than the data, one random pass over all of it).
 # Prints a markdown report; with -o FILE also writes it there.
@@ -50,7 +51,7 @@ shape() { contrib/testbed.sh shape 1 "$1" >/dev/null; }
   echo "Command: \`contrib/bench/cache.sh $RATE\`. Data set: one ${DATA} MiB file; fio 8 KiB random I/O,"
   echo "O_DIRECT, 2 jobs x iodepth 8, ${RUN} s per run, distribution \`$ZONED\` unless noted."
   echo "The server is reached over one path shaped to ${RATE} mbit (HDD-like service times); the"
-  echo "cache directory is on this machine's disk. cache_mode=writethrough, cache_block=64."
+  echo "cache directory is on this machine's disk. cache_mode=writethrough unless noted, cache_block=64."
   echo
   echo "| run | IOPS | read lat (us) | write lat (us) | read hits | write hits | vs no cache |"
   echo "|---|---|---|---|---|---|---|"
@@ -66,11 +67,12 @@ dd if=/dev/urandom of="$MNT/db.bin" bs=1M count="$DATA" conv=fsync status=none
 dd if=/dev/urandom of="$MNT/scan.bin" bs=1M count=$((DATA * 6 / 10)) conv=fsync status=none
 umount_mpnfs
 
-run() {  # LABEL CACHE_MIB(0 = none) MIX DIST [scan]
-  local label=$1 size=$2 mix=$3 dist=$4 scan=${5:-} opts="" h0=0 m0=0 wh0=0 w0=0 res hits="-" whits="-"
+run() {  # LABEL CACHE_MIB(0 = none) MIX DIST [scan] [MODE] [MORE_OPTIONS]
+  local label=$1 size=$2 mix=$3 dist=$4 scan=${5:-} mode=${6:-writethrough} more=${7:-} opts=""
+  local h0=0 m0=0 wh0=0 w0=0 res hits="-" whits="-"
   if [ "$size" -gt 0 ]; then
     rm -rf "$SRC/c"; mkdir -p "$SRC/c"
-    opts="cache_dir=$SRC/c,cache_size=${size}M,cache_mode=writethrough,cache_block=64"
+    opts="cache_dir=$SRC/c,cache_size=${size}M,cache_mode=$mode,cache_block=64${more:+,$more}"
   fi
   mount_mpnfs "$opts"
   if [ "$size" -gt "$DATA" ]; then
@@ -79,6 +81,9 @@ run() {  # LABEL CACHE_MIB(0 = none) MIX DIST [scan]
       --ioengine=libaio --iodepth=8 --output-format=terse >/dev/null
   fi
   if [ "$size" -gt 0 ]; then fio_oltp "$WARM" "$mix" "$dist" >/dev/null; fi
+  # Write-back: the warm-up's backlog goes to the server before the measured
+  # run (which then flushes only what it writes itself).
+  if [ "$mode" = writeback ]; then build/src/mpnfsctl cache flush "$MNT" >/dev/null; fi
   if [ "$scan" = after ]; then dd if="$MNT/scan.bin" of=/dev/null bs=1M status=none; fi
   shape "${RATE}mbit"
   if [ "$size" -gt 0 ]; then
@@ -96,16 +101,28 @@ run() {  # LABEL CACHE_MIB(0 = none) MIX DIST [scan]
 }
 
 declare -A BASE
+c30=$((DATA * 3 / 10))
+c120=$((DATA * 12 / 10))
+# LABEL CACHE_MIB MIX [MODE] [MORE_OPTIONS]: one row of the table.
+case_row() {
+  local r iops rlat wlat hits whits
+  r=$(run "c" "$2" "$3" "$ZONED" "" "${4:-writethrough}" "${5:-}")
+  read -r _ iops rlat wlat hits whits <<< "$r"
+  row "$1" "$iops" "$rlat" "$wlat" "$hits" "$whits" \
+      "$(awk -v a="$iops" -v b="${BASE[$3]}" 'BEGIN { printf "%.1fx", a / b }')"
+}
 for mix in 100 70; do
   r=$(run "none" 0 "$mix" "$ZONED"); read -r _ iops rlat wlat hits whits <<< "$r"; BASE[$mix]=$iops
   row "reads $mix%, no cache" "$iops" "$rlat" "$wlat" "-" "-" "1.0x"
-  for spec in "30%:$((DATA * 3 / 10))" "120%:$((DATA * 12 / 10))"; do
-    r=$(run "c" "${spec#*:}" "$mix" "$ZONED"); read -r _ iops rlat wlat hits whits <<< "$r"
-    row "reads $mix%, cache ${spec%%:*} of the data" "$iops" "$rlat" "$wlat" "$hits" "$whits" \
-        "$(awk -v a="$iops" -v b="${BASE[$mix]}" 'BEGIN { printf "%.1fx", a / b }')"
-  done
 done
-c30=$((DATA * 3 / 10))
+case_row "reads 100%, cache 30% of the data" "$c30" 100
+case_row "reads 100%, cache 30%, admit=second" "$c30" 100 writethrough admit=second
+case_row "reads 100%, cache 120% of the data" "$c120" 100
+case_row "reads 70%, cache 30%, writethrough" "$c30" 70
+case_row "reads 70%, cache 30%, writeback" "$c30" 70 writeback
+case_row "reads 70%, cache 30%, writeback, admit=second" "$c30" 70 writeback admit=second
+case_row "reads 70%, cache 120%, writethrough" "$c120" 70
+case_row "reads 70%, cache 120%, writeback" "$c120" 70 writeback
 for scan in after during; do
   r=$(run "c" "$c30" 100 "$ZONED" "$scan"); read -r _ iops rlat wlat hits whits <<< "$r"
   row "reads 100%, cache 30%, scan of 2x the cache $scan" "$iops" "$rlat" "$wlat" "$hits" "-" \

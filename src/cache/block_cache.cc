@@ -410,6 +410,7 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
   slot.fh.clear();
   slot.valid = {};
   slot.dirty = {};
+  slot.fsize = 0;
   SetDirtyPin(s);
   slot.filling = {};
   slot.crc.assign(pages(), 0);
@@ -1030,6 +1031,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       to.filling = {};
       to.crc.assign(pages(), 0);
       to.version = f.validated;
+      to.fsize = 0;
       to.gen++;
       policy_->Pin(part.to);
       part.allocated = true;

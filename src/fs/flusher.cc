@@ -11,6 +11,10 @@
 namespace mpnfs::fs {
 namespace {
 
+// Data in flight per round: small for age-based flushing, so that the
+// application's calls are not queued behind it on a slow path; larger above
+// the high watermark, when the cache must make room; largest on request.
+constexpr uint64_t kAgeRound = 1 << 20;
 constexpr uint64_t kBackgroundRound = 8 << 20;
 constexpr uint64_t kUrgentRound = 32 << 20;
 constexpr int kMaxFruitlessRounds = 10;
@@ -237,7 +241,7 @@ void Flusher::Main() {
     if (above_low) {
       r = Round("", kBackgroundRound, now, &pending);
     } else if (level.blocks > 0 && level.oldest >= age) {
-      r = Round("", kBackgroundRound, now - age, &pending);
+      r = Round("", kAgeRound, now - age, &pending);
     }
     if (!r) {
       log->warn("background flush failed: {} (dirty data kept; retrying in 1 s)", r.error().what);

@@ -12,8 +12,9 @@
 // them UNSTABLE (as the writer's uid/gid, recorded with the pages), then
 // COMMITs each file. A run becomes clean only if the COMMIT's verifier is
 // the one its WRITE returned: a server that restarted in between lost it,
-// and it is sent again in the next round. Background rounds carry at most
-// 8 MiB, so foreground calls are never queued behind a long flush. A file
+// and it is sent again in the next round. Rounds flushing by age carry at
+// most 1 MiB, rounds above the high watermark 8 MiB, so the application's
+// calls are not queued behind a long flush on a slow path. A file
 // the server no longer has (ESTALE) cannot be written: its dirty pages are
 // dropped, with a warning.
 //
