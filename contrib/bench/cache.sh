@@ -121,6 +121,7 @@ case_row "reads 100%, cache 120% of the data" "$c120" 100
 case_row "reads 70%, cache 30%, writethrough" "$c30" 70
 case_row "reads 70%, cache 30%, writeback" "$c30" 70 writeback
 case_row "reads 70%, cache 30%, writeback, admit=second" "$c30" 70 writeback admit=second
+case_row "reads 70%, cache 30%, writeback, dirty_age=600" "$c30" 70 writeback dirty_age=600
 case_row "reads 70%, cache 120%, writethrough" "$c120" 70
 case_row "reads 70%, cache 120%, writeback" "$c120" 70 writeback
 for scan in after during; do

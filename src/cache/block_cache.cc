@@ -280,6 +280,7 @@ void BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer s
       slot.dirty = best->dirty;
       slot.fsize = best->fsize;
       slot.uid = best->uid;
+      slot.groups = best->groups;
       slot.gid = best->gid;
       slot.crc = std::move(best->crc);
       slot.version = best->version;
@@ -362,6 +363,7 @@ bool BlockCache::Persist(uint32_t s) {
   r.version = slot.version;
   r.fsize = slot.fsize;
   r.uid = slot.uid;
+  r.groups = slot.groups;
   r.gid = slot.gid;
   r.crc = slot.crc;
   const std::string bytes = EncodeRecord(r, pages());
@@ -1212,6 +1214,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       to.wgen++;
       to.fsize = std::max({to.fsize, w.off + w.len, LogicalSize(f)});
       to.uid = w.uid;
+      to.groups = w.groups;
       to.gid = w.gid;
       to.inval++;
       if (from) stats_.write_hits++;
@@ -1413,6 +1416,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     PageBits dirty;
     std::vector<uint32_t> crc;
     uint32_t uid, gid;
+    std::vector<uint32_t> groups;
   };
   std::vector<Pick> picks;
   {
@@ -1434,7 +1438,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       auto fit = files_.find(slot.fh);
       const uint64_t size = fit == files_.end() ? slot.fsize : std::max(LogicalSize(fit->second), slot.fsize);
       picks.push_back(Pick{s, slot.fh, slot.block, slot.gen, slot.wgen, size, slot.dirty, slot.crc,
-                           slot.uid, slot.gid});
+                           slot.uid, slot.gid, slot.groups});
       for (auto w : slot.dirty) bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
       policy_->Pin(s);
     }
@@ -1457,6 +1461,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       run.block = pk.block;
       run.wgen = pk.wgen;
       run.uid = pk.uid;
+      run.groups = pk.groups;
       run.gid = pk.gid;
       run.first_page = p;
       run.npages = e - p;

@@ -149,6 +149,7 @@ struct WbWrite {
   size_t len = 0;
   std::shared_ptr<const void> keep;  // owns `data` until done
   uint32_t uid = 0, gid = 0;
+  std::vector<uint32_t> groups;
   // The server's content of pages this write covers in part (short at EOF).
   std::map<uint64_t, std::string> base;
 };
@@ -164,6 +165,7 @@ struct DirtyRun {
   uint64_t off = 0;  // file offset
   std::string data;  // clipped to the file size
   uint32_t uid = 0, gid = 0;
+  std::vector<uint32_t> groups;
   uint64_t block = 0, wgen = 0;
   uint32_t first_page = 0, npages = 0;
 };
@@ -278,6 +280,7 @@ class BlockCache {
     uint64_t wgen = 0;       // bumped by each write-back write (kept by copies)
     uint64_t fsize = 0;
     uint32_t uid = 0, gid = 0;
+    std::vector<uint32_t> groups;
     std::chrono::steady_clock::time_point dirty_since;
   };
   struct BlockWrites {

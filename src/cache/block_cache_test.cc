@@ -516,7 +516,13 @@ TEST(RecordFormatTest, RoundTripsAndRejectsDamage) {
   r.fh = "handle";
   r.block = 7;
   SetBit(r.valid, 3);
+  SetBit(r.valid, 4);
+  SetBit(r.dirty, 4);
   r.version = kV2;
+  r.fsize = 123456;
+  r.uid = 20001;
+  r.gid = 20002;
+  r.groups = {20010, 20011};
   r.crc.assign(16, 0);
   r.crc[3] = 0xdeadbeef;
   std::string bytes = EncodeRecord(r, 16);
@@ -529,6 +535,12 @@ TEST(RecordFormatTest, RoundTripsAndRejectsDamage) {
   EXPECT_TRUE(TestBit(back->valid, 3));
   EXPECT_EQ(back->version, kV2);
   EXPECT_EQ(back->crc[3], 0xdeadbeefu);
+  EXPECT_TRUE(TestBit(back->dirty, 4));
+  EXPECT_FALSE(TestBit(back->dirty, 3));
+  EXPECT_EQ(back->fsize, 123456u);
+  EXPECT_EQ(back->uid, 20001u);
+  EXPECT_EQ(back->gid, 20002u);
+  EXPECT_EQ(back->groups, (std::vector<uint32_t>{20010, 20011}));
   bytes[40] ^= 1;
   EXPECT_FALSE(DecodeRecord(bytes, 16).has_value());
   EXPECT_FALSE(DecodeRecord(std::string(bytes.size(), '\0'), 16).has_value());

@@ -9,8 +9,9 @@ namespace {
 
 constexpr uint32_t kMagic = 0x4d504e43;  // "MPNC"
 // magic, version, fh_len | seq | block | fh[64] | valid[32] | dirty[32] |
-// size, mtime, ctime | fsize | uid, gid
-constexpr size_t kHeader = 4 + 2 + 2 + 8 + 8 + kMaxFh + 2 * sizeof(PageBits) + 8 + 8 + 8 + 8 + 8;
+// size, mtime, ctime | fsize | uid, gid | ngroups, groups[16]
+constexpr size_t kHeader =
+    4 + 2 + 2 + 8 + 8 + kMaxFh + 2 * sizeof(PageBits) + 8 + 8 + 8 + 8 + 8 + 4 + 4 * kMaxGroups;
 
 template <class T>
 void Put(std::string& out, size_t at, T v) {
@@ -59,6 +60,10 @@ std::string EncodeRecord(const Record& r, uint32_t pages) {
   Put<uint32_t>(out, at + 8, r.uid);
   Put<uint32_t>(out, at + 12, r.gid);
   at += 16;
+  const size_t ng = std::min(r.groups.size(), kMaxGroups);
+  Put<uint32_t>(out, at, static_cast<uint32_t>(ng));
+  for (size_t i = 0; i < ng; ++i) Put<uint32_t>(out, at + 4 + 4 * i, r.groups[i]);
+  at += 4 + 4 * kMaxGroups;
   for (uint32_t i = 0; i < pages; ++i) {
     Put<uint32_t>(out, at + 4 * i, i < r.crc.size() ? r.crc[i] : 0);
   }
@@ -95,6 +100,10 @@ std::optional<Record> DecodeRecord(std::string_view in, uint32_t pages) {
   r.uid = Get<uint32_t>(in, at + 8);
   r.gid = Get<uint32_t>(in, at + 12);
   at += 16;
+  const uint32_t ng = Get<uint32_t>(in, at);
+  if (ng > kMaxGroups) return std::nullopt;
+  for (uint32_t i = 0; i < ng; ++i) r.groups.push_back(Get<uint32_t>(in, at + 4 + 4 * i));
+  at += 4 + 4 * kMaxGroups;
   for (size_t w = 0; w < r.dirty.size(); ++w) r.dirty[w] &= r.valid[w];
   r.crc.resize(pages);
   for (uint32_t i = 0; i < pages; ++i) r.crc[i] = Get<uint32_t>(in, at + 4 * i);

@@ -10,8 +10,8 @@
 // are valid, which of those are dirty (written here, not yet on the server:
 // cache_mode=writeback), the CRC-32 of each valid page, the file's size,
 // mtime and ctime that the pages were validated against, and for dirty
-// pages the file size they imply and the user who wrote them (the flusher
-// writes as that user). Each write of a record goes
+// pages the file size they imply and the user (uid, gid, supplementary
+// groups) who wrote them: the flusher writes as that user. Each write of a record goes
 // to the copy the other one is not (seq odd / even) and carries a sequence
 // number and its own CRC: a torn or half-written record is recognised and
 // the other copy used; the newest valid copy wins. Page data is written
@@ -34,6 +34,7 @@ constexpr uint32_t kFormatVersion = 2;
 constexpr uint32_t kPage = 4096;
 constexpr uint32_t kMaxPages = 256;  // 1 MiB blocks at most
 constexpr size_t kMaxFh = 64;
+constexpr size_t kMaxGroups = 16;  // AUTH_SYS
 
 using PageBits = std::array<uint64_t, kMaxPages / 64>;
 
@@ -64,6 +65,7 @@ struct Record {
   FileVersion version;
   uint64_t fsize = 0;         // dirty pages: the file size they imply
   uint32_t uid = 0, gid = 0;  // dirty pages: who wrote them
+  std::vector<uint32_t> groups;  // and their supplementary groups (at most kMaxGroups)
   std::vector<uint32_t> crc;  // one per page of the block
 };
 

@@ -804,6 +804,7 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
   w.len = data->size();
   w.keep = data;
   w.uid = c.uid;
+  w.groups = c.groups;
   w.gid = c.gid;
   w.base = std::move(base);
   // Runs on the cache's writer thread.

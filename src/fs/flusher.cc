@@ -83,6 +83,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
       for (size_t k : last->runs) last_len += runs[k].data.size();
     }
     if (last && last->fh == r.fh && last->cred.uid == r.uid && last->cred.gid == r.gid &&
+        last->cred.groups == r.groups &&
         last->off + last_len == r.off && last_len + r.data.size() <= wsize_) {
       last->runs.push_back(i);
       continue;
@@ -91,6 +92,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     c.fh = r.fh;
     c.off = r.off;
     c.cred.uid = r.uid;
+    c.cred.groups = r.groups;
     c.cred.gid = r.gid;
     c.runs.push_back(i);
     calls.push_back(std::move(c));

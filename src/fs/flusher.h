@@ -9,8 +9,8 @@
 //
 // How. A round takes dirty runs in file-offset order (BlockCache::
 // CollectDirty), joins neighbours into WRITE calls of up to wsize, sends
-// them UNSTABLE (as the writer's uid/gid, recorded with the pages), then
-// COMMITs each file. A run becomes clean only if the COMMIT's verifier is
+// them UNSTABLE as the user who wrote them (uid, gid and groups are kept
+// with the pages), then COMMITs each file. A run becomes clean only if the COMMIT's verifier is
 // the one its WRITE returned: a server that restarted in between lost it,
 // and it is sent again in the next round. Rounds flushing by age carry at
 // most 1 MiB, rounds above the high watermark 8 MiB, so the application's

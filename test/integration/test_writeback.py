@@ -293,3 +293,27 @@ def test_a_failing_cache_disk_loses_no_write(mount_factory, cache_dir, broken):
     assert not owner_record()
     m2 = mount_factory(wb_opts(cache_dir))
     assert hashlib.md5((m2.path / f.name).read_bytes()).digest() == hashlib.md5(data).digest()
+
+
+def test_flushes_write_as_the_user_who_wrote(mount_factory, cache_dir, tmp_path):
+    """A file only a supplementary group may write: the flusher, long after
+    the write returned, writes it with that user's uid, gid and groups."""
+    m = mount_factory(wb_opts(cache_dir, "allow_other"))
+    d = m.path / "wb-users"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    f = d / "group-writable"
+    data = bytearray(random.Random(12).randbytes(1 << 20))
+    f.write_bytes(data)
+    os.chown(f, 0, 20010)
+    os.chmod(f, 0o664)
+    new = os.urandom(8192)
+    script = f"import os; fd = os.open({str(f)!r}, os.O_WRONLY); os.pwrite(fd, {new!r}, 65536)"
+    r = subprocess.run(["setpriv", "--reuid=20002", "--regid=20002", "--groups=20010",
+                        sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    data[65536:65536 + 8192] = new
+    assert cache_stats(m)["dirty_bytes"] > 0
+    r = ctl(m, "cache", "flush")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert server_bytes(f"wb-users/{f.name}") == bytes(data)
