@@ -163,7 +163,14 @@ Result<bool> BlockCache::Init() {
     }
     unlink(index_path.c_str());
   }
-  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // O_DIRECT: cached data lives on the cache disk, not a second time in
+  // the page cache. Filesystems without it (some tmpfs) get buffered I/O.
+  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+  direct_ = data_fd_ >= 0;
+  if (data_fd_ < 0 && errno == EINVAL) {
+    data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (data_fd_ >= 0) Log("cache")->info("cache_dir {}: no O_DIRECT there; cached data goes through the page cache", dir);
+  }
   if (data_fd_ < 0) return Sys("cache data file " + data_path);
   index_fd_ = open(index_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (index_fd_ < 0) return Sys("cache index file " + index_path);
@@ -581,7 +588,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     }
   }
   std::string out(len, '\0');
-  std::string buf;
+  AlignedBuf buf;
   bool ok = true, io_error = false;
   size_t bad_piece = 0;
   uint32_t bad_page = 0;
@@ -683,7 +690,14 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
     const uint32_t p0 = static_cast<uint32_t>((lo - b * block) / kPage);
     const uint32_t np = static_cast<uint32_t>((hi - lo) / kPage);
     for (uint32_t p = p0; p < p0 + np; ++p) SetBit(slot.filling, p);
-    jobs_.push_back(Job{s, slot.gen, slot.inval, p0, std::string(data + (lo - off), hi - lo), nullptr, nullptr});
+    Job job{};
+    job.slot = s;
+    job.gen = slot.gen;
+    job.inval = slot.inval;
+    job.first_page = p0;
+    job.data.resize(hi - lo);
+    std::memcpy(job.data.data(), data + (lo - off), hi - lo);
+    jobs_.push_back(std::move(job));
     queued = true;
   }
   if (queued) cv_.notify_one();
@@ -992,7 +1006,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       const bool cached = part.from != UINT32_MAX && TestBit(slots_[part.from].valid, p);
       if (!cached && !w.base.count(b * block + ps)) out.need.push_back(b * block + ps);
     }
-    parts.push_back(part);
+    parts.push_back(std::move(part));
   }
   if (!out.need.empty()) {
     std::sort(out.need.begin(), out.need.end());
@@ -1082,7 +1096,8 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       }
     }
     part.img0 = lo;
-    part.image.assign(size_t{hi - lo} * kPage, '\0');
+    part.image.resize(size_t{hi - lo} * kPage);
+    std::memset(part.image.data(), 0, part.image.size());
     part.crc.assign(hi - lo, 0);
     const uint64_t bstart = part.block * opts_.block;
     for (uint32_t p = lo; p < hi; ++p) {
@@ -1352,7 +1367,7 @@ OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_
   if (pieces.empty() && len == have) return {};
   out->assign(server);
   out->resize(len, '\0');
-  std::string page(kPage, '\0');
+  AlignedBuf page(kPage);
   OverlayResult res{OverlayResult::kOk, true};
   int err = 0;
   std::optional<Piece> bad;
@@ -1448,6 +1463,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   int err = 0;
   bool io_error = false;
   const uint64_t block = opts_.block;
+  AlignedBuf io;
   for (const Pick& pk : picks) {
     for (uint32_t p = 0; p < pages() && !io_error;) {
       if (!TestBit(pk.dirty, p)) {
@@ -1466,13 +1482,14 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       run.first_page = p;
       run.npages = e - p;
       run.off = pk.block * block + uint64_t{p} * kPage;
-      run.data.resize(size_t{e - p} * kPage);
-      if (!PreadAll(data_fd_, run.data.data(), run.data.size(),
+      io.resize(size_t{e - p} * kPage);
+      if (!PreadAll(data_fd_, io.data(), io.size(),
                     static_cast<off_t>(uint64_t{pk.slot} * block + uint64_t{p} * kPage))) {
         io_error = true;
         err = errno;
         break;
       }
+      run.data.assign(io.data(), io.size());
       bool ok = true;
       for (uint32_t k = p; k < e; ++k) {
         if (Crc(run.data.data() + size_t{k - p} * kPage, kPage) != pk.crc[k]) {

@@ -93,6 +93,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cache/aligned.h"
 #include "cache/format.h"
 #include "cache/policy.h"
 #include "common/thread_annotations.h"
@@ -313,7 +314,7 @@ class BlockCache {
     uint32_t slot;
     uint64_t gen, inval;
     uint32_t first_page;
-    std::string data;  // whole pages
+    AlignedBuf data;  // whole pages
     // Write-back jobs carry this instead (slot unused).
     std::shared_ptr<WbWrite> wb;
     std::function<void(WbOutcome)> done;
@@ -327,7 +328,7 @@ class BlockCache {
     bool allocated = false;      // `to` was taken for this write
     bool pinned_from = false;
     uint32_t p0 = 0, np = 0;     // pages the write touches
-    std::string image;           // pages [img0, img0 + image/kPage) of `to`
+    AlignedBuf image;            // pages [img0, img0 + image/kPage) of `to`
     uint32_t img0 = 0;
     PageBits copied{};           // pages of `from` carried into `to`
     std::vector<uint32_t> crc;   // of image pages
@@ -377,6 +378,7 @@ class BlockCache {
   uint32_t nslots_ = 0;
   uint32_t record_bytes_ = 0;
   int data_fd_ = -1, index_fd_ = -1, lock_fd_ = -1;
+  bool direct_ = false;  // the data file is open with O_DIRECT
 
   mutable std::mutex mu_;
   std::condition_variable cv_;       // writer: work or stop
