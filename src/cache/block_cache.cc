@@ -163,11 +163,11 @@ Result<bool> BlockCache::Init() {
     }
     unlink(index_path.c_str());
   }
-  // O_DIRECT: cached data lives on the cache disk, not a second time in
-  // the page cache. Filesystems without it (some tmpfs) get buffered I/O.
-  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
-  direct_ = data_fd_ >= 0;
-  if (data_fd_ < 0 && errno == EINVAL) {
+  // cache_direct: cached data lives on the cache disk only, not a second
+  // time in the page cache. Filesystems without O_DIRECT get buffered I/O.
+  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (opts_.direct ? O_DIRECT : 0), 0600);
+  direct_ = opts_.direct && data_fd_ >= 0;
+  if (data_fd_ < 0 && opts_.direct && errno == EINVAL) {
     data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (data_fd_ >= 0) Log("cache")->info("cache_dir {}: no O_DIRECT there; cached data goes through the page cache", dir);
   }

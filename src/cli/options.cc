@@ -138,6 +138,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"noreaddirplus", [&] { m.readdirplus = false; }},
       {"debug", [&] { m.debug = true; m.foreground = true; }},
       {"cache_optional", [&] { m.cache_optional = true; }},
+      {"cache_direct", [&] { m.cache.direct = true; }},
       {"wb_noflush", [&] { wb_opt = "wb_noflush"; m.cache.flush_on_unmount = false; }},
   };
   bool have_cache_mode = false;

@@ -121,7 +121,7 @@ TEST(OptionsTest, LocalsBindPathsInOrder) {
 TEST(OptionsTest, CacheOptions) {
   auto m = Parse({"s:/e", "/m", "-o",
                   "cache_dir=/ssd/c,cache_size=50G,cache_mode=writethrough,cache_block=128,"
-                  "seq_cutoff=8,admit=second,cache_optional"});
+                  "seq_cutoff=8,admit=second,cache_optional,cache_direct"});
   ASSERT_TRUE(m.ok()) << m.error().what;
   EXPECT_EQ(m->cache.dir, "/ssd/c");
   EXPECT_EQ(m->cache.size, 50ull << 30);
@@ -130,6 +130,8 @@ TEST(OptionsTest, CacheOptions) {
   EXPECT_EQ(m->cache.seq_cutoff, 8u << 20);
   EXPECT_TRUE(m->cache.admit_second);
   EXPECT_TRUE(m->cache_optional);
+  EXPECT_TRUE(m->cache.direct);
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.direct);
   EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.mode, cache::CacheMode::kReadOnly);
   EXPECT_EQ(Parse({"s:/e", "/m"})->cache.mode, cache::CacheMode::kOff);
   EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_size=512m"})->cache.size, 512ull << 20);

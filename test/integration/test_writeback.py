@@ -58,9 +58,11 @@ def file_with_dirty_pieces(m, name, mib, seed, step, at=0):
     return f, data
 
 
-def test_data_reads_back_before_and_after_the_flush(mount_factory, cache_dir):
-    m = mount_factory(wb_opts(cache_dir))
-    f = m.path / "wb-data"
+@pytest.mark.parametrize("io", ["buffered", "cache_direct"])
+def test_data_reads_back_before_and_after_the_flush(mount_factory, cache_dir, io):
+    extra = "cache_direct" if io == "cache_direct" else ""
+    m = mount_factory(wb_opts(cache_dir, extra))
+    f = m.path / f"wb-data-{io}"
     data = bytearray(random.Random(1).randbytes(16 << 20))
     f.write_bytes(data)  # a sequential stream: past seq_cutoff it goes to the server
     rnd = random.Random(2)
@@ -103,7 +105,7 @@ def test_data_reads_back_before_and_after_the_flush(mount_factory, cache_dir):
     assert server_bytes(f.name) == bytes(data)
     m.unmount()
     assert not owner_record()  # nothing dirty left: the export is free
-    m2 = mount_factory(wb_opts(cache_dir))
+    m2 = mount_factory(wb_opts(cache_dir, extra))
     assert hashlib.md5((m2.path / f.name).read_bytes()).digest() == hashlib.md5(data).digest()
 
 
