@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <map>
 #include <random>
 
@@ -435,6 +437,50 @@ TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
   }
   auto c = OpenWb();
   EXPECT_EQ(Collected(*c, "fh1", 8192, 4096), Pattern(4096, '2'));
+}
+
+TEST_F(WriteBackTest, ACrashBetweenACopyAndTheOldSlotsFreeingKeepsTheNewer) {
+  const uint32_t rec = RecordBytes(kBlock / kPage);
+  auto read_index = [this] {
+    std::ifstream in(dir_ + "/index", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::string before;
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '1')).kind, WbOutcome::kStored);
+    before = read_index();
+    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '2')).kind, WbOutcome::kStored);  // copy-on-write
+  }
+  // The slot that held the first version: put its old records back, as if
+  // the crash came after the copy's record and before the old slot's free.
+  std::string now = read_index();
+  int old_slot = -1;
+  for (size_t s = 0; s * 2 * rec < before.size(); ++s) {
+    for (int copy = 0; copy < 2; ++copy) {
+      auto r = DecodeRecord(std::string_view(before).substr((s * 2 + copy) * rec, rec), kBlock / kPage);
+      if (r && r->fh == "fh1") old_slot = static_cast<int>(s);
+    }
+  }
+  ASSERT_GE(old_slot, 0);
+  now.replace(size_t(old_slot) * 2 * rec, 2 * rec, before.substr(size_t(old_slot) * 2 * rec, 2 * rec));
+  {
+    std::ofstream out(dir_ + "/index", std::ios::binary | std::ios::trunc);
+    out << now;
+  }
+  {
+    auto c = OpenWb();
+    EXPECT_EQ(c->Dirty().blocks, 1u);
+    EXPECT_EQ(Collected(*c, "fh1", 0, 4096), Pattern(4096, '2'));  // the newer record wins
+    // Flushed and dropped: nothing of fh1 is left...
+    c->Flushed(c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()));
+    EXPECT_EQ(c->DropAll(), 1u);
+  }
+  // ...and the stale first version does not come back as unflushed data.
+  auto c = OpenWb();
+  EXPECT_EQ(c->Dirty().blocks, 0u);
+  EXPECT_EQ(c->Stats().slots_used, 0u);
 }
 
 TEST_F(WriteBackTest, AFlushMarksCleanOnlyWhatWasNotWrittenAgain) {
