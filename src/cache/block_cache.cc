@@ -51,6 +51,17 @@ bool PreadAll(int fd, char* p, size_t n, off_t off) {
   return true;
 }
 
+// The newer sound copy of a slot's two record copies (`two` holds both).
+std::optional<Record> BestRecord(std::string_view two, uint32_t pages) {
+  const size_t rec = two.size() / 2;
+  std::optional<Record> best;
+  for (int copy = 0; copy < 2; ++copy) {
+    auto r = DecodeRecord(two.substr(copy * rec, rec), pages);
+    if (r && (!best || r->seq > best->seq)) best = std::move(r);
+  }
+  return best;
+}
+
 const char* ModeName(CacheMode m) {
   switch (m) {
     case CacheMode::kReadOnly: return "readonly";
@@ -102,25 +113,6 @@ Result<bool> BlockCache::Init() {
     std::getline(in, old_meta);
     old_meta += "\n";
   }
-  // Write-back data not yet on the server is never thrown away for a change
-  // of geometry: the cache keeps its old one until that data is flushed.
-  {
-    std::istringstream in(old_meta);
-    std::string magic;
-    uint32_t ver = 0, block = 0, slots = 0, rec = 0;
-    if (in >> magic >> ver >> block >> slots >> rec && magic == "mpnfs-cache" && ver == kFormatVersion &&
-        block >= 64 * 1024 && block <= kMaxPages * kPage && (block & (block - 1)) == 0 &&
-        rec == RecordBytes(block / kPage) && IndexHasDirty(index_path, block / kPage, slots, rec)) {
-      if (block != opts_.block || uint64_t{slots} * block != opts_.size) {
-        Log("cache")->warn("cache_dir {} holds write-back data not yet on the server: keeping its "
-                           "geometry ({} MiB in {} KiB blocks) for this mount",
-                           dir, (uint64_t{slots} * block) >> 20, block >> 10);
-      }
-      opts_.block = block;
-      opts_.size = uint64_t{slots} * block;
-      keep_slots_ = slots;
-    }
-  }
   // Size: cache_size, but never more than the filesystem can hold while
   // keeping 5% of it free (the data file is preallocated below).
   const uint32_t ppb = pages();
@@ -138,9 +130,7 @@ Result<bool> BlockCache::Init() {
   const uint64_t per_slot = opts_.block + 2ull * record_bytes_;
   uint64_t want = opts_.size / opts_.block;
   const uint64_t fit = avail > margin ? (avail - margin) / per_slot : 0;
-  if (keep_slots_ != 0) {
-    want = keep_slots_;  // its files exist at that size already
-  } else if (fit < want) {
+  if (fit < want) {
     Log("cache")->warn("cache_dir {}: room for {} MiB only (keeping 5% of the filesystem free); "
                        "cache_size lowered from {} MiB",
                        dir, fit * opts_.block >> 20, opts_.size >> 20);
@@ -153,10 +143,30 @@ Result<bool> BlockCache::Init() {
   nslots_ = static_cast<uint32_t>(std::min<uint64_t>(want, UINT32_MAX - 1));
 
   // Reuse what a previous mount left if it has the same geometry.
-  std::ostringstream meta;
-  meta << "mpnfs-cache " << kFormatVersion << " " << opts_.block << " " << nslots_ << " "
-       << record_bytes_ << "\n";
-  const bool reuse = old_meta == meta.str();
+  auto meta_line = [this] {
+    return fmt::format("mpnfs-cache {} {} {} {}\n", kFormatVersion, opts_.block, nslots_, record_bytes_);
+  };
+  if (old_meta != meta_line()) {
+    // Write-back data not yet on the server is never thrown away for a
+    // change of geometry: the cache keeps its old one until it is flushed
+    // (its files exist at that size already).
+    std::istringstream in(old_meta);
+    std::string magic;
+    uint32_t ver = 0, block = 0, slots = 0, rec = 0;
+    if (in >> magic >> ver >> block >> slots >> rec && magic == "mpnfs-cache" && ver == kFormatVersion &&
+        block >= 64 * 1024 && block <= kMaxPages * kPage && (block & (block - 1)) == 0 &&
+        slots >= kMinSlots && rec == RecordBytes(block / kPage) &&
+        IndexHasDirty(index_path, block / kPage, slots, rec)) {
+      Log("cache")->warn("cache_dir {} holds write-back data not yet on the server: keeping its "
+                         "geometry ({} MiB in {} KiB blocks) for this mount",
+                         dir, (uint64_t{slots} * block) >> 20, block >> 10);
+      opts_.block = block;
+      opts_.size = uint64_t{slots} * block;
+      nslots_ = slots;
+      record_bytes_ = rec;
+    }
+  }
+  const bool reuse = old_meta == meta_line();
   if (!reuse) {
     if (old_meta.size() > 1) {
       Log("cache")->warn("cache_dir {}: geometry or format changed; starting empty", dir);
@@ -166,7 +176,6 @@ Result<bool> BlockCache::Init() {
   // cache_direct: cached data lives on the cache disk only, not a second
   // time in the page cache. Filesystems without O_DIRECT get buffered I/O.
   data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (opts_.direct ? O_DIRECT : 0), 0600);
-  direct_ = opts_.direct && data_fd_ >= 0;
   if (data_fd_ < 0 && opts_.direct && errno == EINVAL) {
     data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (data_fd_ >= 0) Log("cache")->info("cache_dir {}: no O_DIRECT there; cached data goes through the page cache", dir);
@@ -187,7 +196,7 @@ Result<bool> BlockCache::Init() {
   }
   {
     std::ofstream out(dir + "/meta", std::ios::trunc);
-    out << meta.str();
+    out << meta_line();
     if (!out.flush()) return Error::Errno(EIO, "cannot write " + dir + "/meta");
   }
   {
@@ -233,11 +242,7 @@ bool BlockCache::IndexHasDirty(const std::string& path, uint32_t pages, uint32_t
     buf.resize(size_t{n} * 2 * rec);
     if (!PreadAll(fd, buf.data(), buf.size(), off_t{first} * 2 * rec)) break;
     for (uint32_t i = 0; i < n && !dirty; ++i) {
-      std::optional<Record> best;
-      for (int copy = 0; copy < 2; ++copy) {
-        auto r = DecodeRecord(std::string_view(buf.data() + (size_t{i} * 2 + copy) * rec, rec), pages);
-        if (r && (!best || r->seq > best->seq)) best = std::move(r);
-      }
+      auto best = BestRecord(std::string_view(buf).substr(size_t{i} * 2 * rec, 2 * size_t{rec}), pages);
       dirty = best && !best->fh.empty() && AnyBit(best->dirty);
     }
   }
@@ -256,12 +261,8 @@ void BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer s
     buf.resize(size_t{n} * 2 * record_bytes_);
     if (!PreadAll(index_fd_, buf.data(), buf.size(), off_t{first} * 2 * record_bytes_)) return;
     for (uint32_t i = 0; i < n; ++i) {
-      std::optional<Record> best;
-      for (int copy = 0; copy < 2; ++copy) {
-        auto r = DecodeRecord(
-            std::string_view(buf.data() + (size_t{i} * 2 + copy) * record_bytes_, record_bytes_), ppb);
-        if (r && (!best || r->seq > best->seq)) best = std::move(r);
-      }
+      auto best = BestRecord(
+          std::string_view(buf).substr(size_t{i} * 2 * record_bytes_, 2 * size_t{record_bytes_}), ppb);
       if (!best) continue;
       seq_ = std::max(seq_, best->seq + 1);
       if (best->fh.empty() || !AnyBit(best->valid)) continue;
@@ -914,21 +915,21 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
   // and pages valid already are as new as this data or newer (dirty ones
   // certainly), so only invalid pages are written.
   if (!current()) return clear_filling();
-  PageBits todo{};
+  PageBits fresh{};  // pages not valid yet
   for (uint32_t k = 0; k < np; ++k) {
-    if (!TestBit(slot.valid, job.first_page + k)) SetBit(todo, job.first_page + k);
+    if (!TestBit(slot.valid, job.first_page + k)) SetBit(fresh, job.first_page + k);
   }
   lock.unlock();
   std::vector<uint32_t> crcs(np);
   bool wrote = true;
   int err = 0;
   for (uint32_t k = 0; k < np && wrote;) {
-    if (!TestBit(todo, job.first_page + k)) {
+    if (!TestBit(fresh, job.first_page + k)) {
       ++k;
       continue;
     }
     uint32_t e = k;
-    while (e < np && TestBit(todo, job.first_page + e)) {
+    while (e < np && TestBit(fresh, job.first_page + e)) {
       crcs[e] = Crc(job.data.data() + size_t{e} * kPage, kPage);
       ++e;
     }
@@ -945,7 +946,7 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
   uint32_t filled = 0;
   for (uint32_t k = 0; k < np; ++k) {
     const uint32_t p = job.first_page + k;
-    if (!TestBit(todo, p) || TestBit(slot.valid, p)) continue;
+    if (!TestBit(fresh, p) || TestBit(slot.valid, p)) continue;
     used_pages_++;
     SetBit(slot.valid, p);
     slot.crc[p] = crcs[k];
@@ -1148,13 +1149,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
 void BlockCache::UndoWb(std::vector<WbPart>& parts) {
   for (auto& part : parts) {
     if (part.allocated) {
-      Slot& to = slots_[part.to];
-      to.fh.clear();
-      to.valid = {};
-      to.dirty = {};
-      to.gen++;
-      to.inval++;
-      Persist(part.to);  // its previous record may still name an evicted block
+      FreeSlot(part.to, /*persist=*/true);  // its previous record may name an evicted block
       policy_->Unpin(part.to);
       policy_->Release(part.to);
     } else if (part.pinned_from && slots_[part.from].gen == part.from_gen) {
@@ -1264,17 +1259,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       }
     }
     for (uint32_t s : retire) {
-      Slot& old = slots_[s];
-      if (old.fh.empty()) continue;
-      // Its pages live on in the block's new slot: no counts to move.
-      for (uint32_t p = 0; p < pages(); ++p) used_pages_ -= TestBit(old.valid, p) ? 1 : 0;
-      old.fh.clear();
-      old.valid = {};
-      old.dirty = {};
-      SetDirtyPin(s);
-      old.gen++;
-      old.inval++;
-      Persist(s);
+      FreeSlot(s, /*persist=*/true);  // after the new records: a crash keeps one copy
       policy_->Release(s);
     }
   }

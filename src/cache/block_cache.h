@@ -375,11 +375,9 @@ class BlockCache {
   bool Probe();
 
   CacheOptions opts_;  // set before Init() returns; block/size may follow the files found
-  uint32_t keep_slots_ = 0;
   uint32_t nslots_ = 0;
   uint32_t record_bytes_ = 0;
   int data_fd_ = -1, index_fd_ = -1, lock_fd_ = -1;
-  bool direct_ = false;  // the data file is open with O_DIRECT
 
   mutable std::mutex mu_;
   std::condition_variable cv_;       // writer: work or stop

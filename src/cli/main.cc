@@ -17,7 +17,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <future>
 #include <string>
 #include <vector>
 
@@ -34,6 +33,7 @@
 #include "nfs/libnfs_transport.h"
 #include "nfs/mount3.h"
 #include "nfs/nfs3.h"
+#include "nfs/wait.h"
 
 namespace mpnfs {
 namespace {
@@ -117,13 +117,7 @@ Result<std::string> Resolve(const std::string& host) {
   return std::string(buf);
 }
 
-template <class T>
-Result<T> Wait(std::function<void(nfs::Cb<T>)> start) {
-  auto p = std::make_shared<std::promise<Result<T>>>();
-  auto f = p->get_future();
-  start([p](Result<T> r) { p->set_value(std::move(r)); });
-  return f.get();
-}
+using nfs::Wait;
 
 // The kernel caps a FUSE mount's readahead at the block-device default (128
 // KiB) whatever INIT says; raise it through the mount's backing device info,

@@ -24,6 +24,7 @@ struct Call {
   std::string fh;
   uint64_t off = 0;
   engine::Cred cred;
+  size_t len = 0;
   std::vector<size_t> runs;  // indexes into the round's runs
   nfs::Buffer buf;
   std::optional<uint64_t> verf;  // UNSTABLE reply's verifier; unset: FILE_SYNC or failed
@@ -78,14 +79,11 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     Call* last = calls.empty() ? nullptr : &calls.back();
-    size_t last_len = 0;
-    if (last) {
-      for (size_t k : last->runs) last_len += runs[k].data.size();
-    }
     if (last && last->fh == r.fh && last->cred.uid == r.uid && last->cred.gid == r.gid &&
-        last->cred.groups == r.groups &&
-        last->off + last_len == r.off && last_len + r.data.size() <= wsize_) {
+        last->cred.groups == r.groups && last->off + last->len == r.off &&
+        last->len + r.data.size() <= wsize_) {
       last->runs.push_back(i);
+      last->len += r.data.size();
       continue;
     }
     Call c;
@@ -95,6 +93,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     c.cred.groups = r.groups;
     c.cred.gid = r.gid;
     c.runs.push_back(i);
+    c.len = r.data.size();
     calls.push_back(std::move(c));
   }
   // Send every WRITE, then wait for all.
@@ -102,8 +101,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   std::condition_variable cv;
   size_t left = calls.size();
   for (auto& c : calls) {
-    size_t len = 0;
-    for (size_t k : c.runs) len += runs[k].data.size();
+    const size_t len = c.len;
     auto bytes = std::make_shared<nfs::Bytes>(len);
     size_t at = 0;
     for (size_t k : c.runs) {

@@ -3,19 +3,14 @@
 #include <unistd.h>
 
 #include <ctime>
-#include <future>
 #include <sstream>
+
+#include "nfs/wait.h"
 
 namespace mpnfs::fs {
 namespace {
 
-template <class T>
-Result<T> Wait(const std::function<void(nfs::Cb<T>)>& start) {
-  auto p = std::make_shared<std::promise<Result<T>>>();
-  auto f = p->get_future();
-  start([p](Result<T> r) { p->set_value(std::move(r)); });
-  return f.get();
-}
+using nfs::Wait;
 
 std::string Field(const std::string& text, const std::string& key) {
   std::istringstream in(text);
