@@ -16,13 +16,19 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TESTBED = str(ROOT / "contrib" / "testbed.sh")
 BIN = os.environ.get("MPNFS_BIN", str(ROOT / "build" / "src" / "mpnfs"))
-TB = "/tmp/mpnfs-it"
-BED_ENV = dict(os.environ, MPNFS_TB=TB, MPNFS_TB_NS="mpnfsit", MPNFS_TB_NET="78",
-               MPNFS_TB_LINK="mit")
-SERVER = "10.78.1.2"
-SERVER2 = "10.78.2.2"  # the same server over the second path
-SERVER3 = "10.78.3.2"
-SERVER4 = "10.78.4.2"
+# MPNFS_IT_SLOT=N (default 0) gives a run its own bed (namespace, addresses,
+# state and mount directories), so that two runs on one machine do not meet.
+SLOT = int(os.environ.get("MPNFS_IT_SLOT", "0"))
+SFX = str(SLOT) if SLOT else ""
+NET = str(78 + SLOT)
+TB = "/tmp/mpnfs-it" + SFX
+LINK = "mit" + SFX
+BED_ENV = dict(os.environ, MPNFS_TB=TB, MPNFS_TB_NS="mpnfsit" + SFX, MPNFS_TB_NET=NET,
+               MPNFS_TB_LINK=LINK)
+SERVER = f"10.{NET}.1.2"
+SERVER2 = f"10.{NET}.2.2"  # the same server over the second path
+SERVER3 = f"10.{NET}.3.2"
+SERVER4 = f"10.{NET}.4.2"
 ALL_PATHS = "+".join([SERVER, SERVER2, SERVER3, SERVER4])
 EXPORT = TB + "/export"
 SQUASHED = TB + "/squashed"
@@ -155,7 +161,7 @@ def run_mount(tmp_path, source, opts, timeout=60):
     return r, time.time() - t0
 
 
-MNT_ROOT = pathlib.Path("/tmp/mpnfs-it-mnt")  # traversable by the test's non-root users
+MNT_ROOT = pathlib.Path("/tmp/mpnfs-it-mnt" + SFX)  # traversable by the test's non-root users
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import BIN, EXPORT, SERVER, cpu_seconds, is_mounted, run_mount, start_writer
+from conftest import BIN, EXPORT, NET, SERVER, cpu_seconds, is_mounted, run_mount, start_writer
 
 
 def test_bad_option_is_refused_with_its_name(tmp_path):
@@ -17,7 +17,7 @@ def test_bad_option_is_refused_with_its_name(tmp_path):
 
 
 def test_unreachable_server_fails_within_the_timeout(bed, tmp_path):
-    r, took = run_mount(tmp_path, "10.78.1.99:/x", "mountport=20048,mount_timeout=3")
+    r, took = run_mount(tmp_path, f"10.{NET}.1.99:/x", "mountport=20048,mount_timeout=3")
     assert r.returncode == 32
     assert "unreachable" in r.stderr or "cannot reach" in r.stderr
     assert took < 15
@@ -131,7 +131,7 @@ def test_soft_mount_fails_with_eio_and_hard_mount_idles_while_server_is_down(
 
 def test_missing_mountpoint_fails_before_contacting_the_server(tmp_path):
     t0 = time.time()
-    r = subprocess.run([BIN, "10.78.1.99:/x", str(tmp_path / "nope"), "-o", "mount_timeout=30"],
+    r = subprocess.run([BIN, f"10.{NET}.1.99:/x", str(tmp_path / "nope"), "-o", "mount_timeout=30"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 32
     assert "No such file or directory" in r.stderr

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import (ALL_PATHS, BIN, EXPORT, SERVER, SERVER2, SERVER3, SERVER4, run_mount,
+from conftest import (ALL_PATHS, BIN, EXPORT, LINK, NET, SERVER, SERVER2, SERVER3, SERVER4, run_mount,
                       start_writer)
 
 CTL = os.path.join(os.path.dirname(BIN), "mpnfsctl")
@@ -78,7 +78,7 @@ def conn(m, server):
 
 
 def tx_bytes(k):
-    with open(f"/sys/class/net/mitc{k}/statistics/tx_bytes") as f:
+    with open(f"/sys/class/net/{LINK}c{k}/statistics/tx_bytes") as f:
         return int(f.read())
 
 
@@ -231,7 +231,7 @@ def test_local_interface_binds_the_path(mount_factory):
     """path 1's address, reached through path 2's interface: all NFS traffic
     leaves by mitc2."""
     before = [tx_bytes(1), tx_bytes(2)]
-    m = mount_factory(f"path={SERVER},local=mitc2")
+    m = mount_factory(f"path={SERVER},local={LINK}c2")
     (m.path / "bound").write_bytes(os.urandom(1 << 20) * 32)
     os.sync()
     sent = [tx_bytes(1) - before[0], tx_bytes(2) - before[1]]
@@ -239,14 +239,14 @@ def test_local_interface_binds_the_path(mount_factory):
 
 
 def test_local_address_binds_source_and_interface(mount_factory):
-    m = mount_factory(f"path={SERVER}+{SERVER2},local=10.78.3.1+10.78.4.1")
+    m = mount_factory(f"path={SERVER}+{SERVER2},local=10.{NET}.3.1+10.{NET}.4.1")
     (m.path / "src").write_bytes(b"x" * 65536)
     r = subprocess.run(["ss", "-Htnp", "state", "established", "dport", "2049"],
                        capture_output=True, text=True, check=True)
     mine = [line for line in r.stdout.splitlines() if f"pid={m.pid}," in line]
     locals_ = sorted(line.split()[2].split("%")[0].rsplit(":", 1)[0] for line in mine)
     peers = sorted(line.split()[3].rsplit(":", 1)[0] for line in mine)
-    assert locals_ == ["10.78.3.1", "10.78.4.1"], r.stdout
+    assert locals_ == [f"10.{NET}.3.1", f"10.{NET}.4.1"], r.stdout
     assert peers == [SERVER, SERVER2], r.stdout
 
 
@@ -259,7 +259,7 @@ def test_bad_local_refuses_to_mount(bed, tmp_path):
 
 def test_mpnfstab_entry_supplies_paths_locals_and_options(bed, mount_factory, tmp_path):
     tab = tmp_path / "mpnfstab"
-    tab.write_text(f"server: filer\nlocal: mitc1 path: {SERVER}\npath: {SERVER2}\n"
+    tab.write_text(f"server: filer\nlocal: {LINK}c1 path: {SERVER}\npath: {SERVER2}\n"
                    f"export: {EXPORT} mount: /unused\n"
                    "options: conns_per_path=2,log_level=info\n")
     m = mount_factory(f"tab={tab}", source=f"filer:{EXPORT}")  # "filer" does not resolve
@@ -267,7 +267,7 @@ def test_mpnfstab_entry_supplies_paths_locals_and_options(bed, mount_factory, tm
     log = m.log_text()
     assert "2 path(s) x 2 connection(s)" in log, log
     assert f"mpnfstab entry at {tab}:1" in log, log
-    assert f"path {SERVER} leaves by mitc1" in log, log
+    assert f"path {SERVER} leaves by {LINK}c1" in log, log
     assert (m.path / "via-tab").stat().st_size == 8 << 20
 
 
