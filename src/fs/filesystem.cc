@@ -68,7 +68,7 @@ Result<Filesystem::InodeP> Filesystem::Parent(uint64_t parent, const std::string
   return dir;
 }
 
-Filesystem::Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts,
+Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
                        std::shared_ptr<cache::BlockCache> cache)
     : nfs_(nfs), opts_(opts), cache_(cache), inodes_(std::move(root)), log_(Log("fs")) {
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {

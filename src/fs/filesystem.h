@@ -42,7 +42,7 @@
 #include "fs/inode_table.h"
 #include "fs/options.h"
 #include "mpnfs/result.h"
-#include "nfs/nfs3.h"
+#include "nfs/client.h"
 
 namespace mpnfs::fs {
 
@@ -97,7 +97,7 @@ struct stat ToStat(const nfs::Attr& a, uint32_t blksize);
 class Filesystem {
  public:
   // `cache` (optional, may be null) is the SSD cache tier (cache/block_cache.h).
-  Filesystem(nfs::Nfs3& nfs, nfs::Fh root, FsOptions opts,
+  Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
              std::shared_ptr<cache::BlockCache> cache = nullptr);
   ~Filesystem();
 
@@ -213,7 +213,7 @@ class Filesystem {
   void LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t verf, Cb<DirHandle*> cb);
   uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
-  nfs::Nfs3& nfs_;
+  nfs::Client& nfs_;
   const FsOptions opts_;
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only

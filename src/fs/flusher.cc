@@ -34,7 +34,7 @@ struct Call {
 
 }  // namespace
 
-Flusher::Flusher(nfs::Nfs3& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize)
+Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize)
     : nfs_(nfs), cache_(std::move(cache)), wsize_(std::max<uint32_t>(wsize, 4096)) {
   thread_ = std::thread([this] { Main(); });
 }

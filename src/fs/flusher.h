@@ -33,13 +33,13 @@
 #include "cache/block_cache.h"
 #include "common/thread_annotations.h"
 #include "mpnfs/result.h"
-#include "nfs/nfs3.h"
+#include "nfs/client.h"
 
 namespace mpnfs::fs {
 
 class Flusher {
  public:
-  Flusher(nfs::Nfs3& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize);
+  Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize);
   // Stops the thread; flushes nothing more (see Flush for that).
   ~Flusher();
   Flusher(const Flusher&) = delete;
@@ -64,7 +64,7 @@ class Flusher {
                          std::chrono::steady_clock::time_point older_than, bool* pending);
   Result<Ok> Drain(const std::string& fh);
 
-  nfs::Nfs3& nfs_;
+  nfs::Client& nfs_;
   const std::shared_ptr<cache::BlockCache> cache_;
   const uint32_t wsize_;
   std::mutex mu_;

@@ -23,7 +23,7 @@ std::string Field(const std::string& text, const std::string& key) {
 
 }  // namespace
 
-Result<std::optional<OwnerRecord>> ReadOwner(nfs::Nfs3& nfs, const nfs::Fh& root) {
+Result<std::optional<OwnerRecord>> ReadOwner(nfs::Client& nfs, const nfs::Fh& root) {
   const engine::Cred root_cred;
   auto l = Wait<nfs::LookupReply>(
       [&](nfs::Cb<nfs::LookupReply> cb) { nfs.Lookup(root, kOwnerName, root_cred, std::move(cb)); });
@@ -46,7 +46,7 @@ Result<std::optional<OwnerRecord>> ReadOwner(nfs::Nfs3& nfs, const nfs::Fh& root
   return std::optional<OwnerRecord>(std::move(rec));
 }
 
-Result<Ok> ClaimOwner(nfs::Nfs3& nfs, const nfs::Fh& root, const std::string& cache_dir,
+Result<Ok> ClaimOwner(nfs::Client& nfs, const nfs::Fh& root, const std::string& cache_dir,
                       const std::string& id) {
   const engine::Cred root_cred;
   char host[256] = {};
@@ -86,7 +86,7 @@ Result<Ok> ClaimOwner(nfs::Nfs3& nfs, const nfs::Fh& root, const std::string& ca
   return Ok{};
 }
 
-Result<Ok> ReleaseOwner(nfs::Nfs3& nfs, const nfs::Fh& root) {
+Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root) {
   const engine::Cred root_cred;
   auto r = Wait<nfs::Wcc>([&](nfs::Cb<nfs::Wcc> cb) { nfs.Remove(root, kOwnerName, root_cred, std::move(cb)); });
   if (!r && r.error().err != ENOENT) return r.error();

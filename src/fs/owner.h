@@ -16,7 +16,7 @@
 #include <string>
 
 #include "mpnfs/result.h"
-#include "nfs/nfs3.h"
+#include "nfs/client.h"
 
 namespace mpnfs::fs {
 
@@ -28,11 +28,11 @@ struct OwnerRecord {
 };
 
 // The record in `root`, or nullopt if there is none.
-Result<std::optional<OwnerRecord>> ReadOwner(nfs::Nfs3& nfs, const nfs::Fh& root);
+Result<std::optional<OwnerRecord>> ReadOwner(nfs::Client& nfs, const nfs::Fh& root);
 // Writes the record for this host and the cache (`id` from BlockCache::id()).
-Result<Ok> ClaimOwner(nfs::Nfs3& nfs, const nfs::Fh& root, const std::string& cache_dir,
+Result<Ok> ClaimOwner(nfs::Client& nfs, const nfs::Fh& root, const std::string& cache_dir,
                       const std::string& id);
-Result<Ok> ReleaseOwner(nfs::Nfs3& nfs, const nfs::Fh& root);
+Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root);
 // Why a mount must not go on while `r` exists.
 std::string OwnerRefusal(const OwnerRecord& r, const std::string& export_name);
 

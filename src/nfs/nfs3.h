@@ -28,53 +28,54 @@
 
 #include "engine/engine.h"
 #include "mpnfs/result.h"
+#include "nfs/client.h"
 #include "nfs/types.h"
 
 namespace mpnfs::nfs {
 
-using engine::Cred;
-
-template <class T>
-using Cb = std::function<void(Result<T>)>;
-
-
-class Nfs3 {
+class Nfs3 final : public Client {
  public:
   explicit Nfs3(engine::Engine& engine) : engine_(engine) {}
 
   // How many ways a large request is worth splitting now (see Engine::IdleConnections).
-  int Parallelism() const { return engine_.IdleConnections(); }
+  int Parallelism() const override { return engine_.IdleConnections(); }
 
   void Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so = {});
-  void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so = {});
-  void Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb);
-  void Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb);
-  void Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb);
-  void Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb);
+  void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb) override {
+    Getattr(fh, c, std::move(cb), engine::SubmitOptions{});
+  }
+  void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so);
+  void Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) override;
+  void Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb) override;
+  void Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb) override;
+  void Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) override;
   // ReadReply::data is valid only during the callback.
-  void Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb);
+  void Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb) override;
   void Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
-             const Cred& c, Cb<WriteReply> cb);
-  void Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb);
+             const Cred& c, Cb<WriteReply> cb) override;
+  void Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) override;
   void Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
-              uint64_t verf, const Cred& c, Cb<NewObject> cb);
+              uint64_t verf, const Cred& c, Cb<NewObject> cb) override;
   void Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
-             Cb<NewObject> cb);
+             Cb<NewObject> cb) override;
   void Symlink(const Fh& dir, const std::string& name, const std::string& target,
-               const SetAttr& sa, const Cred& c, Cb<NewObject> cb);
+               const SetAttr& sa, const Cred& c, Cb<NewObject> cb) override;
   void Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
-             uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb);
-  void Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb);
-  void Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb);
+             uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb) override;
+  void Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) override;
+  void Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) override;
   void Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
-              const std::string& to, const Cred& c, Cb<RenameReply> cb);
+              const std::string& to, const Cred& c, Cb<RenameReply> cb) override;
   void Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
-            Cb<LinkReply> cb);
+            Cb<LinkReply> cb) override;
   void Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
-               Cb<DirPage> cb);
+               Cb<DirPage> cb) override;
   void Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
-                   uint32_t maxcount, const Cred& c, Cb<DirPage> cb);
-  void Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so = {});
+                   uint32_t maxcount, const Cred& c, Cb<DirPage> cb) override;
+  void Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb) override {
+    Fsstat(fh, c, std::move(cb), engine::SubmitOptions{});
+  }
+  void Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so);
   void Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so = {});
   void Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::SubmitOptions so = {});
 
