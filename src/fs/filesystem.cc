@@ -70,7 +70,12 @@ Result<Filesystem::InodeP> Filesystem::Parent(uint64_t parent, const std::string
 
 Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
                        std::shared_ptr<cache::BlockCache> cache)
-    : nfs_(nfs), opts_(opts), cache_(cache), inodes_(std::move(root)), log_(Log("fs")) {
+    : nfs_(nfs),
+      opts_(opts),
+      cache_(cache),
+      inodes_(std::move(root)),
+      mount_id_(static_cast<uint32_t>(RandomVerifier())),
+      log_(Log("fs")) {
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
     flusher_.store(std::make_shared<Flusher>(nfs_, cache, opts_.wsize));
   }
@@ -143,6 +148,8 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
   {
     std::lock_guard lock(inode->mu);
     if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
+    // Removed while open: the hidden name is not a link the user made.
+    if (inode->silly && out.st.st_nlink > 0) out.st.st_nlink--;
   }
   if (auto cache = cache_.load(); cache && a.type == nfs::Ftype::kReg) {
     // Write-back: the size includes writes not yet on the server.
@@ -248,7 +255,12 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
     }
   }
   if (auto cache = cache_.load(); cache && sa.size) cache->Drop(inode->fh());
-  nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, cb = std::move(cb)](Result<nfs::Wcc> r) {
+  uint64_t tseq = 0;  // writes admitted up to here are older than this truncate
+  {
+    std::lock_guard lock(inode->mu);
+    tseq = inode->order.last_seq();
+  }
+  nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, tseq, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
       // The kernel asks to drop setuid/setgid before a non-owner's write; the
       // server refuses the SETATTR to a non-owner but clears the bits itself
@@ -267,6 +279,9 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
       std::lock_guard lock(inode->mu);
       inode->size_hwm = 0;
       inode->have_open_attr = false;
+      if (!inode->uncommitted.empty() || inode->commit_running || !inode->order.empty()) {
+        inode->truncations.emplace_back(tseq, *sa.size);
+      }
     }
     if (auto cache = cache_.load(); cache && r->before && r->after) {
       // Our own change of attributes: the cached data stays valid.
@@ -303,18 +318,20 @@ void Filesystem::Mknod(const Cred& c, uint64_t parent, const std::string& name, 
   if (!dir) return cb(dir.error());
   nfs::SetAttr sa;
   sa.mode = mode & 07777;
-  auto done = [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
-    FinishNewObject(c, parent, name, std::move(r), std::move(cb));
-  };
   nfs::Ftype t;
   switch (mode & S_IFMT) {
-    case S_IFREG:
-      return nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kGuarded, sa, 0, c, std::move(done));
+    case S_IFREG: t = nfs::Ftype::kReg; break;
     case S_IFCHR: t = nfs::Ftype::kChr; break;
     case S_IFBLK: t = nfs::Ftype::kBlk; break;
     case S_IFSOCK: t = nfs::Ftype::kSock; break;
     case S_IFIFO: t = nfs::Ftype::kFifo; break;
     default: return cb(Error::Errno(EINVAL, "unsupported file type"));
+  }
+  auto done = [this, c, parent, name, cb = std::move(cb)](Result<nfs::NewObject> r) mutable {
+    FinishNewObject(c, parent, name, std::move(r), std::move(cb));
+  };
+  if (t == nfs::Ftype::kReg) {
+    return nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kGuarded, sa, 0, c, std::move(done));
   }
   nfs_.Mknod((*dir)->fh(), name, t, sa, major(rdev), minor(rdev), c, std::move(done));
 }
@@ -343,38 +360,45 @@ void Filesystem::Symlink(const Cred& c, const std::string& target, uint64_t pare
                });
 }
 
-void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
-  auto dir = inodes_.Get(parent);
-  if (!dir) return cb(Stale());
-  auto remove = [this, dir, name, c, cb](Result<Ok> skip) mutable {
-    if (!skip) return cb(skip.error());  // (Ok: go on and remove)
-    nfs_.Remove(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
-      if (!r) return cb(r.error());
-      cb(Ok{});
-    });
-  };
-  if (open_files_.load() == 0) return remove(Ok{});
-  // A file still open here must stay readable: as the kernel NFS client
-  // does, rename it to a hidden name and remove that at its last close.
+void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
+                            std::function<void(Result<InodeP>)> done) {
+  if (open_files_.load() == 0) return done(InodeP{});
   nfs_.Lookup(dir->fh(), name, c,
-              [this, dir, name, c, cb, remove](Result<nfs::LookupReply> r) mutable {
+              [this, dir, name, c, done = std::move(done)](Result<nfs::LookupReply> r) mutable {
                 auto inode = r ? inodes_.Find(r->fh) : nullptr;
-                if (!inode) return remove(Ok{});
+                if (!inode) return done(InodeP{});
                 {
                   std::lock_guard lock(inode->mu);
-                  if (inode->opens == 0 || inode->silly) return remove(Ok{});
+                  if (inode->opens == 0 || inode->silly) return done(InodeP{});
                 }
-                const std::string hidden = fmt::format(".mpnfs{:x}-{:x}", inode->ino(), NextSeq());
+                // Unique among mounts of the export too (the mount's random id).
+                const std::string hidden =
+                    fmt::format(".mpnfs{:08x}{:x}-{:x}", mount_id_, inode->ino(), NextSeq());
                 nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
-                            [inode, dir, hidden, cb](Result<nfs::RenameReply> rr) {
-                              if (!rr) return cb(rr.error());
+                            [inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
+                              if (!rr) return done(rr.error());
                               {
                                 std::lock_guard lock(inode->mu);
                                 inode->silly = Inode::Silly{dir->fh(), hidden};
                               }
-                              cb(Ok{});
+                              done(inode);
                             });
               });
+}
+
+void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
+  auto dir = inodes_.Get(parent);
+  if (!dir) return cb(Stale());
+  // A file still open here must stay readable: as the kernel NFS client
+  // does, it is renamed to a hidden name, removed at its last close.
+  HideIfOpen(c, dir, name, [this, dir, name, c, cb = std::move(cb)](Result<InodeP> h) mutable {
+    if (!h) return cb(h.error());
+    if (*h) return cb(Ok{});
+    nfs_.Remove(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
+      if (!r) return cb(r.error());
+      cb(Ok{});
+    });
+  });
 }
 
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
@@ -395,10 +419,42 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
   auto to = Parent(newparent, newname);
   if (!from) return cb(Stale());
   if (!to) return cb(to.error());
-  nfs_.Rename(from->fh(), name, (*to)->fh(), newname, c,
-              [cb = std::move(cb)](Result<nfs::RenameReply> r) {
-                if (!r) return cb(r.error());
-                cb(Ok{});
+  InodeP todir = *to;
+  auto rename = [this, c, from, name, todir, newname, cb = std::move(cb)](InodeP hidden) mutable {
+    nfs_.Rename(from->fh(), name, todir->fh(), newname, c,
+                [this, c, todir, newname, hidden, cb = std::move(cb)](Result<nfs::RenameReply> r) {
+                  if (r) return cb(Ok{});
+                  if (hidden) {
+                    // The rename failed: the file it would have replaced
+                    // gets its name back.
+                    std::optional<Inode::Silly> silly;
+                    {
+                      std::lock_guard lock(hidden->mu);
+                      silly.swap(hidden->silly);
+                    }
+                    if (silly) {
+                      nfs_.Rename(silly->dir, silly->name, todir->fh(), newname, c,
+                                  [](Result<nfs::RenameReply>) {});
+                    }
+                  }
+                  cb(r.error());
+                });
+  };
+  if (open_files_.load() == 0) return rename(nullptr);
+  // Replacing a file open here: it is hidden first, as Unlink does, so that
+  // it stays readable (unless it is the file being renamed).
+  nfs_.Lookup(from->fh(), name, c,
+              [this, c, todir, newname, rename = std::move(rename)](Result<nfs::LookupReply> src) mutable {
+                if (!src) return rename(nullptr);  // the RENAME reports the error
+                nfs_.Lookup(todir->fh(), newname, c,
+                            [this, c, todir, newname, srcfh = src->fh,
+                             rename = std::move(rename)](Result<nfs::LookupReply> dst) mutable {
+                              if (!dst || dst->fh == srcfh) return rename(nullptr);
+                              HideIfOpen(c, todir, newname,
+                                         [rename = std::move(rename)](Result<InodeP> h) mutable {
+                                           rename(h ? *h : nullptr);
+                                         });
+                            });
               });
 }
 
@@ -470,6 +526,9 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
     case O_WRONLY: want = nfs::kAccessModify | nfs::kAccessExtend; break;
     default: want = nfs::kAccessRead | nfs::kAccessModify | nfs::kAccessExtend; break;
   }
+  // O_TRUNC (FUSE_CAP_ATOMIC_O_TRUNC: the kernel leaves it to us) needs
+  // write permission whatever the access mode.
+  if (flags & O_TRUNC) want |= nfs::kAccessModify;
   // One ACCESS call both checks the caller's permission (as the Linux client
   // does at open) and returns the attributes close-to-open revalidates with.
   nfs_.Access(inode->fh(), want, c,
@@ -485,6 +544,19 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                 OpenOut out;
                 out.direct_io = direct;
                 if (r->attr) Observe(inode, *r->attr);  // close-to-open for the SSD cache
+                if ((flags & O_TRUNC) && r->attr && r->attr->type == nfs::Ftype::kReg) {
+                  // Truncate now, as a local filesystem does at open: size 0,
+                  // mtime and ctime updated (even if it was empty), the SSD
+                  // cache's copy dropped. Then open without it.
+                  nfs::SetAttr sa;
+                  sa.size = 0;
+                  sa.mtime_how = nfs::SetAttr::TimeHow::kServer;
+                  return Setattr(c, inode->ino(), sa,
+                                 [this, c, inode, flags, cb](Result<AttrOut> t) {
+                                   if (!t) return cb(t.error());
+                                   Open(c, inode->ino(), flags & ~O_TRUNC, cb);
+                                 });
+                }
                 {
                   std::lock_guard lock(inode->mu);
                   if (opts_.cto && r->attr) {
@@ -608,32 +680,52 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
   if (pieces.size() == 1) {
     // One RPC serves the request: reply straight from the receive buffer.
     nfs_.Read(inode->fh(), off, static_cast<uint32_t>(size), c,
-              [this, inode, off, token, admit, cache, cb = std::move(cb)](Result<nfs::ReadReply> r) {
+              [this, inode, c, off, size, token, admit, cache, cb = std::move(cb)](
+                  Result<nfs::ReadReply> r) mutable {
                 if (!r) return cb(r.error());
                 if (r->attr) Observe(inode, *r->attr);
-                if (admit) cache->Fill(inode->fh(), token, off, r->data, r->len);
-                cb(std::string_view(r->data, r->len));
+                const size_t n = std::min(r->len, size);
+                if (n > 0 && n < size && !r->eof) {
+                  // A short READ before EOF (the server may answer less than
+                  // asked): a short reply would make the kernel think the
+                  // file ends here. Fetch the rest into one buffer.
+                  auto op = NewReadOp(inode, size, 1, off, token, admit ? cache : nullptr,
+                                      std::move(cb));
+                  std::memcpy(op->buf.get(), r->data, n);
+                  return ReadPiece(op, inode, c, off + n, n, size - n);
+                }
+                if (admit) cache->Fill(inode->fh(), token, off, r->data, n);
+                cb(std::string_view(r->data, n));
               });
     return;
   }
+  auto op = NewReadOp(inode, size, pieces.size(), off, token, admit ? cache : nullptr,
+                      std::move(cb));
+  for (const auto& p : pieces) ReadPiece(op, inode, c, p.off, p.buf_off, p.len);
+}
+
+std::shared_ptr<Filesystem::ReadOp> Filesystem::NewReadOp(
+    const InodeP& inode, size_t size, size_t parts, uint64_t off, uint64_t token,
+    std::shared_ptr<cache::BlockCache> fill, std::function<void(Result<std::string_view>)> cb) {
   auto op = std::make_shared<ReadOp>();
   op->buf.reset(new char[size]);
-  op->remaining = pieces.size();
+  op->remaining = parts;
   op->valid = size;
   op->cb = std::move(cb);
-  if (admit) {
-    op->cb = [inode, off, token, cache, cb = std::move(op->cb)](Result<std::string_view> r) {
-      if (r) cache->Fill(inode->fh(), token, off, r->data(), r->size());
+  if (fill) {
+    op->cb = [inode, off, token, fill, cb = std::move(op->cb)](Result<std::string_view> r) {
+      if (r) fill->Fill(inode->fh(), token, off, r->data(), r->size());
       cb(std::move(r));
     };
   }
-  for (const auto& p : pieces) ReadPiece(op, inode, c, p.off, p.buf_off, p.len);
+  return op;
 }
 
 void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
                            uint64_t off, size_t buf_off, size_t len) {
   nfs_.Read(inode->fh(), off, static_cast<uint32_t>(len), c,
             [this, op, inode, c, off, buf_off, len](Result<nfs::ReadReply> r) {
+              size_t rest = 0;  // short read before EOF: this many bytes still to fetch
               {
                 std::lock_guard lock(op->mu);
                 if (!r) {
@@ -642,363 +734,29 @@ void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inod
                   const size_t n = std::min(r->len, len);
                   std::memcpy(op->buf.get() + buf_off, r->data, n);
                   if (n < len && !r->eof && n > 0) {
-                    // Short read before EOF: fetch the rest of this piece.
-                    ReadPiece(op, inode, c, off + n, buf_off + n, len - n);
-                    return;
+                    rest = len - n;
+                  } else if (n < len) {
+                    op->valid = std::min(op->valid, buf_off + n);
                   }
-                  if (n < len) op->valid = std::min(op->valid, buf_off + n);
                 }
-                if (--op->remaining != 0) return;
+                if (rest == 0 && --op->remaining != 0) return;
               }
+              // (Outside the lock: a call that fails at once calls back inline.)
+              if (rest) return ReadPiece(op, inode, c, off + (len - rest), buf_off + (len - rest), rest);
               if (op->err) return op->cb(*op->err);
               op->cb(std::string_view(op->buf.get(), op->valid));
             });
 }
 
-void Filesystem::SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
-                           size_t buf_off, size_t len, bool stable,
-                           std::function<void(Result<Ok>)> done, bool admit) {
-  // The SSD cache drops the pages before the write leaves and, once it is
-  // answered, stores the new data (writethrough) unless something raced it.
-  std::shared_ptr<cache::BlockCache> cache = cache_.load();
-  const uint64_t token = cache ? cache->WriteStart(inode->fh(), off, len) : 0;
-  nfs_.Write(
-      inode->fh(), off, data, buf_off, len, stable, c,
-      [this, inode, c, off, data, buf_off, len, stable, admit, token, cache,
-       done = std::move(done)](Result<nfs::WriteReply> r) mutable {
-        if (cache) {
-          const bool whole = r && r->count >= len;
-          std::optional<cache::FileVersion> before, after;
-          if (r && r->wcc.before) before = Version(*r->wcc.before);
-          if (r && r->wcc.after) after = Version(*r->wcc.after);
-          cache->WriteDone(inode->fh(), token, off, data->data() + buf_off, len, whole, admit,
-                           before, after);
-          cache.reset();
-        }
-        if (!r) return done(r.error());
-        if (r->count == 0) return done(Error::Errno(EIO, "server wrote nothing"));
-        const size_t n = std::min<size_t>(r->count, len);
-        {
-          std::lock_guard lock(inode->mu);
-          inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + n);
-          if (!r->stable) {
-            inode->uncommitted.push_back(
-                std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf}));
-            inode->uncommitted_bytes += n;
-          }
-          // Our own write moved mtime: keep close-to-open from dropping our cache.
-          if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
-              r->wcc.before->mtime == inode->open_mtime) {
-            inode->open_mtime = r->wcc.after->mtime;
-            inode->open_size = r->wcc.after->size;
-          }
-        }
-        if (n < len) {
-          // Short write: send the rest.
-          return SendWrite(inode, c, off + n, std::move(data), buf_off + n, len - n, stable,
-                           std::move(done));
-        }
-        done(Ok{});
-      });
-}
-
-void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
-  {
-    std::lock_guard lock(inode->mu);
-    if (inode->WriteBehindPending()) {
-      inode->drain_waiters.push_back(std::move(fn));
-      return;
-    }
-  }
-  fn();
-}
-
-std::optional<Error> Filesystem::TakeWriteError(const InodeP& inode) {
-  std::lock_guard lock(inode->mu);
-  std::optional<Error> e;
-  e.swap(inode->write_error);
-  return e;
-}
-
-void Filesystem::StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
-                            bool behind, Cb<size_t> cb) {
-  const size_t size = data->size();
-  auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
-  auto op = std::make_shared<Gather>(pieces.size());
-  bool admit = false;
-  // (Write-back mounts decided in Write() already.)
-  if (auto cache = cache_.load(); cache && cache->mode() != cache::CacheMode::kWriteBack) {
-    admit = !cache->Sequential(inode->fh(), off, size);
-    if (!admit) cache->NoteBypass(true);
-  }
-  for (const auto& p : pieces) {
-    SendWrite(inode, c, p.off, data, p.buf_off, p.len, opts_.sync,
-              [this, op, inode, c, size, behind, cb](Result<Ok> r) {
-                if (!op->Done(r)) return;
-                std::vector<std::function<void()>> run;
-                {
-                  std::lock_guard lock(inode->mu);
-                  inode->writes_inflight--;
-                  inode->last_write_done_seq = NextSeq();
-                  if (behind) {
-                    inode->behind_bytes -= size;
-                    if (op->error() && !inode->write_error) {
-                      inode->write_error = op->error();
-                      log_->warn("write-behind failed ({}); reported at the next write, fsync or close",
-                                 op->error()->what);
-                    }
-                    // Admit parked writes that now fit the window.
-                    while (!inode->parked.empty() &&
-                           (inode->behind_bytes == 0 ||
-                            inode->behind_bytes + inode->parked.front().bytes <= opts_.write_behind)) {
-                      inode->behind_bytes += inode->parked.front().bytes;
-                      inode->writes_inflight++;
-                      run.push_back(std::move(inode->parked.front().start));
-                      inode->parked.pop_front();
-                    }
-                  }
-                  if (!inode->WriteBehindPending()) {
-                    for (auto& w : inode->drain_waiters) run.push_back(std::move(w));
-                    inode->drain_waiters.clear();
-                  }
-                }
-                if (!behind) {
-                  if (op->error()) {
-                    cb(*op->error());
-                  } else {
-                    cb(size);
-                  }
-                }
-                for (auto& fn : run) fn();
-                MaybeBackgroundCommit(inode, c);
-              },
-              admit);
-  }
-}
-
-void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb) {
-  InodeP inode = f->inode;
-  const size_t size = data->size();
-  if (size == 0) return cb(size_t{0});
-  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
-    // A scan's writes bypass the cache, unless they overlap unflushed
-    // writes (which must not land on the server after them).
-    const bool seq = cache->Sequential(inode->fh(), off, size);
-    if (!seq || cache->HasDirty(inode->fh(), off, size)) {
-      return WriteBack(c, f, std::move(data), off, {}, std::move(cb), 0);
-    }
-    cache->NoteBypass(true);
-  }
-  WriteToServer(c, f, std::move(data), off, std::move(cb));
-}
-
-void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
-                           std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt) {
-  InodeP inode = f->inode;
-  auto cache = cache_.load();
-  if (!cache) return WriteToServer(c, f, std::move(data), off, std::move(cb));
-  cache::WbWrite w;
-  w.fh = inode->fh();
-  w.off = off;
-  w.data = data->data();
-  w.len = data->size();
-  w.keep = data;
-  w.uid = c.uid;
-  w.groups = c.groups;
-  w.gid = c.gid;
-  w.base = std::move(base);
-  // Runs on the cache's writer thread.
-  auto done = [this, c, f, inode, data, off, cb = std::move(cb), attempt,
-               base = w.base](cache::WbOutcome o) mutable {
-    switch (o.kind) {
-      case cache::WbOutcome::kStored: {
-        const bool sync = f->flags & (O_SYNC | O_DSYNC);
-        auto cache = cache_.load();
-        if (sync && cache && cache->options().fsync_server) {
-          // wb_fsync=server: an O_SYNC write is on the server when it returns.
-          const size_t n = data->size();
-          return FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
-            if (!r) return cb(r.error());
-            cb(n);
-          });
-        }
-        return cb(data->size());
-      }
-      case cache::WbOutcome::kNeedPages: {
-        if (attempt >= 8) break;  // keeps racing: go around the cache
-        // Partial pages the cache does not hold: fetch the server's copies.
-        auto got = std::make_shared<std::map<uint64_t, std::string>>(std::move(base));
-        auto mu = std::make_shared<std::mutex>();
-        auto op = std::make_shared<Gather>(o.need.size());
-        for (uint64_t page : o.need) {
-          nfs_.Read(inode->fh(), page, 4096, c,
-                    [this, c, f, data, off, cb, attempt, got, mu, op, page](Result<nfs::ReadReply> r) mutable {
-                      if (r) {
-                        std::lock_guard lock(*mu);
-                        (*got)[page] = std::string(r->data, std::min<size_t>(r->len, 4096));
-                      }
-                      if (!op->Done(r)) return;
-                      if (op->error()) return cb(*op->error());
-                      WriteBack(c, f, std::move(data), off, std::move(*got), std::move(cb), attempt + 1);
-                    });
-        }
-        return;
-      }
-      case cache::WbOutcome::kRetry:
-        if (attempt >= 8) break;
-        return WriteBack(c, f, std::move(data), off, std::move(base), std::move(cb), attempt + 1);
-      case cache::WbOutcome::kUnavailable:
-        break;
-    }
-    // Around the cache, to the server: after the file's unflushed writes
-    // that this one overlaps, so that they cannot land after it.
-    auto cache = cache_.load();
-    if (cache && cache->HasDirty(inode->fh(), off, data->size())) {
-      return FlushFile(inode, [this, c, f, data, off, cb = std::move(cb)](Result<Ok> r) mutable {
-        if (!r) return cb(r.error());
-        WriteToServer(c, f, std::move(data), off, std::move(cb));
-      });
-    }
-    WriteToServer(c, f, std::move(data), off, std::move(cb));
-  };
-  cache->WriteBack(std::move(w), std::move(done));
-}
-
-void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
-                               Cb<size_t> cb) {
-  InodeP inode = f->inode;
-  const size_t size = data->size();
-  const bool behind = opts_.write_behind > 0 && !opts_.sync && !opts_.direct_io &&
-                      !(f->flags & (O_DIRECT | O_SYNC | O_DSYNC));
-  if (!behind) {
-    {
-      std::lock_guard lock(inode->mu);
-      inode->writes_inflight++;
-    }
-    return StartWrite(inode, c, off, std::move(data), false, std::move(cb));
-  }
-  // Write-behind (page-cache opens only, as the kernel NFS client does): the
-  // write is acknowledged once queued; its data stays in memory until a
-  // COMMIT covers it, and a failure is reported by the next write, fsync or
-  // close. At most `write_behind` bytes per file are outstanding.
-  {
-    std::lock_guard lock(inode->mu);
-    if (inode->write_error) return cb(*inode->write_error);
-    if (inode->behind_bytes + size > opts_.write_behind && inode->behind_bytes > 0) {
-      inode->parked.push_back(Inode::Parked{size, [this, inode, c, off, data, cb] {
-                                               {
-                                                 std::lock_guard l(inode->mu);
-                                                 inode->size_hwm = std::max<uint64_t>(
-                                                     inode->size_hwm, off + data->size());
-                                               }
-                                               StartWrite(inode, c, off, data, true, nullptr);
-                                               cb(data->size());
-                                             }});
-      return;
-    }
-    inode->behind_bytes += size;
-    inode->writes_inflight++;
-    // Acknowledged now: the size the application sees must include it.
-    inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + size);
-  }
-  StartWrite(inode, c, off, std::move(data), true, nullptr);
-  cb(size);
-}
-
-void Filesystem::MaybeBackgroundCommit(const InodeP& inode, const Cred& c) {
-  {
-    std::lock_guard lock(inode->mu);
-    if (inode->commit_running || inode->uncommitted_bytes < opts_.commit_threshold) return;
-    inode->commit_running = true;
-  }
-  Commit(inode, c, [this, inode](Result<Ok> r) {
-    {
-      std::lock_guard lock(inode->mu);
-      inode->commit_running = false;
-    }
-    if (!r) log_->warn("background COMMIT failed: {} (data is kept and retried)", r.error().what);
-  });
-}
-
-void Filesystem::Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb) {
-  std::vector<std::shared_ptr<Buffered>> kept;
-  {
-    std::lock_guard lock(inode->mu);
-    kept.swap(inode->uncommitted);
-    inode->uncommitted_bytes = 0;
-  }
-  if (kept.empty()) return cb(Ok{});
-  nfs_.Commit(inode->fh(), c, [this, inode, c, kept, cb = std::move(cb)](
-                                  Result<nfs::CommitReply> r) mutable {
-    if (!r) {
-      std::lock_guard lock(inode->mu);
-      for (auto& b : kept) inode->uncommitted_bytes += b->len;
-      inode->uncommitted.insert(inode->uncommitted.begin(), kept.begin(), kept.end());
-      return cb(r.error());
-    }
-    log_->debug("COMMIT of {} kept writes: verifier {:#x}", kept.size(), r->verf);
-    std::vector<std::shared_ptr<Buffered>> lost;
-    for (auto& b : kept) {
-      if (b->verf != r->verf) lost.push_back(b);
-    }
-    if (lost.empty()) return cb(Ok{});
-    // The server's write verifier changed: it restarted and may have lost
-    // UNSTABLE data. Send it again, synchronously this time.
-    uint64_t bytes = 0;
-    for (auto& b : lost) bytes += b->len;
-    log_->warn("server write verifier changed (server restart?): resending {} bytes of {} writes",
-               bytes, lost.size());
-    auto rs = std::make_shared<Gather>(lost.size());
-    for (auto& b : lost) {
-      SendWrite(inode, c, b->off, b->buf, b->buf_off, b->len, /*stable=*/true,
-                [rs, cb](Result<Ok> w) {
-                  if (!rs->Done(w)) return;
-                  if (rs->error()) return cb(*rs->error());
-                  cb(Ok{});
-                });
-    }
-  });
-}
-
-void Filesystem::Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb) {
-  InodeP inode = f->inode;
-  auto cache = cache_.load();
-  if (cache && cache->options().fsync_server && cache->mode() == cache::CacheMode::kWriteBack) {
-    // wb_fsync=server: the file's cached writes go to the server first.
-    return FlushFile(inode, [this, c, inode, cb = std::move(cb)](Result<Ok> r) mutable {
-      if (!r) return cb(r.error());
-      CommitAfterDrain(c, inode, std::move(cb));
-    });
-  }
-  CommitAfterDrain(c, inode, std::move(cb));
-}
-
-void Filesystem::CommitAfterDrain(const Cred& c, const InodeP& inode, Cb<Ok> cb) {
-  WhenDrained(inode, [this, inode, c, cb = std::move(cb)]() mutable {
-    if (auto e = TakeWriteError(inode)) return cb(*e);
-    Commit(inode, c, std::move(cb));
-  });
-}
-
-void Filesystem::Flush(const Cred& c, OpenFile* f, Cb<Ok> cb) {
-  // Close: what went to the server is committed (close-to-open); cached
-  // write-back data stays in the cache (mpnfs(8), "Write-back").
-  if (opts_.cto) return CommitAfterDrain(c, f->inode, std::move(cb));
-  // nocto: no commit on close, but write-behind errors are still reported.
-  InodeP inode = f->inode;
-  WhenDrained(inode, [this, inode, cb = std::move(cb)] {
-    if (auto e = TakeWriteError(inode)) return cb(*e);
-    cb(Ok{});
-  });
-}
-
 OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c) {
+  uint64_t seen;
   {
     std::lock_guard lock(inode->mu);
     inode->opens++;
+    seen = inode->err_seq;  // errors before this open are not its to report
   }
   open_files_++;
-  return new OpenFile{inode, flags, c};
+  return new OpenFile{inode, flags, c, seen};
 }
 
 void Filesystem::Release(OpenFile* f) {
@@ -1023,7 +781,7 @@ void Filesystem::Release(OpenFile* f) {
   };
   if (pending) {
     // nocto: nobody waited for these; commit them now rather than at unmount.
-    Commit(inode, opener, [this, remove_hidden](Result<Ok> r) {
+    Commit(inode, [this, remove_hidden](Result<Ok> r) {
       if (!r) log_->warn("COMMIT after close failed: {}", r.error().what);
       remove_hidden();
     });

@@ -38,9 +38,11 @@
 
 #include "cache/block_cache.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "fs/flusher.h"
 #include "fs/inode_table.h"
 #include "fs/options.h"
+#include "fs/write_order.h"
 #include "mpnfs/result.h"
 #include "nfs/client.h"
 
@@ -65,7 +67,9 @@ struct AttrOut {
 struct OpenFile {
   std::shared_ptr<Inode> inode;
   int flags = 0;
-  Cred opener;  // commits after the last close run as the user who opened
+  Cred opener;  // removes the hidden name of a file removed while open
+  // Inode::err_seq when this open last reported (or began): errseq.
+  uint64_t err_seen GUARDED_BY(inode->mu) = 0;
 };
 
 struct OpenOut {
@@ -89,6 +93,8 @@ struct Buffered {
   size_t buf_off;
   size_t len;
   uint64_t verf;
+  WriteOrder::Seq seq;  // its place in the file's write order
+  Cred cred;            // who wrote it: COMMIT and resends go as that user
 };
 
 // The stat the kernel sees for NFS attributes (st_ino is the NFS fileid).
@@ -167,6 +173,11 @@ class Filesystem {
     std::optional<Error> err;
     std::function<void(Result<std::string_view>)> cb;
   };
+  // A read assembled from `parts` READ calls into one buffer of `size`;
+  // `fill` (optional) stores the result in the SSD cache.
+  std::shared_ptr<ReadOp> NewReadOp(const InodeP& inode, size_t size, size_t parts, uint64_t off,
+                                    uint64_t token, std::shared_ptr<cache::BlockCache> fill,
+                                    std::function<void(Result<std::string_view>)> cb);
   void ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
                    std::function<void(Result<std::string_view>)> cb, int attempt);
   void SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
@@ -178,10 +189,15 @@ class Filesystem {
   void WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
   // The file's dirty cache pages to the server (now if there is no flusher).
   void FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done);
-  void CommitAfterDrain(const Cred& c, const InodeP& inode, Cb<Ok> cb);
+  void CommitAfterDrain(OpenFile* f, Cb<Ok> cb);
   void ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
                  uint64_t off, size_t buf_off, size_t len);
 
+  // If `name` in `dir` is a file this mount has open, renames it to a hidden
+  // name removed at its last close (the kernel client's "silly rename") and
+  // passes its inode; else passes null and changes nothing.
+  void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
+                  std::function<void(Result<InodeP>)> done);
   // The directory `parent`, after checking the length of `name` in it.
   Result<InodeP> Parent(uint64_t parent, const std::string& name);
   EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);
@@ -192,24 +208,38 @@ class Filesystem {
                        Result<nfs::NewObject> r, Cb<EntryOut> cb);
   void EntryFromFh(const Cred& c, const nfs::Fh& fh, std::optional<nfs::Attr> attr,
                    Cb<EntryOut> cb);
-  // One WRITE (resending the rest after a short write); records the kept
-  // copy when the server answers UNSTABLE.
+  // One WRITE admitted as `seq` in the file's WriteOrder (resending the rest
+  // after a short write); records the kept copy when the server answers
+  // UNSTABLE, then finishes `seq` there and starts what it held back.
   // `admit`: the cache may store the data (writethrough, not a sequential stream).
-  void SendWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
-                 size_t buf_off, size_t len, bool stable, std::function<void(Result<Ok>)> done,
-                 bool admit = false);
+  void SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
+                 nfs::Buffer data, size_t buf_off, size_t len, bool stable,
+                 std::function<void(Result<Ok>)> done, bool admit = false);
   // The SSD cache's view of a file's attributes (regular files only).
   void Observe(const InodeP& inode, const nfs::Attr& a);
-  void StartWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data, bool behind,
-                  Cb<size_t> cb);
+  // Whether the writethrough/readonly cache may store a write's data.
+  bool CacheAdmits(const InodeP& inode, uint64_t off, size_t size);
+  // Splits a write into WRITE calls and admits them to the file's write
+  // order; appends to `run` what may start now (run it after unlocking).
+  // `behind`: acknowledged already (write-behind accounting, errors to
+  // errseq); else `cb` gets the outcome.
+  void AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
+                  bool behind, bool stable, bool cache_admit, Cb<size_t> cb,
+                  std::vector<std::function<void()>>* run) REQUIRES(inode->mu);
   // Runs `fn` once no write-behind of this inode is pending (now, or from
   // the completion of the last one).
   void WhenDrained(const InodeP& inode, std::function<void()> fn);
   // A new open file of `inode` (counted: see Unlink).
   OpenFile* NewOpenFile(const InodeP& inode, int flags, const Cred& c);
-  std::optional<Error> TakeWriteError(const InodeP& inode);
-  void Commit(const InodeP& inode, const Cred& c, Cb<Ok> cb);
-  void MaybeBackgroundCommit(const InodeP& inode, const Cred& c);
+  // The error this open file has not yet reported, if any (and now it has).
+  std::optional<Error> TakeError(OpenFile* f);
+  void RecordError(const InodeP& inode, const Error& e) REQUIRES(inode->mu);
+  // One COMMIT round for the file's kept writes (see Inode::commit_running).
+  void Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb);
+  void EndCommit(const InodeP& inode, Result<Ok> r, std::function<void(Result<Ok>)> cb);
+  void Resend(const InodeP& inode, const std::vector<std::shared_ptr<Buffered>>& kept,
+              std::vector<std::shared_ptr<Buffered>> lost, std::function<void(Result<Ok>)> cb);
+  void MaybeBackgroundCommit(const InodeP& inode);
   void LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t verf, Cb<DirHandle*> cb);
   uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
@@ -220,6 +250,7 @@ class Filesystem {
   InodeTable inodes_;
   std::atomic<uint64_t> seq_{0};
   std::atomic<int64_t> open_files_{0};  // in this mount; 0: unlink needs no check
+  const uint32_t mount_id_;             // random: hidden names differ between mounts
   std::shared_ptr<spdlog::logger> log_;
 };
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "fs/write_order.h"
 #include "mpnfs/result.h"
 #include "nfs/types.h"
 
@@ -53,19 +54,37 @@ class Inode {
   uint64_t size_hwm GUARDED_BY(mu) = 0;
   int writes_inflight GUARDED_BY(mu) = 0;
   uint64_t last_write_done_seq GUARDED_BY(mu) = 0;
+  // Every WRITE of this file is admitted here first (fs/write_order.h): a
+  // later overlapping WRITE never overtakes an earlier one.
+  WriteOrder order GUARDED_BY(mu);
   // UNSTABLE writes not yet covered by a COMMIT with the same verifier.
   std::vector<std::shared_ptr<Buffered>> uncommitted GUARDED_BY(mu);
   uint64_t uncommitted_bytes GUARDED_BY(mu) = 0;
+  // One COMMIT round at a time per file: a resend after a verifier change
+  // must know every newer write (see Filesystem::Commit). Callers that come
+  // while a round runs wait for the next one.
   bool commit_running GUARDED_BY(mu) = false;
+  // Successful truncates since the kept data was last empty: (the last
+  // write seq admitted before it, new size). A resend never writes older
+  // data past a later truncate.
+  std::vector<std::pair<uint64_t, uint64_t>> truncations GUARDED_BY(mu);
+  std::vector<std::function<void(Result<Ok>)>> commit_waiters GUARDED_BY(mu);
   // Write-behind: bytes acknowledged to the application but not yet answered
-  // by the server, writes waiting for room, the first failure not yet reported.
+  // by the server, writes waiting for room.
   struct Parked {
     size_t bytes;
-    std::function<void()> start;
+    // Called under mu, in order, when the window has room: admits the write
+    // and appends what to run after unlocking.
+    std::function<void(std::vector<std::function<void()>>*)> admit;
   };
   uint64_t behind_bytes GUARDED_BY(mu) = 0;
   std::deque<Parked> parked GUARDED_BY(mu);
-  std::optional<Error> write_error GUARDED_BY(mu);
+  // Write-behind failures, as the kernel's errseq: `err_seq` counts them and
+  // `last_error` is the latest; each open file remembers the count it has
+  // seen (OpenFile::err_seen), so every open learns each error once, and an
+  // open made after an error never sees it.
+  uint64_t err_seq GUARDED_BY(mu) = 0;
+  std::optional<Error> last_error GUARDED_BY(mu);
   // Run once no write-behind is pending (reads, stats, truncates, fsync and
   // close wait here). Synchronous writes (O_DIRECT, O_SYNC) are not waited
   // for: their callers have no answer yet, so nobody may rely on them.

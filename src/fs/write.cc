@@ -1,0 +1,482 @@
+// Filesystem: the data write path (write, write-behind, COMMIT and resends,
+// fsync, close) and its error reporting. See "Writes" in filesystem.h.
+#include <fcntl.h>
+
+#include <algorithm>
+
+#include "fs/cache_version.h"
+#include "fs/filesystem.h"
+#include "fs/gather.h"
+#include "fs/split.h"
+
+namespace mpnfs::fs {
+
+void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
+                           nfs::Buffer data, size_t buf_off, size_t len, bool stable,
+                           std::function<void(Result<Ok>)> done, bool admit) {
+  // The SSD cache drops the pages before the write leaves and, once it is
+  // answered, stores the new data (writethrough) unless something raced it.
+  std::shared_ptr<cache::BlockCache> cache = cache_.load();
+  const uint64_t token = cache ? cache->WriteStart(inode->fh(), off, len) : 0;
+  nfs_.Write(
+      inode->fh(), off, data, buf_off, len, stable, c,
+      [this, inode, c, seq, off, data, buf_off, len, stable, admit, token, cache,
+       done = std::move(done)](Result<nfs::WriteReply> r) mutable {
+        if (cache) {
+          const bool whole = r && r->count >= len;
+          std::optional<cache::FileVersion> before, after;
+          if (r && r->wcc.before) before = Version(*r->wcc.before);
+          if (r && r->wcc.after) after = Version(*r->wcc.after);
+          cache->WriteDone(inode->fh(), token, off, data->data() + buf_off, len, whole, admit,
+                           before, after);
+          cache.reset();
+        }
+        Result<Ok> res = Ok{};
+        if (!r) {
+          res = r.error();
+        } else if (r->count == 0) {
+          res = Error::Errno(EIO, "server wrote nothing");
+        } else {
+          const size_t n = std::min<size_t>(r->count, len);
+          {
+            std::lock_guard lock(inode->mu);
+            inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + n);
+            if (!r->stable) {
+              inode->uncommitted.push_back(
+                  std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf, seq, c}));
+              inode->uncommitted_bytes += n;
+            }
+            // Our own write moved mtime: keep close-to-open from dropping our cache.
+            if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
+                r->wcc.before->mtime == inode->open_mtime) {
+              inode->open_mtime = r->wcc.after->mtime;
+              inode->open_size = r->wcc.after->size;
+            }
+          }
+          if (n < len) {
+            // Short write: the rest goes now, still under this write's place
+            // in the order.
+            return SendWrite(inode, c, seq, off + n, std::move(data), buf_off + n, len - n,
+                             stable, std::move(done), admit);
+          }
+        }
+        std::vector<std::function<void()>> run;
+        {
+          std::lock_guard lock(inode->mu);
+          run = inode->order.Finish(seq);
+        }
+        done(std::move(res));
+        for (auto& fn : run) fn();
+      });
+}
+
+void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
+  {
+    std::lock_guard lock(inode->mu);
+    if (inode->WriteBehindPending()) {
+      inode->drain_waiters.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+std::optional<Error> Filesystem::TakeError(OpenFile* f) {
+  std::lock_guard lock(f->inode->mu);
+  if (f->err_seen == f->inode->err_seq) return std::nullopt;
+  f->err_seen = f->inode->err_seq;
+  return f->inode->last_error;
+}
+
+void Filesystem::RecordError(const InodeP& inode, const Error& e) {
+  inode->err_seq++;
+  inode->last_error = e;
+}
+
+bool Filesystem::CacheAdmits(const InodeP& inode, uint64_t off, size_t size) {
+  // (Write-back mounts decided in Write() already.)
+  auto cache = cache_.load();
+  if (!cache || cache->mode() == cache::CacheMode::kWriteBack) return false;
+  const bool admit = !cache->Sequential(inode->fh(), off, size);
+  if (!admit) cache->NoteBypass(true);
+  return admit;
+}
+
+void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
+                            bool behind, bool stable, bool cache_admit, Cb<size_t> cb,
+                            std::vector<std::function<void()>>* run) {
+  const size_t size = data->size();
+  auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
+  auto op = std::make_shared<Gather>(pieces.size());
+  inode->writes_inflight++;
+  auto piece_done = [this, op, inode, c, size, behind, cb](Result<Ok> r) {
+    if (!op->Done(r)) return;
+    std::vector<std::function<void()>> next;
+    {
+      std::lock_guard lock(inode->mu);
+      inode->writes_inflight--;
+      inode->last_write_done_seq = NextSeq();
+      if (behind) {
+        inode->behind_bytes -= size;
+        if (op->error()) {
+          // Acknowledged data the server refused: every open file of the
+          // inode learns it once (errseq).
+          RecordError(inode, *op->error());
+          log_->warn("write-behind failed ({}); reported at the next write, fsync or close",
+                     op->error()->what);
+        }
+        // Admit parked writes that now fit the window, in their order.
+        while (!inode->parked.empty() &&
+               (inode->behind_bytes == 0 ||
+                inode->behind_bytes + inode->parked.front().bytes <= opts_.write_behind)) {
+          inode->behind_bytes += inode->parked.front().bytes;
+          inode->parked.front().admit(&next);
+          inode->parked.pop_front();
+        }
+      }
+      if (!inode->WriteBehindPending()) {
+        for (auto& w : inode->drain_waiters) next.push_back(std::move(w));
+        inode->drain_waiters.clear();
+      }
+    }
+    if (!behind) {
+      if (op->error()) {
+        cb(*op->error());
+      } else {
+        cb(size);
+      }
+    }
+    for (auto& fn : next) fn();
+    MaybeBackgroundCommit(inode);
+  };
+  for (const auto& p : pieces) {
+    auto start = [this, inode, c, p, data, stable, cache_admit, piece_done](WriteOrder::Seq seq) {
+      SendWrite(inode, c, seq, p.off, data, p.buf_off, p.len, stable, piece_done, cache_admit);
+    };
+    WriteOrder::Seq seq = 0;
+    if (inode->order.Admit(p.off, p.len, start, &seq)) {
+      run->push_back([start, seq] { start(seq); });
+    }
+  }
+}
+
+void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb) {
+  InodeP inode = f->inode;
+  const size_t size = data->size();
+  if (size == 0) return cb(size_t{0});
+  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    // A scan's writes bypass the cache, unless they overlap unflushed
+    // writes (which must not land on the server after them).
+    const bool seq = cache->Sequential(inode->fh(), off, size);
+    if (!seq || cache->HasDirty(inode->fh(), off, size)) {
+      // Write-behind of this file still on its way to the server lands
+      // first: the flusher could otherwise send this write before it.
+      return WhenDrained(inode, [this, c, f, data = std::move(data), off,
+                                 cb = std::move(cb)]() mutable {
+        WriteBack(c, f, std::move(data), off, {}, std::move(cb), 0);
+      });
+    }
+    cache->NoteBypass(true);
+  }
+  WriteToServer(c, f, std::move(data), off, std::move(cb));
+}
+
+void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+                           std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt) {
+  InodeP inode = f->inode;
+  auto cache = cache_.load();
+  if (!cache) return WriteToServer(c, f, std::move(data), off, std::move(cb));
+  cache::WbWrite w;
+  w.fh = inode->fh();
+  w.off = off;
+  w.data = data->data();
+  w.len = data->size();
+  w.keep = data;
+  w.uid = c.uid;
+  w.groups = c.groups;
+  w.gid = c.gid;
+  w.base = std::move(base);
+  // Runs on the cache's writer thread.
+  auto done = [this, c, f, inode, data, off, cb = std::move(cb), attempt,
+               base = w.base](cache::WbOutcome o) mutable {
+    switch (o.kind) {
+      case cache::WbOutcome::kStored: {
+        const bool sync = f->flags & O_DSYNC;  // O_SYNC includes O_DSYNC's bit
+        auto cache = cache_.load();
+        if (sync && cache && cache->options().fsync_server) {
+          // wb_fsync=server: an O_SYNC write is on the server when it returns.
+          const size_t n = data->size();
+          return FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
+            if (!r) return cb(r.error());
+            cb(n);
+          });
+        }
+        return cb(data->size());
+      }
+      case cache::WbOutcome::kNeedPages: {
+        if (attempt >= 8) break;  // keeps racing: go around the cache
+        // Partial pages the cache does not hold: fetch the server's copies.
+        auto got = std::make_shared<std::map<uint64_t, std::string>>(std::move(base));
+        auto mu = std::make_shared<std::mutex>();
+        auto op = std::make_shared<Gather>(o.need.size());
+        for (uint64_t page : o.need) {
+          nfs_.Read(inode->fh(), page, 4096, c,
+                    [this, c, f, data, off, cb, attempt, got, mu, op, page](Result<nfs::ReadReply> r) mutable {
+                      if (r) {
+                        std::lock_guard lock(*mu);
+                        (*got)[page] = std::string(r->data, std::min<size_t>(r->len, 4096));
+                      }
+                      if (!op->Done(r)) return;
+                      if (op->error()) return cb(*op->error());
+                      WriteBack(c, f, std::move(data), off, std::move(*got), std::move(cb), attempt + 1);
+                    });
+        }
+        return;
+      }
+      case cache::WbOutcome::kRetry:
+        if (attempt >= 8) break;
+        return WriteBack(c, f, std::move(data), off, std::move(base), std::move(cb), attempt + 1);
+      case cache::WbOutcome::kUnavailable:
+        break;
+    }
+    // Around the cache, to the server: after the file's unflushed writes
+    // that this one overlaps, so that they cannot land after it.
+    auto cache = cache_.load();
+    if (cache && cache->HasDirty(inode->fh(), off, data->size())) {
+      return FlushFile(inode, [this, c, f, data, off, cb = std::move(cb)](Result<Ok> r) mutable {
+        if (!r) return cb(r.error());
+        WriteToServer(c, f, std::move(data), off, std::move(cb));
+      });
+    }
+    WriteToServer(c, f, std::move(data), off, std::move(cb));
+  };
+  cache->WriteBack(std::move(w), std::move(done));
+}
+
+void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+                               Cb<size_t> cb) {
+  InodeP inode = f->inode;
+  const size_t size = data->size();
+  // O_SYNC and O_DSYNC writes are FILE_SYNC: the kernel sends no FSYNC
+  // after a direct write, so they must be durable when answered. (On Linux
+  // O_SYNC includes O_DSYNC's bit.)
+  const bool stable = opts_.sync || (f->flags & O_DSYNC);
+  const bool behind = opts_.write_behind > 0 && !stable && !opts_.direct_io &&
+                      !(f->flags & O_DIRECT);
+  const bool cache_admit = CacheAdmits(inode, off, size);
+  std::vector<std::function<void()>> run;
+  if (!behind) {
+    {
+      std::lock_guard lock(inode->mu);
+      AdmitWrite(inode, c, off, std::move(data), false, stable, cache_admit, std::move(cb), &run);
+    }
+    for (auto& fn : run) fn();
+    return;
+  }
+  // Write-behind (page-cache opens only, as the kernel NFS client does): the
+  // write is acknowledged once admitted; its data stays in memory until a
+  // COMMIT covers it, and a failure is reported (once to each open file) by
+  // the next write, fsync or close. At most `write_behind` bytes per file
+  // are outstanding; writes past that wait, in order.
+  {
+    std::unique_lock lock(inode->mu);
+    if (f->err_seen != inode->err_seq) {
+      f->err_seen = inode->err_seq;
+      Error e = *inode->last_error;
+      lock.unlock();
+      return cb(e);
+    }
+    if (!inode->parked.empty() ||
+        (inode->behind_bytes > 0 && inode->behind_bytes + size > opts_.write_behind)) {
+      inode->parked.push_back(Inode::Parked{
+          size, [this, inode, c, off, data, cache_admit, cb](std::vector<std::function<void()>>* r) {
+            // Runs under inode->mu, from the completion that made room.
+            inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + data->size());
+            AdmitWrite(inode, c, off, data, true, false, cache_admit, nullptr, r);
+            r->push_back([cb, n = data->size()] { cb(n); });
+          }});
+      return;
+    }
+    inode->behind_bytes += size;
+    // Acknowledged now: the size the application sees must include it.
+    inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + size);
+    AdmitWrite(inode, c, off, std::move(data), true, false, cache_admit, nullptr, &run);
+  }
+  cb(size);
+  for (auto& fn : run) fn();
+}
+
+void Filesystem::MaybeBackgroundCommit(const InodeP& inode) {
+  {
+    std::lock_guard lock(inode->mu);
+    if (inode->commit_running || inode->uncommitted_bytes < opts_.commit_threshold) return;
+  }
+  Commit(inode, [this](Result<Ok> r) {
+    if (!r) log_->warn("background COMMIT failed: {} (data is kept and retried)", r.error().what);
+  });
+}
+
+void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void(Result<Ok>)> cb) {
+  std::vector<std::function<void(Result<Ok>)>> waiters;
+  {
+    std::lock_guard lock(inode->mu);
+    waiters.swap(inode->commit_waiters);
+    inode->commit_running = false;
+    if (inode->uncommitted.empty() && inode->order.empty()) inode->truncations.clear();
+  }
+  cb(std::move(r));
+  if (waiters.empty()) return;
+  // Those who came during the round get a round of their own (it covers
+  // every write answered before it starts).
+  Commit(inode, [waiters = std::move(waiters)](Result<Ok> r2) {
+    for (auto& w : waiters) w(r2);
+  });
+}
+
+void Filesystem::Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb) {
+  std::vector<std::shared_ptr<Buffered>> kept;
+  {
+    std::unique_lock lock(inode->mu);
+    if (inode->commit_running) {
+      inode->commit_waiters.push_back(std::move(cb));
+      return;
+    }
+    if (inode->uncommitted.empty()) {
+      lock.unlock();
+      return cb(Ok{});
+    }
+    inode->commit_running = true;
+    kept.swap(inode->uncommitted);
+    inode->uncommitted_bytes = 0;
+  }
+  // COMMIT as a user who wrote the data (a reader's fsync must not need
+  // write permission, nor commit with its own identity).
+  const Cred writer = kept.back()->cred;
+  nfs_.Commit(inode->fh(), writer, [this, inode, kept, cb = std::move(cb)](
+                                       Result<nfs::CommitReply> r) mutable {
+    if (!r) {
+      {
+        std::lock_guard lock(inode->mu);
+        for (auto& b : kept) inode->uncommitted_bytes += b->len;
+        inode->uncommitted.insert(inode->uncommitted.begin(), kept.begin(), kept.end());
+      }
+      return EndCommit(inode, r.error(), std::move(cb));
+    }
+    log_->debug("COMMIT of {} kept writes: verifier {:#x}", kept.size(), r->verf);
+    std::vector<std::shared_ptr<Buffered>> lost;
+    for (auto& b : kept) {
+      if (b->verf != r->verf) lost.push_back(b);
+    }
+    if (lost.empty()) return EndCommit(inode, Ok{}, std::move(cb));
+    Resend(inode, kept, std::move(lost), std::move(cb));
+  });
+}
+
+void Filesystem::Resend(const InodeP& inode, const std::vector<std::shared_ptr<Buffered>>& kept,
+                        std::vector<std::shared_ptr<Buffered>> lost,
+                        std::function<void(Result<Ok>)> cb) {
+  // The server's write verifier changed: it restarted and may have lost
+  // UNSTABLE data. Each lost write is sent again, FILE_SYNC, except the
+  // bytes a newer write owns (newer kept data, answered since, or still in
+  // flight or waiting) and the bytes a later truncate cut: those must not be
+  // overwritten with older data. The resends take their place in the write
+  // order now, so nothing newer overtakes them either.
+  std::sort(lost.begin(), lost.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  struct Piece {
+    std::shared_ptr<Buffered> b;
+    uint64_t off, len;
+  };
+  std::vector<Piece> pieces;
+  std::vector<std::function<void()>> run;
+  uint64_t bytes = 0;
+  auto rs = std::make_shared<Gather>(0);
+  auto one_done = [this, inode, rs, cb](Result<Ok> w) {
+    if (!rs->Done(w)) return;
+    if (rs->error()) {
+      // The data is gone from the server: every open file learns it.
+      std::lock_guard lock(inode->mu);
+      RecordError(inode, *rs->error());
+    }
+    EndCommit(inode, rs->error() ? Result<Ok>(*rs->error()) : Result<Ok>(Ok{}), cb);
+  };
+  {
+    std::lock_guard lock(inode->mu);
+    for (const auto& b : lost) {
+      std::vector<std::pair<uint64_t, uint64_t>> holes;
+      auto newer = [&](const std::vector<std::shared_ptr<Buffered>>& list) {
+        for (const auto& o : list) {
+          if (o->seq > b->seq) holes.emplace_back(o->off, o->len);
+        }
+      };
+      newer(kept);
+      newer(inode->uncommitted);
+      inode->order.ForEachNewer(b->seq, b->off, b->len,
+                                [&](uint64_t o, uint64_t l) { holes.emplace_back(o, l); });
+      for (const auto& [tseq, size] : inode->truncations) {
+        if (tseq >= b->seq) holes.emplace_back(size, UINT64_MAX - size);
+      }
+      for (const auto& [off, len] : SubtractRanges(b->off, b->len, std::move(holes))) {
+        pieces.push_back(Piece{b, off, len});
+        bytes += len;
+      }
+    }
+    rs->AddParts(pieces.size() + 1);  // +1: held until every piece is admitted
+    for (const auto& p : pieces) {
+      auto start = [this, inode, p, one_done](WriteOrder::Seq seq) {
+        SendWrite(inode, p.b->cred, seq, p.off, p.b->buf, p.b->buf_off + (p.off - p.b->off), p.len,
+                  /*stable=*/true, one_done);
+      };
+      WriteOrder::Seq seq = 0;
+      if (inode->order.Admit(p.off, p.len, start, &seq)) run.push_back([start, seq] { start(seq); });
+    }
+  }
+  log_->warn("server write verifier changed (server restart?): resending {} bytes of {} writes",
+             bytes, lost.size());
+  for (auto& fn : run) fn();
+  one_done(Ok{});
+}
+
+void Filesystem::Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb) {
+  InodeP inode = f->inode;
+  auto cache = cache_.load();
+  if (cache && cache->options().fsync_server && cache->mode() == cache::CacheMode::kWriteBack) {
+    // wb_fsync=server: the file's cached writes go to the server first.
+    return FlushFile(inode, [this, c, f, cb = std::move(cb)](Result<Ok> r) mutable {
+      if (!r) return cb(r.error());
+      CommitAfterDrain(f, std::move(cb));
+    });
+  }
+  CommitAfterDrain(f, std::move(cb));
+}
+
+void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
+  InodeP inode = f->inode;
+  WhenDrained(inode, [this, f, inode, cb = std::move(cb)]() mutable {
+    if (auto e = TakeError(f)) return cb(*e);
+    Commit(inode, [this, f, inode, cb = std::move(cb)](Result<Ok> r) {
+      if (!r) {
+        // Reported here: this open file need not hear of it again.
+        std::lock_guard lock(inode->mu);
+        f->err_seen = inode->err_seq;
+      }
+      cb(std::move(r));
+    });
+  });
+}
+
+void Filesystem::Flush(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
+  // A read-only open has written nothing: its close neither commits other
+  // users' data nor reports their errors (as the Linux client's flush).
+  if ((f->flags & O_ACCMODE) == O_RDONLY) return cb(Ok{});
+  // Close: what went to the server is committed (close-to-open); cached
+  // write-back data stays in the cache (mpnfs(8), "Write-back").
+  if (opts_.cto) return CommitAfterDrain(f, std::move(cb));
+  // nocto: no commit on close, but write-behind errors are still reported.
+  InodeP inode = f->inode;
+  WhenDrained(inode, [this, f, cb = std::move(cb)] {
+    if (auto e = TakeError(f)) return cb(*e);
+    cb(Ok{});
+  });
+}
+
+}  // namespace mpnfs::fs

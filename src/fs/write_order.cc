@@ -1,0 +1,92 @@
+#include "fs/write_order.h"
+
+#include <algorithm>
+
+namespace mpnfs::fs {
+
+template <class Fn>
+void WriteOrder::Overlapping(uint64_t off, uint64_t end, Fn fn) const {
+  if (end <= off) return;
+  const uint64_t lo = off > max_len_ ? off - max_len_ : 0;
+  for (auto it = by_off_.lower_bound(lo); it != by_off_.end() && it->first < end; ++it) {
+    const Entry& e = by_seq_.at(it->second);
+    if (e.end > off) fn(it->second, e);
+  }
+}
+
+bool WriteOrder::Admit(uint64_t off, uint64_t len, Start start, Seq* seq) {
+  const Seq s = next_seq_++;
+  *seq = s;
+  Entry e;
+  e.off = off;
+  e.end = off + len;
+  std::vector<Seq> earlier;
+  Overlapping(e.off, e.end, [&](Seq other, const Entry&) { earlier.push_back(other); });
+  for (Seq o : earlier) by_seq_.at(o).dependents.push_back(s);
+  e.blockers = static_cast<int>(earlier.size());
+  const bool now = e.blockers == 0;
+  if (!now) e.start = std::move(start);
+  by_seq_.emplace(s, std::move(e));
+  by_off_.emplace(off, s);
+  max_len_ = std::max(max_len_, len);
+  return now;
+}
+
+std::vector<std::function<void()>> WriteOrder::Finish(Seq seq) {
+  std::vector<std::function<void()>> run;
+  auto it = by_seq_.find(seq);
+  if (it == by_seq_.end()) return run;
+  Entry e = std::move(it->second);
+  by_seq_.erase(it);
+  for (auto [o, end] = by_off_.equal_range(e.off); o != end; ++o) {
+    if (o->second == seq) {
+      by_off_.erase(o);
+      break;
+    }
+  }
+  // Dependents were admitted later, so seq order is admission order.
+  std::sort(e.dependents.begin(), e.dependents.end());
+  for (Seq d : e.dependents) {
+    auto dit = by_seq_.find(d);
+    if (dit == by_seq_.end()) continue;
+    if (--dit->second.blockers == 0 && dit->second.start) {
+      run.push_back([start = std::move(dit->second.start), d] { start(d); });
+      dit->second.start = nullptr;
+    }
+  }
+  if (by_seq_.empty()) max_len_ = 0;
+  return run;
+}
+
+void WriteOrder::ForEachNewer(Seq after, uint64_t off, uint64_t len,
+                              const std::function<void(uint64_t, uint64_t)>& fn) const {
+  Overlapping(off, off + len, [&](Seq s, const Entry& e) {
+    if (s > after) fn(e.off, e.end - e.off);
+  });
+}
+
+size_t WriteOrder::waiting() const {
+  size_t n = 0;
+  for (const auto& [s, e] : by_seq_) n += e.blockers > 0;
+  return n;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> SubtractRanges(
+    uint64_t off, uint64_t len, std::vector<std::pair<uint64_t, uint64_t>> holes) {
+  std::sort(holes.begin(), holes.end());
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  uint64_t pos = off;
+  const uint64_t end = off + len;
+  for (const auto& [hoff, hlen] : holes) {
+    const uint64_t hend = hoff + hlen;
+    if (hend <= pos || hlen == 0) continue;
+    if (hoff >= end) break;
+    if (hoff > pos) out.emplace_back(pos, hoff - pos);
+    pos = std::max(pos, hend);
+    if (pos >= end) break;
+  }
+  if (pos < end) out.emplace_back(pos, end - pos);
+  return out;
+}
+
+}  // namespace mpnfs::fs
