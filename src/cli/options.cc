@@ -21,7 +21,7 @@ bool ToInt(const std::string& s, long lo, long hi, long* out) {
 
 // Options handed to the FUSE kernel mount unchanged.
 const std::set<std::string> kFusePassthrough = {
-    "allow_other", "allow_root", "default_permissions", "auto_unmount", "ro", "rw", "suid",
+    "allow_other", "allow_root", "auto_unmount", "ro", "rw", "suid",
     "nosuid", "dev", "nodev", "exec", "noexec", "atime", "noatime", "relatime", "norelatime",
     "strictatime", "nostrictatime", "dirsync", "async", "lazytime", "nolazytime"};
 // Accepted for /etc/fstab and mount(8), meaningless to mpnfs.
@@ -135,6 +135,8 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"direct_io", [&] { m.fs.direct_io = true; }},
       {"sync", [&] { m.fs.sync = true; }},
       {"readdirplus", [&] { m.readdirplus = true; }},
+      {"default_permissions", [&] { m.kernel_permissions = true; }},
+      {"nodefault_permissions", [&] { m.kernel_permissions = false; }},
       {"noreaddirplus", [&] { m.readdirplus = false; }},
       {"debug", [&] { m.debug = true; m.foreground = true; }},
       {"cache_optional", [&] { m.cache_optional = true; }},
@@ -251,6 +253,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
     return Bad("more local= entries (" + std::to_string(m.locals.size()) + ") than paths (" +
                std::to_string(std::max<size_t>(1, m.paths.size())) + ")");
   }
+  if (m.kernel_permissions) m.fuse_opts.push_back("default_permissions");
   if (!m.cache.dir.empty() && !have_cache_mode) m.cache.mode = cache::CacheMode::kReadOnly;
   if (m.cache.mode != cache::CacheMode::kOff && m.cache.dir.empty()) {
     return Bad("cache_mode= needs cache_dir=");

@@ -41,6 +41,9 @@ struct MountOptions {
   int max_background = 512;
   int read_ahead_kb = 4096;
   bool readdirplus = true;
+  // The kernel checks mode bits (FUSE default_permissions) before mpnfs asks
+  // the server; `nodefault_permissions` leaves every check to the server.
+  bool kernel_permissions = true;
   engine::EngineOptions engine;  // paths filled from `server` after resolution
   fs::FsOptions fs;
   // The SSD cache tier: off unless cache_dir= is given.

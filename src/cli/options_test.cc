@@ -69,7 +69,16 @@ TEST(OptionsTest, AcceptsFstabOnlyOptions) {
                   "allow_other,default_permissions,nosuid"});
   ASSERT_TRUE(m.ok()) << m.error().what;
   EXPECT_EQ(m->fuse_opts,
-            (std::vector<std::string>{"rw", "allow_other", "default_permissions", "nosuid"}));
+            (std::vector<std::string>{"rw", "allow_other", "nosuid", "default_permissions"}));
+}
+
+TEST(OptionsTest, KernelPermissionChecksAreTheDefault) {
+  auto m = Parse({"s:/e", "/m"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->fuse_opts, std::vector<std::string>{"default_permissions"});
+  m = Parse({"s:/e", "/m", "-o", "nodefault_permissions"});
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->fuse_opts.empty());
 }
 
 TEST(OptionsTest, RejectsBadInputWithAClearMessage) {
