@@ -74,6 +74,7 @@ void Init(void* userdata, fuse_conn_info* conn) {
   want(FUSE_CAP_ASYNC_DIO);
   want(FUSE_CAP_PARALLEL_DIROPS);
   want(FUSE_CAP_AUTO_INVAL_DATA);  // mtime changes seen by getattr drop stale pages
+  want(FUSE_CAP_ATOMIC_O_TRUNC);   // open(O_TRUNC) truncates in Filesystem::Open
   // The NFS server clears setuid/setgid when a non-owner writes (it writes
   // with the caller's identity). Kernels may still send a mode SETATTR first;
   // Filesystem::Setattr tolerates the server's refusal of it.
@@ -253,8 +254,10 @@ void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 bool IsDot(const std::string& n) { return n == "." || n == ".."; }
 
 // Fills `buf` with the entries after `off`; for READDIRPLUS counts a lookup for
-// each entry that fits (and only those: the kernel drops what does not fit).
-size_t FillDir(fuse_req_t req, fs::DirHandle* d, std::vector<char>& buf, off_t off, bool plus) {
+// each entry that fits (and only those: the kernel drops what does not fit),
+// and lists those inodes in `*interned`.
+size_t FillDir(fuse_req_t req, fs::DirHandle* d, std::vector<char>& buf, off_t off, bool plus,
+               std::vector<uint64_t>* interned) {
   size_t used = 0;
   std::lock_guard lock(d->mu);
   for (size_t i = static_cast<size_t>(off); i < d->entries.size(); ++i) {
@@ -270,7 +273,10 @@ size_t FillDir(fuse_req_t req, fs::DirHandle* d, std::vector<char>& buf, off_t o
       p.attr = st;
       need = fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), &p, next);
       if (need > room) break;
-      if (!IsDot(e.name) && e.fh && e.attr) p = ToParam(Fs(req).InternEntry(e));
+      if (!IsDot(e.name) && e.fh && e.attr) {
+        p = ToParam(Fs(req).InternEntry(e));
+        interned->push_back(p.ino);
+      }
       fuse_add_direntry_plus(req, buf.data() + used, room, e.name.c_str(), &p, next);
     } else {
       need = fuse_add_direntry(req, nullptr, 0, e.name.c_str(), &st, next);
@@ -287,10 +293,16 @@ void DoReaddir(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi, bool 
                   [req, size, off, plus](Result<fs::DirHandle*> r) {
                     if (!r) return ReplyError(req, r.error());
                     std::vector<char> buf(size);
-                    const size_t used = FillDir(req, *r, buf, off, plus);
+                    std::vector<uint64_t> interned;
+                    const size_t used = FillDir(req, *r, buf, off, plus, &interned);
                     // After the reply the kernel may release the handle at once:
                     // the handle's lock must be free and the handle untouched by then.
-                    fuse_reply_buf(req, buf.data(), used);
+                    fs::Filesystem& fs = Fs(req);  // a reply frees `req`
+                    if (fuse_reply_buf(req, buf.data(), used) != 0) {
+                      // The kernel did not take the entries (request interrupted):
+                      // the lookups they counted are undone.
+                      for (uint64_t ino : interned) fs.Forget(ino, 1);
+                    }
                   });
 }
 
