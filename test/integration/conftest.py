@@ -202,3 +202,14 @@ def d(mnt, request):
     p = mnt.path / request.node.name.replace("[", "_").replace("]", "")
     p.mkdir()
     return p
+
+
+@pytest.fixture
+def shared(mount_factory, request):
+    """A world-writable directory on an allow_other mount, for tests that act
+    as several users."""
+    m = mount_factory("allow_other")
+    p = m.path / request.node.name.replace("[", "_").replace("]", "")
+    p.mkdir()
+    os.chmod(p, 0o777)
+    return p

@@ -17,15 +17,6 @@ def as_user(uid, gid, groups, *cmd):
                            *cmd], capture_output=True, text=True)
 
 
-@pytest.fixture
-def shared(mount_factory, request):
-    m = mount_factory("allow_other")
-    p = m.path / request.node.name
-    p.mkdir()
-    os.chmod(p, 0o777)
-    return p
-
-
 def test_owner_only_file_is_private(shared):
     f = shared / "secret"
     r = as_user(U1, U1, [], "sh", "-c", f"umask 077; echo s > {f}")
