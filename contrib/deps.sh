@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(meson ninja-build g++ pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind fio python3 python3-pytest iproute2 attr
-      acl psmisc util-linux procps zlib1g-dev)
+      acl psmisc util-linux procps zlib1g-dev postgresql-15 postgresql-client-15)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,6 +18,15 @@ fi
 # Ganesha's Debian package may start its own daemon; the test bed runs its own.
 if command -v systemctl >/dev/null && systemctl is-active --quiet nfs-ganesha 2>/dev/null; then
   systemctl stop nfs-ganesha || true
+fi
+# So may PostgreSQL's (its cluster 15/main); the PostgreSQL test starts its own servers.
+# (postgresql-15 has initdb, pgbench and the amcheck extension; postgresql-client-15
+# has psql and pg_amcheck.)
+if command -v systemctl >/dev/null && systemctl is-active --quiet postgresql 2>/dev/null; then
+  systemctl stop postgresql || true
+  systemctl disable --quiet postgresql 2>/dev/null || true
+elif command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q '^15 main .* online '; then
+  pg_ctlcluster 15 main stop || true
 fi
 [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
 [ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing (FUSE not available)" >&2; exit 1; }
