@@ -77,11 +77,14 @@ void ConnectCb(struct rpc_context* rpc, int status, void* data, void* priv) {
 
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
                        std::chrono::milliseconds timeout) {
+  // Declared before the context: destroying the context calls back what is
+  // still pending (a timed-out connect or MOUNT), and those callbacks write
+  // here, so this must outlive it.
+  MountState state;
+  ConnectCtx ctx{&state, export_path};
   std::unique_ptr<struct rpc_context, void (*)(struct rpc_context*)> rpc(rpc_init_context(),
                                                                          &rpc_destroy_context);
   if (!rpc) return Error::Errno(ENOMEM, "cannot create an RPC context");
-  MountState state;
-  ConnectCtx ctx{&state, export_path};
   int rc = mount_port > 0 ? rpc_connect_port_async(rpc.get(), host.c_str(), mount_port,
                                                    MOUNT_PROGRAM, MOUNT_V3, &ConnectCb, &ctx)
                           : rpc_connect_program_async(rpc.get(), host.c_str(), MOUNT_PROGRAM,
@@ -105,7 +108,8 @@ Result<Fh> MountExport(const std::string& host, int mount_port, const std::strin
                                             rpc_get_error(rpc.get()));
     }
   }
-  return std::move(state.result);
+  Result<Fh> out = std::move(state.result);
+  return out;
 }
 
 }  // namespace mpnfs::nfs
