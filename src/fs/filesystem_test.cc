@@ -1,0 +1,653 @@
+// fs::Filesystem against the in-memory NFSv3 server (test/fakes/fake_nfs.h),
+// and the fake's own knobs that those tests rely on.
+#include "fs/filesystem.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test/fakes/fake_nfs.h"
+
+namespace mpnfs::fs {
+namespace {
+
+using mpnfs::testing::FakeNfs;
+using Proc = FakeNfs::Proc;
+using namespace std::chrono_literals;
+
+// Runs `start(cb)` and waits for cb's result (ETIMEDOUT after 30 s, so that a
+// lost callback fails the test instead of hanging it).
+template <class T, class Start>
+Result<T> Wait(Start start) {
+  auto p = std::make_shared<std::promise<Result<T>>>();
+  auto f = p->get_future();
+  start([p](Result<T> r) { p->set_value(std::move(r)); });
+  if (f.wait_for(30s) != std::future_status::ready) {
+    return Error::Errno(ETIMEDOUT, "callback never ran");
+  }
+  return f.get();
+}
+
+nfs::Buffer Buf(const std::string& s) {
+  auto b = std::make_shared<nfs::Bytes>(s.size());
+  std::memcpy(b->data(), s.data(), s.size());
+  return b;
+}
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  std::mt19937 rng(seed);
+  for (auto& ch : s) ch = static_cast<char>('a' + rng() % 26);
+  return s;
+}
+
+constexpr uint64_t kRoot = InodeTable::kRootIno;
+
+class FilesystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Mount(FsOptions{}); }
+  void TearDown() override {
+    EXPECT_TRUE(nfs_.Quiesce()) << "calls still queued at the end of the test";
+    fs_.reset();
+  }
+  void Mount(FsOptions o) {
+    if (fs_) {
+      ASSERT_TRUE(nfs_.Quiesce());
+    }
+    fs_ = std::make_unique<Filesystem>(nfs_, nfs_.root(), o);
+  }
+
+  // Synchronous wrappers: one Filesystem call, waited for.
+  Result<std::pair<EntryOut, OpenOut>> Create(uint64_t parent, const std::string& name,
+                                              int flags = O_CREAT | O_WRONLY, mode_t mode = 0644) {
+    return Wait<std::pair<EntryOut, OpenOut>>(
+        [&](auto cb) { fs_->Create(cred_, parent, name, mode, flags, cb); });
+  }
+  Result<OpenOut> Open(uint64_t ino, int flags) {
+    return Wait<OpenOut>([&](auto cb) { fs_->Open(cred_, ino, flags, cb); });
+  }
+  Result<size_t> Write(OpenFile* f, const std::string& data, uint64_t off) {
+    return Wait<size_t>([&](auto cb) { fs_->Write(cred_, f, Buf(data), off, cb); });
+  }
+  Result<std::string> Read(OpenFile* f, size_t size, uint64_t off) {
+    return Wait<std::string>([&](auto cb) {
+      fs_->Read(cred_, f, size, off, [cb](Result<std::string_view> r) {
+        if (!r) return cb(r.error());
+        cb(std::string(*r));  // the view lives only during this callback
+      });
+    });
+  }
+  Result<Ok> Flush(OpenFile* f) {
+    return Wait<Ok>([&](auto cb) { fs_->Flush(cred_, f, cb); });
+  }
+  Result<Ok> Fsync(OpenFile* f) {
+    return Wait<Ok>([&](auto cb) { fs_->Fsync(cred_, f, cb); });
+  }
+  // close(2): flush, then release.
+  void Close(OpenFile* f) {
+    auto r = Flush(f);
+    EXPECT_TRUE(r.ok()) << r.error().what;
+    fs_->Release(f);
+  }
+  Result<EntryOut> Lookup(uint64_t parent, const std::string& name) {
+    return Wait<EntryOut>([&](auto cb) { fs_->Lookup(cred_, parent, name, cb); });
+  }
+  Result<EntryOut> Mkdir(uint64_t parent, const std::string& name, mode_t mode = 0755) {
+    return Wait<EntryOut>([&](auto cb) { fs_->Mkdir(cred_, parent, name, mode, cb); });
+  }
+  Result<Ok> Unlink(uint64_t parent, const std::string& name) {
+    return Wait<Ok>([&](auto cb) { fs_->Unlink(cred_, parent, name, cb); });
+  }
+  Result<Ok> Rmdir(uint64_t parent, const std::string& name) {
+    return Wait<Ok>([&](auto cb) { fs_->Rmdir(cred_, parent, name, cb); });
+  }
+  Result<Ok> Rename(uint64_t parent, const std::string& name, uint64_t newparent,
+                    const std::string& newname) {
+    return Wait<Ok>(
+        [&](auto cb) { fs_->Rename(cred_, parent, name, newparent, newname, 0, cb); });
+  }
+  // The names a directory listing gives (with "." and ".."), sorted.
+  Result<std::vector<std::string>> List(uint64_t ino, bool plus) {
+    auto d = Wait<DirHandle*>([&](auto cb) { fs_->Opendir(cred_, ino, cb); });
+    if (!d) return d.error();
+    auto r = Wait<DirHandle*>([&](auto cb) { fs_->Readdir(cred_, *d, 0, plus, cb); });
+    std::vector<std::string> names;
+    if (r) {
+      for (const auto& e : (*d)->entries) {
+        names.push_back(e.name);
+        if (plus && e.name != "." && e.name != "..") {
+          EXPECT_TRUE(e.fh && e.attr) << "READDIRPLUS entry without handle or attributes";
+        }
+      }
+    }
+    fs_->Releasedir(*d);
+    if (!r) return r.error();
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  // A new file in the root holding `data`, written through the (still open) file.
+  OpenFile* CreateWith(const std::string& name, const std::string& data) {
+    auto c = Create(kRoot, name);
+    EXPECT_TRUE(c.ok()) << c.error().what;
+    if (!c) return nullptr;
+    auto w = Write(c->second.file, data, 0);
+    EXPECT_TRUE(w.ok()) << w.error().what;
+    return c->second.file;
+  }
+  std::string ContentsOf(const std::string& path) {
+    auto fh = nfs_.FhOf(path);
+    EXPECT_TRUE(fh) << path << " does not exist on the server";
+    return fh ? nfs_.Contents(*fh) : std::string();
+  }
+  std::string StableOf(const std::string& path) {
+    auto fh = nfs_.FhOf(path);
+    EXPECT_TRUE(fh) << path << " does not exist on the server";
+    return fh ? nfs_.StableContents(*fh) : std::string();
+  }
+
+  FakeNfs nfs_;  // declared first: outlives the filesystem
+  std::unique_ptr<Filesystem> fs_;
+  Cred cred_{1000, 1000, {}};
+};
+
+TEST_F(FilesystemTest, CreateWriteReleaseThenReadBackThroughNewOpen) {
+  auto c = Create(kRoot, "f");
+  ASSERT_TRUE(c.ok()) << c.error().what;
+  OpenFile* w = c->second.file;
+  const std::string a = "hello, ", b = Pattern(100000, 1);
+  ASSERT_TRUE(Write(w, a, 0).ok());
+  ASSERT_TRUE(Write(w, b, a.size()).ok());
+  Close(w);
+
+  auto o = Open(c->first.ino, O_RDONLY);
+  ASSERT_TRUE(o.ok()) << o.error().what;
+  auto r = Read(o->file, a.size() + b.size() + 10, 0);  // past the end: a short read
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_EQ(*r, a + b);
+  auto mid = Read(o->file, 5, 3);
+  ASSERT_TRUE(mid.ok());
+  EXPECT_EQ(*mid, (a + b).substr(3, 5));
+  fs_->Release(o->file);
+  EXPECT_EQ(ContentsOf("f"), a + b);
+
+  auto e = Lookup(kRoot, "f");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->ino, c->first.ino);
+  EXPECT_EQ(static_cast<size_t>(e->st.st_size), a.size() + b.size());
+  EXPECT_EQ(e->st.st_uid, 1000u);
+}
+
+TEST_F(FilesystemTest, MkdirReaddirUnlinkRename) {
+  auto d = Mkdir(kRoot, "d");
+  ASSERT_TRUE(d.ok()) << d.error().what;
+  EXPECT_TRUE(S_ISDIR(d->st.st_mode));
+  for (const char* name : {"a", "b"}) {
+    auto c = Create(d->ino, name);
+    ASSERT_TRUE(c.ok()) << c.error().what;
+    Close(c->second.file);
+  }
+  using Names = std::vector<std::string>;
+  for (bool plus : {false, true}) {
+    auto l = List(d->ino, plus);
+    ASSERT_TRUE(l.ok()) << l.error().what;
+    EXPECT_EQ(*l, (Names{".", "..", "a", "b"})) << "plus=" << plus;
+  }
+
+  ASSERT_TRUE(Rename(d->ino, "a", d->ino, "c").ok());
+  auto sub = Mkdir(kRoot, "e");
+  ASSERT_TRUE(sub.ok());
+  ASSERT_TRUE(Rename(d->ino, "b", sub->ino, "b2").ok());
+  EXPECT_EQ(List(d->ino, false).value(), (Names{".", "..", "c"}));
+  EXPECT_EQ(List(sub->ino, true).value(), (Names{".", "..", "b2"}));
+  EXPECT_TRUE(nfs_.FhOf("e/b2"));
+  EXPECT_FALSE(nfs_.FhOf("d/b"));
+
+  auto gone = Lookup(d->ino, "a");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(gone->ino, 0u) << "a renamed-away name must be a negative entry";
+
+  auto busy = Rmdir(kRoot, "d");
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.error().err, ENOTEMPTY);
+  ASSERT_TRUE(Unlink(d->ino, "c").ok());
+  EXPECT_EQ(List(d->ino, true).value(), (Names{".", ".."}));
+  auto twice = Unlink(d->ino, "c");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().err, ENOENT);
+  ASSERT_TRUE(Rmdir(kRoot, "d").ok());
+  EXPECT_EQ(List(kRoot, false).value(), (Names{".", "..", "e"}));
+}
+
+TEST_F(FilesystemTest, ReaddirPagesThroughALargeDirectory) {
+  nfs_.set_dir_page_entries(7);  // many READDIR calls, resumed by cookie
+  auto d = Mkdir(kRoot, "big");
+  ASSERT_TRUE(d.ok());
+  std::vector<std::string> want = {".", ".."};
+  for (int i = 0; i < 50; ++i) {
+    const std::string name = "n" + std::to_string(i);
+    auto c = Create(d->ino, name);
+    ASSERT_TRUE(c.ok());
+    fs_->Release(c->second.file);
+    want.push_back(name);
+  }
+  std::sort(want.begin(), want.end());
+  const uint64_t before = nfs_.stats().Calls(Proc::kReaddirplus);
+  auto l = List(d->ino, true);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(*l, want);
+  EXPECT_GE(nfs_.stats().Calls(Proc::kReaddirplus) - before, 52u / 7);
+}
+
+TEST_F(FilesystemTest, SyncMountWriteIsStableWhenItReturns) {
+  FsOptions o;
+  o.sync = true;
+  Mount(o);
+  const std::string data = Pattern(10000, 2);
+  OpenFile* f = CreateWith("s", data);
+  ASSERT_NE(f, nullptr);
+  // No Quiesce: the write's answer means the server holds it durably.
+  EXPECT_EQ(StableOf("s"), data);
+  const auto st = nfs_.stats();
+  EXPECT_GE(st.writes_file_sync, 1u);
+  EXPECT_EQ(st.writes_unstable, 0u);
+  Close(f);
+}
+
+TEST_F(FilesystemTest, FsyncCommitsUnstableWrites) {
+  const std::string data = Pattern(5000, 3);
+  OpenFile* f = CreateWith("u", data);
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(ContentsOf("u"), data);
+  EXPECT_EQ(StableOf("u"), "") << "an UNSTABLE write must not be durable before COMMIT";
+  ASSERT_TRUE(Fsync(f).ok());
+  EXPECT_EQ(StableOf("u"), data);
+  const auto st = nfs_.stats();
+  EXPECT_GE(st.commits, 1u);
+  EXPECT_EQ(st.writes_file_sync, 0u);
+  Close(f);
+}
+
+TEST_F(FilesystemTest, RestartAfterUnstableWriteThenFsyncResendsTheData) {
+  const std::string data = Pattern(70000, 4);
+  OpenFile* f = CreateWith("r", data);
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  ASSERT_EQ(ContentsOf("r"), data);
+  const uint64_t verf = nfs_.write_verifier();
+
+  nfs_.Restart();
+  EXPECT_NE(nfs_.write_verifier(), verf);
+  EXPECT_EQ(ContentsOf("r"), "") << "the server lost the UNSTABLE data";
+
+  ASSERT_TRUE(Fsync(f).ok());
+  EXPECT_EQ(StableOf("r"), data);
+  EXPECT_EQ(ContentsOf("r"), data);
+  EXPECT_GE(nfs_.stats().writes_file_sync, 1u) << "the resend goes FILE_SYNC";
+  Close(f);
+}
+
+// Many non-overlapping writes (and a large one split across connections),
+// executed in random order after random delays, some twice: the file ends as
+// written. Seeded; run with several seeds.
+class ReorderTest : public FilesystemTest, public ::testing::WithParamInterface<uint64_t> {};
+
+TEST_P(ReorderTest, NonOverlappingWritesInAnyOrderLandRight) {
+  nfs_.Seed(GetParam());
+  nfs_.set_reorder(true);
+  nfs_.set_max_delay_us(300);
+  nfs_.set_drop_prob(0.2);
+  nfs_.set_parallelism(4);
+  FsOptions o;
+  o.wsize = 64 << 10;
+  Mount(o);
+  auto c = Create(kRoot, "m");
+  ASSERT_TRUE(c.ok());
+  OpenFile* f = c->second.file;
+
+  constexpr size_t kChunk = 4096, kChunks = 64;
+  std::string want(kChunks * kChunk, '\0');
+  std::vector<size_t> order(kChunks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(GetParam())));
+  for (size_t i : order) {
+    const std::string piece = Pattern(kChunk, static_cast<uint32_t>(i + 10));
+    want.replace(i * kChunk, kChunk, piece);
+    ASSERT_TRUE(Write(f, piece, i * kChunk).ok());
+  }
+  // One large write, split into several WRITEs sent at once.
+  const std::string big = Pattern(1 << 20, 99);
+  want += big;
+  ASSERT_TRUE(Write(f, big, kChunks * kChunk).ok());
+  ASSERT_TRUE(Flush(f).ok());
+  EXPECT_EQ(ContentsOf("m"), want);
+  EXPECT_EQ(StableOf("m"), want);
+  EXPECT_EQ(nfs_.overlap_violations(), 0u);
+  EXPECT_GT(nfs_.stats().dropped_replies, 0u);
+
+  auto r = Read(f, want.size(), 0);
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_TRUE(*r == want);
+  fs_->Release(f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, ReorderTest, ::testing::Values(1, 2, 3, 42, 1234));
+
+// ------------------------------------------------------------ the fake itself
+
+const Cred kUser{1000, 1000, {}};
+const Cred kRootCred{0, 0, {}};
+
+template <class T>
+struct Got {
+  std::mutex mu;
+  std::vector<Result<T>> replies;
+  std::vector<std::thread::id> threads;
+  nfs::Cb<T> Cb() {
+    return [this](Result<T> r) {
+      std::lock_guard lock(mu);
+      replies.push_back(std::move(r));
+      threads.push_back(std::this_thread::get_id());
+    };
+  }
+  size_t size() {
+    std::lock_guard lock(mu);
+    return replies.size();
+  }
+};
+
+// Synchronous call on the fake.
+template <class T, class Start>
+Result<T> Do(Start start) {
+  return Wait<T>(start);
+}
+
+nfs::Fh MakeFile(FakeNfs& nfs, const std::string& name, const Cred& c = kUser,
+                 uint32_t mode = 0644) {
+  nfs::SetAttr sa;
+  sa.mode = mode;
+  auto r = Do<nfs::NewObject>([&](auto cb) {
+    nfs.Create(nfs.root(), name, nfs::CreateMode::kGuarded, sa, 0, c, cb);
+  });
+  EXPECT_TRUE(r.ok());
+  return r && r->fh ? *r->fh : nfs::Fh();
+}
+
+Result<nfs::WriteReply> WriteTo(FakeNfs& nfs, const nfs::Fh& fh, uint64_t off,
+                                const std::string& s, bool stable) {
+  return Do<nfs::WriteReply>(
+      [&](auto cb) { nfs.Write(fh, off, Buf(s), 0, s.size(), stable, kUser, cb); });
+}
+
+TEST(FakeNfsTest, CallbacksRunOnTheDispatcherThread) {
+  FakeNfs nfs;
+  Got<nfs::Attr> got;
+  nfs.Getattr(nfs.root(), kUser, got.Cb());
+  ASSERT_TRUE(nfs.Quiesce());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got.replies[0].ok());
+  EXPECT_NE(got.threads[0], std::this_thread::get_id());
+  auto stale = Do<nfs::Attr>([&](auto cb) { nfs.Getattr("no-such-handle", kUser, cb); });
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().err, ESTALE);
+}
+
+TEST(FakeNfsTest, PauseHoldsCallsAndStepOneRunsTheChosenOne) {
+  FakeNfs nfs;
+  nfs.Pause();
+  Got<nfs::Attr> got;
+  const nfs::Fh f = "fh:x";  // unknown: answered ESTALE, which tells the calls apart
+  nfs.Getattr(nfs.root(), kUser, got.Cb());
+  nfs.Getattr(f, kUser, got.Cb());
+  ASSERT_TRUE(nfs.WaitPending(2));
+  std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(got.size(), 0u) << "paused calls must not execute";
+  ASSERT_EQ(nfs.Queued().size(), 2u);
+  EXPECT_EQ(nfs.Queued()[1].fh, f);
+  ASSERT_TRUE(nfs.StepOne(1));  // the second call first
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_FALSE(got.replies[0].ok());
+  EXPECT_EQ(nfs.Pending(), 1u);
+  ASSERT_TRUE(nfs.StepOne());
+  EXPECT_FALSE(nfs.StepOne()) << "nothing left to step";
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got.replies[1].ok());
+  nfs.Resume();
+}
+
+TEST(FakeNfsTest, OverlappingWriteArrivingWhileAnotherIsUnansweredIsCounted) {
+  FakeNfs nfs;
+  const nfs::Fh fh = MakeFile(nfs, "f");
+  const nfs::Fh other = MakeFile(nfs, "g");
+  nfs.Pause();
+  Got<nfs::WriteReply> got;
+  auto send = [&](const nfs::Fh& h, uint64_t off, size_t len) {
+    nfs.Write(h, off, Buf(std::string(len, 'x')), 0, len, false, kUser, got.Cb());
+  };
+  send(fh, 0, 10);
+  send(fh, 10, 10);     // adjacent: fine
+  send(other, 0, 10);   // another file: fine
+  EXPECT_EQ(nfs.overlap_violations(), 0u);
+  send(fh, 5, 10);      // overlaps both pending writes: one violation
+  EXPECT_EQ(nfs.overlap_violations(), 1u);
+  nfs.Resume();
+  ASSERT_TRUE(nfs.Quiesce());
+  send(fh, 0, 20);  // everything answered: fine
+  ASSERT_TRUE(nfs.Quiesce());
+  EXPECT_EQ(nfs.overlap_violations(), 1u);
+  EXPECT_EQ(got.size(), 5u);
+}
+
+TEST(FakeNfsTest, DroppedReplyExecutesTheCallAgainAndAnswersOnce) {
+  FakeNfs nfs;
+  const nfs::Fh fh = MakeFile(nfs, "f");
+  nfs.Pause();
+  nfs.set_drop_prob(1);
+  Got<nfs::WriteReply> got;
+  nfs.Write(fh, 0, Buf("aaaa"), 0, 4, false, kUser, got.Cb());
+  ASSERT_TRUE(nfs.StepOne());
+  EXPECT_EQ(got.size(), 0u) << "the reply was lost";
+  EXPECT_EQ(nfs.Contents(fh), "aaaa") << "but the server executed the call";
+  EXPECT_EQ(nfs.Pending(), 1u) << "the retransmission waits";
+  // Still in flight: an overlapping WRITE now breaks the ordering rule.
+  nfs.Write(fh, 2, Buf("bb"), 0, 2, false, kUser, got.Cb());
+  EXPECT_EQ(nfs.overlap_violations(), 1u);
+  ASSERT_TRUE(nfs.StepOne(1));  // the later WRITE executes (dropped once too)...
+  ASSERT_TRUE(nfs.StepOne(0));  // ...then the retransmission of the first:
+  EXPECT_EQ(nfs.Contents(fh), "aaaa") << "the older data lands last";
+  nfs.Resume();
+  ASSERT_TRUE(nfs.Quiesce());
+  EXPECT_EQ(got.size(), 2u);
+  const auto st = nfs.stats();
+  EXPECT_EQ(st.Calls(Proc::kWrite), 2u);
+  EXPECT_EQ(st.dropped_replies, 2u);
+}
+
+TEST(FakeNfsTest, ResentRemoveAndMkdirFollowNfs3ReissueRules) {
+  FakeNfs nfs;
+  MakeFile(nfs, "f");
+  nfs.set_drop_prob(1);
+  auto rm = Do<nfs::Wcc>([&](auto cb) { nfs.Remove(nfs.root(), "f", kUser, cb); });
+  EXPECT_TRUE(rm.ok()) << "a resent REMOVE that finds nothing succeeded the first time";
+  auto md = Do<nfs::NewObject>([&](auto cb) { nfs.Mkdir(nfs.root(), "d", {}, kUser, cb); });
+  ASSERT_TRUE(md.ok());
+  EXPECT_EQ(md->fh, nfs.FhOf("d"));
+}
+
+TEST(FakeNfsTest, FailNextFailsThatManyExecutionsAndChangesNothing) {
+  FakeNfs nfs;
+  const nfs::Fh fh = MakeFile(nfs, "f");
+  nfs.FailNext(Proc::kWrite, ENOSPC, 2);
+  for (int i = 0; i < 2; ++i) {
+    auto w = WriteTo(nfs, fh, 0, "data", false);
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.error().err, ENOSPC);
+  }
+  EXPECT_EQ(nfs.Contents(fh), "");
+  EXPECT_TRUE(WriteTo(nfs, fh, 0, "data", false).ok());
+  EXPECT_EQ(nfs.Contents(fh), "data");
+}
+
+TEST(FakeNfsTest, StabilityCommitAndRestart) {
+  FakeNfs nfs;
+  const nfs::Fh fh = MakeFile(nfs, "f");
+  auto s = WriteTo(nfs, fh, 0, "stable", true);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(s->stable);
+  auto u = WriteTo(nfs, fh, 6, "+unstable", false);
+  ASSERT_TRUE(u.ok());
+  EXPECT_FALSE(u->stable);
+  EXPECT_EQ(u->verf, nfs.write_verifier());
+  ASSERT_TRUE(u->wcc.before && u->wcc.after);
+  EXPECT_EQ(u->wcc.before->size, 6u);
+  EXPECT_EQ(u->wcc.after->size, 15u);
+  EXPECT_LT(u->wcc.before->mtime, u->wcc.after->mtime);
+  EXPECT_EQ(nfs.Contents(fh), "stable+unstable");
+  EXPECT_EQ(nfs.StableContents(fh), "stable");
+
+  nfs.Restart();
+  EXPECT_EQ(nfs.Contents(fh), "stable");
+  EXPECT_EQ(nfs.Attributes(fh)->size, 6u);
+  EXPECT_NE(nfs.write_verifier(), u->verf);
+
+  ASSERT_TRUE(WriteTo(nfs, fh, 6, "!", false).ok());
+  auto c = Do<nfs::CommitReply>([&](auto cb) { nfs.Commit(fh, kUser, cb); });
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->verf, nfs.write_verifier());
+  nfs.Restart();
+  EXPECT_EQ(nfs.Contents(fh), "stable!");
+
+  nfs.set_wcc_before(false);
+  auto g = WriteTo(nfs, fh, 0, "S", false);
+  ASSERT_TRUE(g.ok());
+  EXPECT_FALSE(g->wcc.before) << "Ganesha-like: no pre-operation attributes";
+  EXPECT_TRUE(g->wcc.after);
+}
+
+TEST(FakeNfsTest, CreateModes) {
+  FakeNfs nfs;
+  const nfs::Fh root = nfs.root();
+  auto create = [&](nfs::CreateMode m, uint64_t verf, nfs::SetAttr sa = {}) {
+    return Do<nfs::NewObject>([&](auto cb) { nfs.Create(root, "f", m, sa, verf, kUser, cb); });
+  };
+  auto e1 = create(nfs::CreateMode::kExclusive, 7);
+  ASSERT_TRUE(e1.ok());
+  auto e2 = create(nfs::CreateMode::kExclusive, 7);
+  ASSERT_TRUE(e2.ok()) << "the same verifier: our own create, resent";
+  EXPECT_EQ(e1->fh, e2->fh);
+  auto e3 = create(nfs::CreateMode::kExclusive, 8);
+  ASSERT_FALSE(e3.ok());
+  EXPECT_EQ(e3.error().err, EEXIST);
+  auto g = create(nfs::CreateMode::kGuarded, 0);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.error().err, EEXIST);
+
+  ASSERT_TRUE(WriteTo(nfs, *e1->fh, 0, "abc", true).ok());
+  nfs::SetAttr trunc;
+  trunc.size = 0;
+  auto u = create(nfs::CreateMode::kUnchecked, 0, trunc);
+  ASSERT_TRUE(u.ok()) << "UNCHECKED opens the existing file";
+  EXPECT_EQ(u->fh, e1->fh);
+  EXPECT_EQ(nfs.Contents(*e1->fh), "");
+  EXPECT_EQ(nfs.StableContents(*e1->fh), "");
+}
+
+TEST(FakeNfsTest, DirectoryRules) {
+  FakeNfs nfs;
+  const nfs::Fh root = nfs.root();
+  auto mkdir = [&](const nfs::Fh& dir, const std::string& name) {
+    auto r = Do<nfs::NewObject>([&](auto cb) { nfs.Mkdir(dir, name, {}, kUser, cb); });
+    EXPECT_TRUE(r.ok());
+    return *r->fh;
+  };
+  const nfs::Fh a = mkdir(root, "a");
+  const nfs::Fh b = mkdir(a, "b");
+  EXPECT_EQ(nfs.Attributes(a)->nlink, 3u);
+  EXPECT_EQ(nfs.FhOf("a/b"), b);
+  auto rmdir = Do<nfs::Wcc>([&](auto cb) { nfs.Rmdir(root, "a", kUser, cb); });
+  ASSERT_FALSE(rmdir.ok());
+  EXPECT_EQ(rmdir.error().err, ENOTEMPTY);
+  auto into_self = Do<nfs::RenameReply>([&](auto cb) { nfs.Rename(root, "a", b, "x", kUser, cb); });
+  ASSERT_FALSE(into_self.ok());
+  EXPECT_EQ(into_self.error().err, EINVAL);
+
+  // RENAME over an existing file; LINK counts links; the last name's removal
+  // makes the handle stale.
+  const nfs::Fh f = MakeFile(nfs, "f");
+  const nfs::Fh g = MakeFile(nfs, "g");
+  auto ln = Do<nfs::LinkReply>([&](auto cb) { nfs.Link(f, a, "f2", kUser, cb); });
+  ASSERT_TRUE(ln.ok());
+  EXPECT_EQ(ln->attr->nlink, 2u);
+  auto mv = Do<nfs::RenameReply>([&](auto cb) { nfs.Rename(root, "f", root, "g", kUser, cb); });
+  ASSERT_TRUE(mv.ok());
+  EXPECT_EQ(nfs.FhOf("g"), f);
+  EXPECT_FALSE(nfs.Attributes(g)) << "the replaced file had no other name";
+  EXPECT_EQ(nfs.Attributes(f)->nlink, 2u);
+  ASSERT_TRUE(Do<nfs::Wcc>([&](auto cb) { nfs.Remove(root, "g", kUser, cb); }).ok());
+  ASSERT_TRUE(Do<nfs::Wcc>([&](auto cb) { nfs.Remove(a, "f2", kUser, cb); }).ok());
+  auto stale = Do<nfs::Attr>([&](auto cb) { nfs.Getattr(f, kUser, cb); });
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().err, ESTALE);
+}
+
+TEST(FakeNfsTest, AccessChecksModeBitsAgainstTheCred) {
+  FakeNfs nfs;
+  const nfs::Fh fh = MakeFile(nfs, "f", kUser, 0640);
+  auto access = [&](const Cred& c) {
+    auto r = Do<nfs::AccessReply>([&](auto cb) { nfs.Access(fh, 0x3f, c, cb); });
+    EXPECT_TRUE(r.ok());
+    return r->access;
+  };
+  using namespace nfs;
+  EXPECT_EQ(access(kUser), kAccessRead | kAccessModify | kAccessExtend);
+  EXPECT_EQ(access(Cred{2000, 2000, {1000}}), kAccessRead) << "group member";
+  EXPECT_EQ(access(Cred{2000, 2000, {}}), 0u);
+  EXPECT_EQ(access(kRootCred), kAccessRead | kAccessModify | kAccessExtend)
+      << "root may not execute a file with no x bit";
+  nfs::SetAttr sa;
+  sa.mode = 0100;
+  ASSERT_TRUE(Do<nfs::Wcc>([&](auto cb) { nfs.Setattr(fh, sa, kUser, cb); }).ok());
+  EXPECT_EQ(access(kRootCred),
+            kAccessRead | kAccessModify | kAccessExtend | kAccessExecute);
+  auto chown = Do<nfs::Wcc>([&](auto cb) {
+    nfs::SetAttr s;
+    s.uid = 3000;
+    nfs.Setattr(fh, s, kUser, cb);
+  });
+  ASSERT_FALSE(chown.ok());
+  EXPECT_EQ(chown.error().err, EPERM);
+  const auto hist = nfs.History();
+  ASSERT_FALSE(hist.empty());
+  EXPECT_EQ(hist.back().proc, Proc::kSetattr);
+  EXPECT_EQ(hist.back().cred.uid, 1000u);
+}
+
+TEST(FakeNfsTest, DestructorFailsQueuedCallsWithEio) {
+  Got<nfs::Attr> got;
+  {
+    FakeNfs nfs;
+    nfs.Pause();
+    nfs.Getattr(nfs.root(), kUser, got.Cb());
+    nfs.Getattr(nfs.root(), kUser, got.Cb());
+    ASSERT_TRUE(nfs.WaitPending(2));
+  }
+  ASSERT_EQ(got.size(), 2u);
+  for (auto& r : got.replies) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().err, EIO);
+  }
+}
+
+}  // namespace
+}  // namespace mpnfs::fs
