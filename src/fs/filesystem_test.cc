@@ -344,6 +344,204 @@ TEST_P(ReorderTest, NonOverlappingWritesInAnyOrderLandRight) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, ReorderTest, ::testing::Values(1, 2, 3, 42, 1234));
 
+// ------------------------------------------------- write ordering (issue 9)
+
+// Rewrites of one range, write-behind, with the server answering in random
+// order after random delays and re-executing some calls: the server ends
+// with the last version, and never sees two overlapping WRITEs in flight.
+// `window` small makes writes park (wait for room) too.
+struct RewriteCase {
+  uint64_t seed;
+  uint64_t window;
+};
+class RewriteOrderTest : public FilesystemTest, public ::testing::WithParamInterface<RewriteCase> {};
+
+TEST_P(RewriteOrderTest, OverlappingRewritesLandInOrder) {
+  nfs_.Seed(GetParam().seed);
+  nfs_.set_reorder(true);
+  nfs_.set_max_delay_us(200);
+  nfs_.set_drop_prob(0.1);
+  nfs_.set_parallelism(4);
+  FsOptions o;
+  o.wsize = 64 << 10;
+  o.write_behind = GetParam().window;
+  Mount(o);
+  auto c = Create(kRoot, "rw");
+  ASSERT_TRUE(c.ok());
+  OpenFile* f = c->second.file;
+  std::mt19937 rng(static_cast<uint32_t>(GetParam().seed));
+  std::string want;
+  for (int i = 0; i < 48; ++i) {
+    // Mostly the whole 256 KiB (split into 4 WRITEs), sometimes a small
+    // piece inside it: every later write overlaps earlier ones.
+    const size_t len = i % 3 == 2 ? 1 + rng() % 8192 : 256 << 10;
+    const uint64_t off = len == (256 << 10) ? 0 : rng() % ((256 << 10) - len);
+    const std::string data = Pattern(len, static_cast<uint32_t>(i));
+    if (want.size() < off + len) want.resize(off + len, '\0');
+    want.replace(off, len, data);
+    ASSERT_TRUE(Write(f, data, off).ok());
+  }
+  ASSERT_TRUE(Flush(f).ok());
+  EXPECT_TRUE(ContentsOf("rw") == want) << "the server holds an older version of some bytes";
+  EXPECT_TRUE(StableOf("rw") == want);
+  EXPECT_EQ(nfs_.overlap_violations(), 0u);
+  fs_->Release(f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RewriteOrderTest,
+                         ::testing::Values(RewriteCase{1, 64 << 20}, RewriteCase{2, 64 << 20},
+                                           RewriteCase{3, 64 << 20}, RewriteCase{4, 300 << 10},
+                                           RewriteCase{5, 300 << 10}, RewriteCase{6, 64 << 10}));
+
+TEST_F(FilesystemTest, ODsyncDirectWriteIsFileSyncWhenItReturns) {
+  auto c = Create(kRoot, "log");
+  ASSERT_TRUE(c.ok());
+  fs_->Release(c->second.file);
+  for (int flags : {O_WRONLY | O_DIRECT | O_DSYNC, O_WRONLY | O_DIRECT | O_SYNC, O_WRONLY | O_DSYNC}) {
+    auto o = Open(c->first.ino, flags);
+    ASSERT_TRUE(o.ok());
+    const std::string data = Pattern(8192, static_cast<uint32_t>(flags));
+    const auto before = nfs_.stats();
+    ASSERT_TRUE(Write(o->file, data, 0).ok());
+    // No fsync, no Quiesce: the answer means the server has it durably.
+    EXPECT_EQ(StableOf("log").substr(0, 8192), data) << std::hex << flags;
+    const auto after = nfs_.stats();
+    EXPECT_EQ(after.writes_unstable, before.writes_unstable) << std::hex << flags;
+    EXPECT_GT(after.writes_file_sync, before.writes_file_sync) << std::hex << flags;
+    Close(o->file);
+  }
+}
+
+// A write lost by a server restart is resent at fsync, but never over the
+// bytes a newer write (made after the restart) holds.
+TEST_F(FilesystemTest, ResendAfterRestartNeverReplacesNewerData) {
+  const std::string a = Pattern(8192, 1), b = Pattern(4096, 2);
+  OpenFile* f = CreateWith("n", a);
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();  // `a` is lost
+  ASSERT_TRUE(Write(f, b, 0).ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  ASSERT_TRUE(Fsync(f).ok());
+  const std::string want = b + a.substr(4096);
+  EXPECT_TRUE(StableOf("n") == want) << "an older write was resent over a newer one";
+  EXPECT_TRUE(ContentsOf("n") == want);
+  Close(f);
+}
+
+// Two lost writes of one range, resent with replies in any order: the newer
+// one's bytes win.
+TEST_F(FilesystemTest, ResendOfTwoLostOverlappingWritesKeepsTheNewer) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    nfs_.Seed(seed);
+    nfs_.set_reorder(true);
+    nfs_.set_max_delay_us(300);
+    const std::string name = "two" + std::to_string(seed);
+    const std::string a = Pattern(65536, 1), b = Pattern(65536, 2);
+    OpenFile* f = CreateWith(name, a);
+    ASSERT_NE(f, nullptr);
+    ASSERT_TRUE(Write(f, b, 0).ok());
+    ASSERT_TRUE(nfs_.Quiesce());
+    nfs_.Restart();
+    ASSERT_TRUE(Fsync(f).ok());
+    EXPECT_TRUE(StableOf(name) == b) << "seed " << seed;
+    Close(f);
+  }
+}
+
+TEST_F(FilesystemTest, ResendAfterRestartDoesNotUndoALaterTruncate) {
+  OpenFile* f = CreateWith("t", Pattern(8192, 3));
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();
+  nfs::SetAttr sa;
+  sa.size = 1000;
+  ASSERT_TRUE(Wait<AttrOut>([&](auto cb) { fs_->Setattr(cred_, f->inode->ino(), sa, cb); }).ok());
+  ASSERT_TRUE(Fsync(f).ok());
+  EXPECT_EQ(StableOf("t"), Pattern(8192, 3).substr(0, 1000));
+  Close(f);
+}
+
+// errseq: a write-behind failure is reported once to every file open at the
+// time (read-only ones excepted at close), and to none opened later.
+TEST_F(FilesystemTest, WriteBehindErrorReachesEveryOpenFileOnce) {
+  auto c = Create(kRoot, "e", O_CREAT | O_WRONLY);
+  ASSERT_TRUE(c.ok());
+  OpenFile* w1 = c->second.file;
+  auto w2 = Open(c->first.ino, O_WRONLY);
+  auto ro = Open(c->first.ino, O_RDONLY);
+  ASSERT_TRUE(w2.ok() && ro.ok());
+  nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+  ASSERT_TRUE(Write(w1, "data", 0).ok());  // acknowledged, then refused
+  ASSERT_TRUE(nfs_.Quiesce());
+  auto late = Open(c->first.ino, O_WRONLY);
+  ASSERT_TRUE(late.ok());
+
+  auto r1 = Fsync(w1);
+  ASSERT_FALSE(r1.ok());
+  EXPECT_EQ(r1.error().err, ENOSPC);
+  EXPECT_TRUE(Fsync(w1).ok()) << "reported twice to one open file";
+  auto r2 = Flush(w2->file);
+  ASSERT_FALSE(r2.ok()) << "the other writer's close did not hear of the lost write";
+  EXPECT_EQ(r2.error().err, ENOSPC);
+  EXPECT_TRUE(Flush(ro->file).ok()) << "a read-only close reported a write error";
+  EXPECT_TRUE(Flush(late->file).ok()) << "an open made after the error saw it";
+  for (OpenFile* f : {w1, w2->file, ro->file, late->file}) fs_->Release(f);
+}
+
+TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
+  auto c = Create(kRoot, "shared", O_CREAT | O_WRONLY, 0666);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(Write(c->second.file, Pattern(4096, 5), 0).ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  const Cred reader{2000, 2000, {}};
+  auto ro = Wait<OpenOut>([&](auto cb) { fs_->Open(reader, c->first.ino, O_RDONLY, cb); });
+  ASSERT_TRUE(ro.ok()) << ro.error().what;
+  const auto before = nfs_.stats().commits;
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { fs_->Flush(reader, ro->file, cb); }).ok());
+  EXPECT_EQ(nfs_.stats().commits, before) << "a read-only close sent a COMMIT";
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { fs_->Fsync(reader, ro->file, cb); }).ok());
+  bool saw = false;
+  for (const auto& rec : nfs_.History()) {
+    if (rec.proc == Proc::kCommit) {
+      saw = true;
+      EXPECT_EQ(rec.cred.uid, cred_.uid) << "COMMIT went with the reader's identity";
+    }
+  }
+  EXPECT_TRUE(saw);
+  fs_->Release(ro->file);
+  Close(c->second.file);
+}
+
+TEST_F(FilesystemTest, OpenWithOTruncTruncates) {
+  OpenFile* f = CreateWith("ot", "a long line of old text\n");
+  ASSERT_NE(f, nullptr);
+  Close(f);
+  auto ino = Lookup(kRoot, "ot");
+  ASSERT_TRUE(ino.ok());
+  const auto mtime = nfs_.Attributes(*nfs_.FhOf("ot"))->mtime;
+  auto o = Open(ino->ino, O_WRONLY | O_TRUNC);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(ContentsOf("ot"), "");
+  EXPECT_GT(nfs_.Attributes(*nfs_.FhOf("ot"))->mtime, mtime);
+  ASSERT_TRUE(Write(o->file, "x\n", 0).ok());
+  Close(o->file);
+  EXPECT_EQ(ContentsOf("ot"), "x\n");
+}
+
+TEST_F(FilesystemTest, OTruncNeedsWritePermission) {
+  OpenFile* f = CreateWith("ro", "keep");
+  ASSERT_NE(f, nullptr);
+  Close(f);
+  auto e = Lookup(kRoot, "ro");
+  ASSERT_TRUE(e.ok());
+  const Cred other{2000, 2000, {}};
+  auto o = Wait<OpenOut>([&](auto cb) { fs_->Open(other, e->ino, O_RDONLY | O_TRUNC, cb); });
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.error().err, EACCES);
+  EXPECT_EQ(ContentsOf("ro"), "keep");
+}
+
 // ------------------------------------------------------------ the fake itself
 
 const Cred kUser{1000, 1000, {}};
