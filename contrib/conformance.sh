@@ -92,12 +92,16 @@ run_pjdfstest() {
   tests=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\).*/\2/p' "$log" | tail -1)
   res=$(sed -n 's/^Result: //p' "$log" | tail -1)
   local badfiles badtests
-  badfiles=$(grep -c '^/.*(Wstat: .* Tests: .* Failed: ' "$log")
-  badtests=$(sed -n 's/.* Failed: \([0-9]*\))$/\1/p' "$log" | awk '{s += $1} END {print s + 0}')
+  # A file listed with "(Wstat: 0 Tests: N Failed: 0)" only had TODO tests pass.
+  badfiles=$(sed -n '/^Test Summary Report/,$p' "$log" | grep '^/.*(Wstat: ' | grep -vc 'Wstat: 0 Tests: [0-9]* Failed: 0)')
+  badtests=$(sed -n '/^Test Summary Report/,$s/.* Failed: \([0-9]*\))$/\1/p' "$log" | awk '{s += $1} END {print s + 0}')
+  local bail
+  bail=$(grep -B1 -A2 '^Bailout called' "$log" | grep -m1 -o '/[^ ]*\.t')
   if [ "$rc" = 0 ] && [ "$res" = PASS ]; then
     note pjdfstest PASS "$files files, $tests tests, $(elapsed "$t0")"
   else
     note pjdfstest FAIL "$badfiles of ${files:-?} files, $badtests of ${tests:-?} tests failed, $(elapsed "$t0")"
+    [ -z "$bail" ] || note "" "" "a test bailed out ($bail): prove ran no file after it"
     failed=1
   fi
   [ "$keep" = 1 ] || rm -rf "$work"
