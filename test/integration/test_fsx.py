@@ -13,6 +13,7 @@ to every run (by hand: e.g. "--trunc-prob 0" to look past a known O_TRUNC bug)."
 import os
 import pathlib
 import select
+import shlex
 import subprocess
 import sys
 import time
@@ -152,8 +153,8 @@ def test_fsx_with_remounts(mount_factory, cache_dir, tmp_path, mode):
     pidfile.write_text(str(m.pid))
     script = tmp_path / "remount.py"
     script.write_text(REMOUNT)
-    cmd = " ".join([sys.executable, str(script), str(m.path), str(pidfile), m.log, BIN,
-                    f"{SERVER}:{EXPORT}", "mountport=20048" + ("," + extra if extra else "")])
+    cmd = shlex.join([sys.executable, str(script), str(m.path), str(pidfile), m.log, BIN,
+                      f"{SERVER}:{EXPORT}", "mountport=20048" + ("," + extra if extra else "")])
     f = m.path / f"fsx-remount-{mode}"
     try:
         run_fsx(m, f, 9201 if mode == "default" else 9202, "--remount-cmd", cmd,
