@@ -298,6 +298,17 @@ TEST_F(FilesystemTest, RestartAfterUnstableWriteThenFsyncResendsTheData) {
   Close(f);
 }
 
+TEST_F(FilesystemTest, ShortWritesAreCompleted) {
+  nfs_.set_write_max(1000);
+  const std::string data = Pattern(10000, 5);
+  OpenFile* f = CreateWith("short", data);
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(Flush(f).ok());
+  EXPECT_EQ(StableOf("short"), data);
+  EXPECT_GE(nfs_.stats().Calls(Proc::kWrite), 10u);
+  fs_->Release(f);
+}
+
 // Many non-overlapping writes (and a large one split across connections),
 // executed in random order after random delays, some twice: the file ends as
 // written. Seeded; run with several seeds.

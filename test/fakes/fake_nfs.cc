@@ -134,6 +134,11 @@ void FakeNfs::set_parallelism(int n) {
   parallelism_ = std::max(1, n);
 }
 
+void FakeNfs::set_write_max(size_t n) {
+  std::lock_guard lock(mu_);
+  write_max_ = n;
+}
+
 void FakeNfs::set_dir_page_entries(size_t n) {
   std::lock_guard lock(mu_);
   dir_page_entries_ = n;
@@ -847,8 +852,9 @@ void FakeNfs::Write(const Fh& fh, uint64_t off, nfs::Buffer buf, size_t buf_off,
   CallRecord rec{0, Proc::kWrite, fh, {}, off, len, stable, c};
   Submit<nfs::WriteReply>(
       std::move(rec), std::move(cb),
-      [this, fh, off, buf, buf_off, len, stable, c](bool) -> Result<nfs::WriteReply> {
+      [this, fh, off, buf, buf_off, len_asked = len, stable, c](bool) -> Result<nfs::WriteReply> {
         constexpr Proc p = Proc::kWrite;
+        const size_t len = write_max_ > 0 ? std::min(len_asked, write_max_) : len_asked;
         auto got = Get(p, fh);
         if (!got) return got.error();
         Node& n = **got;

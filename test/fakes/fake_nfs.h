@@ -59,6 +59,8 @@
 //                      NFS-Ganesha sends none: turn off to model it).
 //   set_parallelism(n) what Parallelism() answers (idle connections; the
 //                      filesystem splits large reads and writes by it).
+//   set_write_max(n)   a WRITE stores at most n bytes and answers that count
+//                      (a short write, which the client must complete); 0: off.
 //   set_dir_page_entries(n)  entries per READDIR(PLUS) page at most (0: as
 //                      many as the call's byte count allows).
 //   Pause()/Resume()   hold every call in the queue / let them go. While
@@ -150,6 +152,7 @@ class FakeNfs final : public nfs::Client {
   void set_drop_prob(double p);
   void set_wcc_before(bool on);
   void set_parallelism(int n);
+  void set_write_max(size_t n);
   void set_dir_page_entries(size_t n);
   void set_history_limit(size_t n);
   void Pause();
@@ -325,6 +328,7 @@ class FakeNfs final : public nfs::Client {
   bool wcc_before_ = true;
   int parallelism_ = 1;
   size_t dir_page_entries_ = 0;
+  size_t write_max_ = 0;
   size_t history_limit_ = 1024;
   std::array<std::pair<int, int>, static_cast<size_t>(Proc::kCount)> fail_next_{};  // errno, count
 
