@@ -619,10 +619,26 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
                 });
     return;
   }
-  if (flags & O_TRUNC) sa.size = 0;
+  // An existing file is truncated after the CREATE, through Setattr: after
+  // this mount's writes to it still on their way (a size in the CREATE could
+  // be overtaken by them), with the SSD cache's copy dropped and the
+  // truncate recorded for resends.
   nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kUnchecked, sa, 0, c,
-              [this, c, parent, name, finish](Result<nfs::NewObject> r) mutable {
-                FinishNewObject(c, parent, name, std::move(r), std::move(finish));
+              [this, c, parent, name, flags, finish](Result<nfs::NewObject> r) mutable {
+                FinishNewObject(c, parent, name, std::move(r),
+                                [this, c, flags, finish](Result<EntryOut> e) mutable {
+                                  if (!e || !(flags & O_TRUNC) || e->st.st_size == 0) {
+                                    return finish(std::move(e));
+                                  }
+                                  nfs::SetAttr t;
+                                  t.size = 0;
+                                  t.mtime_how = nfs::SetAttr::TimeHow::kServer;
+                                  Setattr(c, e->ino, t, [e = *e, finish](Result<AttrOut> a) mutable {
+                                    if (!a) return finish(a.error());
+                                    e.st = a->st;
+                                    finish(e);
+                                  });
+                                });
               });
 }
 

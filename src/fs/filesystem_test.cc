@@ -540,6 +540,36 @@ TEST_F(FilesystemTest, OpenWithOTruncTruncates) {
   EXPECT_EQ(ContentsOf("ot"), "x\n");
 }
 
+// open(O_CREAT|O_TRUNC) of an existing file that reaches us as CREATE: the
+// truncate comes after this mount's write-behind to it, even when the server
+// runs the CREATE first.
+TEST_F(FilesystemTest, CreateWithOTruncOfAnExistingFileComesAfterItsWriteBehind) {
+  OpenFile* f = CreateWith("ct", "");
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Pause();
+  ASSERT_TRUE(Write(f, "stale data", 0).ok());  // acknowledged, WRITE queued
+  std::promise<Result<std::pair<EntryOut, OpenOut>>> created;
+  fs_->Create(cred_, kRoot, "ct", 0644, O_CREAT | O_WRONLY | O_TRUNC,
+              [&](Result<std::pair<EntryOut, OpenOut>> r) { created.set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  const auto q = nfs_.Queued();
+  size_t create_at = q.size();
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i].proc == Proc::kCreate) create_at = i;
+  }
+  ASSERT_LT(create_at, q.size());
+  ASSERT_TRUE(nfs_.StepOne(create_at));  // the server runs the CREATE first
+  nfs_.Resume();
+  auto r = created.get_future().get();
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(ContentsOf("ct"), "") << "a write made before the open landed after its truncate";
+  EXPECT_EQ(r->first.st.st_size, 0);
+  fs_->Release(r->second.file);
+  Close(f);
+}
+
 TEST_F(FilesystemTest, OTruncNeedsWritePermission) {
   OpenFile* f = CreateWith("ro", "keep");
   ASSERT_NE(f, nullptr);
