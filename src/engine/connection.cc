@@ -186,6 +186,7 @@ void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
     Finish(r, CallOutcome{CallStatus::kFailed, nullptr, r->reissued, err});
     return;
   }
+  r->unanswered++;
   stats_.inflight.fetch_add(1, std::memory_order_relaxed);
   stats_.calls.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_out.fetch_add(r->call->BytesOut(), std::memory_order_relaxed);
@@ -280,12 +281,24 @@ void Connection::CheckSilence(Clock::time_point now) {
   NoteDeadline(now + opts_.path_timeout / 4);
 }
 
-void Connection::Finish(const std::shared_ptr<Request>& r, const CallOutcome& o) {
+void Connection::Finish(std::shared_ptr<Request> r, const CallOutcome& o) {
   if (r->done) return;
   r->done = true;
   Uncharge(*r);
+  Release(*r);
   if (o.status != CallStatus::kOk) stats_.errors.fetch_add(1, std::memory_order_relaxed);
   r->call->Complete(o);
+}
+
+void Connection::Release(Request& r) {
+  if (r.unanswered == 0) return;
+  // The transport still holds these transmissions and reports each later (a
+  // reply with their XID, or the close); they wait for nothing any more.
+  stats_.inflight.fetch_sub(r.unanswered, std::memory_order_relaxed);
+  r.unanswered = 0;
+  for (Attempt& a : inflight_) {
+    if (a.req.get() == &r) a.req.reset();
+  }
 }
 
 void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) {
@@ -294,6 +307,8 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
   std::shared_ptr<Request> r = std::move(a->req);
   const Clock::time_point sent = a->sent;
   inflight_.erase(a->self);
+  if (r == nullptr) return;  // its call finished before: Release() uncounted it
+  r->unanswered--;
   stats_.inflight.fetch_sub(1, std::memory_order_relaxed);
   if (r->done) return;
   if (closing_ || status == ReplyStatus::kCancel || (status == ReplyStatus::kError && servicing_)) {
@@ -428,7 +443,7 @@ void Connection::OnTimer(Clock::time_point now) {
   if (state_ == State::kUp) {
     for (auto it = inflight_.begin(); it != inflight_.end(); ++it) {
       Attempt& a = *it;
-      if (a.probe || a.superseded || a.req->done) continue;
+      if (a.probe || a.superseded || a.req == nullptr) continue;  // null: call finished
       if (now >= a.req->give_up) {
         Finish(a.req, CallOutcome{CallStatus::kTimedOut, nullptr, a.req->reissued,
                                   "no reply before the deadline"});

@@ -5,7 +5,13 @@
 // call on it (kProbing), so a path whose TCP answers but whose NFS service
 // does not is not used. Calls wait in `pending_` while the connection is not
 // up or has `max_inflight` calls outstanding, and live in `inflight_` (one
-// Attempt each transmission) until answered. When the transport breaks, or
+// Attempt each transmission) until the transport reports them. A transmission
+// counts in flight (`stats_.inflight`, against max_inflight) until the
+// transport reports it or its call finishes (answered through any of its
+// transmissions, failed or given up), whichever is first; the transmissions
+// of a finished call still with the transport then let go of it (libnfs
+// resolves one transmission per reply; see request.h). When the transport
+// breaks, or
 // the connection is declared dead (see Engine), every unanswered call is
 // rescued: marked reissued and handed to another connection that is up, or
 // kept here until the reconnect. A down connection retries with capped
@@ -107,7 +113,10 @@ class Connection : public TransportSink {
   void Charge(Request& r);
   static void Uncharge(Request& r);
   void Fail(const std::string& why);
-  void Finish(const std::shared_ptr<Request>& r, const CallOutcome& o);
+  // By value: `r` may be the `req` of an Attempt that Release() clears.
+  void Finish(std::shared_ptr<Request> r, const CallOutcome& o);
+  // `r` is finished: its Attempts still here stop counting in flight.
+  void Release(Request& r);
   void NoteDeadline(Clock::time_point t) {
     if (t < next_check_) next_check_ = t;
   }

@@ -142,6 +142,67 @@ TEST_F(EngineTest, RetransmitsWithTheSameXidAfterTimeo) {
   EXPECT_EQ(e->Stats()[0].retransmits, 1u);
 }
 
+// libnfs resolves one transmission per reply, the oldest of its XID (see
+// fake_transport.h): when a call's original is lost and its retransmission
+// answered, the reply completes the original and the retransmission stays
+// with the transport. The call is done all the same and must stop counting
+// against max_inflight, or after max_inflight such calls the connection stops
+// sending while its answered NULL probes keep it up.
+TEST_F(EngineTest, InflightReturnsToZeroWhenTheReplyResolvesTheOtherTransmission) {
+  auto o = Opts();
+  o.max_inflight = 4;
+  o.timeo = 50ms;
+  auto e = Started(o);
+  net_.Set([](FakeNet& n) { n.drop_first_n = 1000; });  // every original is lost
+  auto calls = SubmitN(*e, 4);
+  EXPECT_EQ(AwaitAllOk(calls), 0);
+  auto st = WaitInflight(*e, 0);
+  EXPECT_GE(st[0].retransmits, 4u);
+  EXPECT_EQ(st[0].inflight, 0);
+  // Three times max_inflight more such calls: all are sent and answered.
+  auto more = SubmitN(*e, 12);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() >= 32; }, 3000))
+      << "the connection stopped sending";
+  EXPECT_EQ(AwaitAllOk(more), 0);
+  st = WaitInflight(*e, 0);
+  EXPECT_GE(st[0].retransmits, 16u);
+  EXPECT_EQ(st[0].inflight, 0);
+  EXPECT_EQ(st[0].queued, 0);
+  // The lost originals are answered after all: their replies resolve the
+  // retransmissions left over, whose calls are done; nothing completes twice.
+  net_.Set([](FakeNet& n) { n.drop_first_n = 0; });
+  net_.ReplyAll();
+  auto last = SubmitN(*e, 1);  // answered in a Service() after the ReplyAll
+  EXPECT_EQ(AwaitAllOk(last), 0);
+  EXPECT_EQ(WaitInflight(*e, 0)[0].inflight, 0);
+  e->Stop();  // the transport cancels what is still out
+  for (const auto& c : calls) EXPECT_EQ(c->completions.load(), 1);
+  for (const auto& c : more) EXPECT_EQ(c->completions.load(), 1);
+}
+
+// The same for a call a soft mount gives up on: its transmissions stay with
+// the transport (libnfs keeps them until a reply or the close), but the call
+// is over and no longer counts in flight.
+TEST_F(EngineTest, InflightReturnsToZeroWhenASoftMountGivesUpOnACall) {
+  auto o = Opts();
+  o.soft = true;
+  o.timeo = 30ms;
+  o.retrans = 1;
+  o.max_inflight = 2;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  auto calls = SubmitN(*e, 2);
+  for (const auto& c : calls) EXPECT_EQ(Await(c).first, CallStatus::kTimedOut);
+  EXPECT_EQ(WaitInflight(*e, 0)[0].inflight, 0);
+  // The server answers again: the connection still sends.
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  auto more = SubmitN(*e, 4);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() >= 8; }, 3000))
+      << "the connection stopped sending";
+  EXPECT_EQ(AwaitAllOk(more), 0);
+  EXPECT_EQ(WaitInflight(*e, 0)[0].inflight, 0);
+}
+
 TEST_F(EngineTest, SoftMountFailsACallTheServerNeverAnswers) {
   auto o = Opts();
   o.soft = true;

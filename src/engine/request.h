@@ -4,8 +4,14 @@
 // and its history. An Attempt is one transmission of it on one connection;
 // a request has several attempts when it is retransmitted after a timeout or
 // sent again after its connection broke. The first reply wins; the others
-// are discarded. Both live on the loop thread of the connection that holds
-// them; a Request moves between connections (and loops) only through a mailbox.
+// are discarded. A reply need not come back on the Attempt of the
+// transmission it answers: libnfs completes the oldest transmission of the
+// XID still waiting and keeps the others until another reply with that XID
+// or the close. So once its request is finished an Attempt may stay with the
+// transport for long; it then lets go of the request (`req` null) and no
+// longer counts in flight. Both live on the loop thread of the connection
+// that holds them; a Request moves between connections (and loops) only
+// through a mailbox, and only with no Attempt left (`unanswered` is 0).
 #pragma once
 
 #include <chrono>
@@ -27,6 +33,7 @@ struct Request {
   Cred cred;
   uint32_t xid = 0;
   int transmissions = 0;      // on the current connection
+  int unanswered = 0;         // Attempts on the current connection still holding it
   bool reissued = false;      // was in flight on a connection that broke
   bool done = false;          // Complete() has been called
   bool rescued = false;       // already collected from a closing connection
@@ -38,7 +45,9 @@ struct Request {
 };
 
 struct Attempt : CallToken {
-  std::shared_ptr<Request> req;  // null for a NULL probe
+  // Null for a NULL probe, and once the request is finished (the transport
+  // has yet to report this transmission). Counts in flight while set.
+  std::shared_ptr<Request> req;
   bool probe = false;
   Clock::time_point deadline;
   Clock::time_point sent;

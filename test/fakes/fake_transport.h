@@ -4,11 +4,25 @@
 // calls, reset connections, refuse connects); every change is applied on the
 // engine's loop thread inside Service(), woken through an eventfd, exactly as
 // a socket would wake it. Nothing sleeps or polls.
+//
+// Replies are matched as libnfs 4.0 matches them. Every transmission is a PDU
+// of its own, kept by XID: once written it is appended to the hash chain of
+// its XID (rpc_write_to_socket, lib/socket.c). The server answers a
+// transmission at most once, and a reply resolves the first PDU of its XID in
+// that chain, the oldest transmission still waiting, whichever one the server
+// was answering (rpc_process_pdu, lib/pdu.c). So when the original of a
+// retransmitted call was lost and the retransmission is answered, the
+// ORIGINAL's token completes and the retransmission's stays pending. libnfs
+// has no per-PDU timeout here (rpc_init_context, lib/init.c, sets the timeout
+// to -1; mpnfs leaves it), so that PDU is resolved only by a later reply with
+// its XID, an error of the whole context (rpc_error_all_pdus: kError) or its
+// destruction (rpc_destroy_context: kCancel).
 #pragma once
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -49,7 +63,8 @@ class FakeNet {
     }
     for (auto* t : live) Poke(t);
   }
-  // Answer every pending call on every live transport.
+  // The server answers, on every live transport, every transmission it has
+  // not answered yet.
   void ReplyAll();
   // Break every live connection (as a reset would).
   void ResetAll();
@@ -115,9 +130,7 @@ class FakeTransport final : public engine::Transport {
       std::lock_guard lock(net_->mu);
       answer = !silent_;
     }
-    pending_.push_back(Call{token, answer});
-    if (answer) Signal();
-    (void)xid;
+    Queue(token, xid, answer);
     return 0;
   }
   int Events() const override { return 1; /* POLLIN */ }
@@ -145,21 +158,30 @@ class FakeTransport final : public engine::Transport {
     if (reset) {
       auto p = std::move(pending_);
       pending_.clear();
+      server_.clear();
       for (auto& c : p) sink_->OnReply(c.token, engine::ReplyStatus::kError, nullptr, "reset");
       return false;
     }
-    std::vector<Call> answer;
-    for (auto it = pending_.begin(); it != pending_.end();) {
+    // The server answers the transmissions it is to answer now, once each...
+    std::vector<uint32_t> replies;
+    for (auto it = server_.begin(); it != server_.end();) {
       if (reply_all || it->auto_answer) {
-        answer.push_back(*it);
-        it = pending_.erase(it);
+        replies.push_back(it->xid);
+        it = server_.erase(it);
       } else {
         ++it;
       }
     }
-    for (auto& c : answer) {
+    // ...and each reply resolves the oldest transmission of its XID still
+    // waiting, not necessarily the one it answers (see the top of this file).
+    for (uint32_t xid : replies) {
+      auto it = std::find_if(pending_.begin(), pending_.end(),
+                             [xid](const Pdu& c) { return c.xid == xid; });
+      if (it == pending_.end()) continue;  // nobody waits: libnfs drops it
+      engine::CallToken* token = it->token;
+      pending_.erase(it);
       static int result = 0;
-      sink_->OnReply(c.token, engine::ReplyStatus::kSuccess, &result, nullptr);
+      sink_->OnReply(token, engine::ReplyStatus::kSuccess, &result, nullptr);
     }
     return true;
   }
@@ -178,8 +200,7 @@ class FakeTransport final : public engine::Transport {
           std::max<int>(net_->max_pending_seen, static_cast<int>(pending_.size()) + 1);
       net_->cv.notify_all();
     }
-    pending_.push_back(Call{token, answer});
-    if (answer) Signal();
+    Queue(token, xid, answer);
     return 0;
   }
   void Close() override {
@@ -190,6 +211,7 @@ class FakeTransport final : public engine::Transport {
     }
     auto p = std::move(pending_);
     pending_.clear();
+    server_.clear();
     for (auto& c : p) sink_->OnReply(c.token, engine::ReplyStatus::kCancel, nullptr, nullptr);
   }
   std::string LastError() const override { return "fake error"; }
@@ -202,16 +224,28 @@ class FakeTransport final : public engine::Transport {
 
  private:
   friend class FakeNet;
-  struct Call {
+  // A transmission as the client waits for it (a libnfs PDU)...
+  struct Pdu {
     engine::CallToken* token;
-    bool auto_answer;
+    uint32_t xid;
   };
+  // ...and as the server has it, until it answers.
+  struct Received {
+    uint32_t xid;
+    bool auto_answer;  // answered by itself (else only by ReplyAll/Unblackhole)
+  };
+  void Queue(engine::CallToken* token, uint32_t xid, bool answer) {
+    pending_.push_back(Pdu{token, xid});
+    server_.push_back(Received{xid, answer});
+    if (answer) Signal();
+  }
   FakeNet* net_;
   engine::TransportSink* sink_;
   int efd_;
   bool connecting_ = false;
   bool connect_result_ = true;
-  std::deque<Call> pending_;
+  std::deque<Pdu> pending_;        // in the order sent
+  std::deque<Received> server_;    // in the order sent
   std::set<uint32_t> seen_;
   bool reset_ = false;      // guarded by net_->mu
   bool silent_ = false;     // guarded by net_->mu
