@@ -77,7 +77,15 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
       mount_id_(static_cast<uint32_t>(RandomVerifier())),
       log_(Log("fs")) {
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
-    flusher_.store(std::make_shared<Flusher>(nfs_, cache, opts_.wsize));
+    flusher_.store(std::make_shared<Flusher>(
+        nfs_, cache, opts_.wsize, [this](const std::string& fh, uint64_t off, uint64_t len) {
+          auto inode = inodes_.Find(fh);
+          if (!inode) return;  // not known here: nothing kept to resend
+          std::lock_guard lock(inode->mu);
+          if (inode->MayResend()) {
+            inode->newer_log.push_back(Inode::Newer{inode->order.Reserve(), off, len});
+          }
+        }));
   }
 }
 
@@ -221,7 +229,12 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
     {
       // A GETATTR sent after every write of ours completed is authoritative.
       std::lock_guard lock(inode->mu);
-      if (inode->writes_inflight == 0 && seq > inode->last_write_done_seq) inode->size_hwm = 0;
+      // Not while kept data may still be resent: a restart may have taken
+      // it from the server's size for now.
+      if (inode->writes_inflight == 0 && seq > inode->last_write_done_seq &&
+          inode->uncommitted.empty() && !inode->commit_running) {
+        inode->size_hwm = 0;
+      }
     }
     cb(MakeAttr(inode, *r));
   });
@@ -255,10 +268,37 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
     }
   }
   if (auto cache = cache_.load(); cache && sa.size) cache->Drop(inode->fh());
-  uint64_t tseq = 0;  // writes admitted up to here are older than this truncate
-  {
-    std::lock_guard lock(inode->mu);
-    tseq = inode->order.last_seq();
+  if (sa.size) {
+    // A truncate takes its place in the write order: writes (and resends)
+    // past the new size that came before it land first, later ones after.
+    WriteOrder::Seq seq = 0;
+    bool now;
+    auto send = [this, c, inode, sa, cb](WriteOrder::Seq s) mutable {
+      SendSetattr(c, inode, sa, s, std::move(cb));
+    };
+    {
+      std::lock_guard lock(inode->mu);
+      now = inode->order.AdmitTail(*sa.size, send, &seq);
+    }
+    if (now) send(seq);
+    return;
+  }
+  SendSetattr(c, inode, sa, 0, std::move(cb));
+}
+
+void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
+                             WriteOrder::Seq tseq, Cb<AttrOut> cb) {
+  if (tseq) {
+    // Finish the truncate's place in the order once answered, whatever the answer.
+    cb = [this, inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
+      std::vector<std::function<void()>> run;
+      {
+        std::lock_guard lock(inode->mu);
+        run = inode->order.Finish(tseq);
+      }
+      cb(std::move(r));
+      for (auto& fn : run) fn();
+    };
   }
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, tseq, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
@@ -279,9 +319,7 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
       std::lock_guard lock(inode->mu);
       inode->size_hwm = 0;
       inode->have_open_attr = false;
-      if (!inode->uncommitted.empty() || inode->commit_running || !inode->order.empty()) {
-        inode->truncations.emplace_back(tseq, *sa.size);
-      }
+      if (inode->MayResend()) inode->truncations.emplace_back(tseq, *sa.size);
     }
     if (auto cache = cache_.load(); cache && r->before && r->after) {
       // Our own change of attributes: the cached data stays valid.
@@ -367,19 +405,31 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
               [this, dir, name, c, done = std::move(done)](Result<nfs::LookupReply> r) mutable {
                 auto inode = r ? inodes_.Find(r->fh) : nullptr;
                 if (!inode) return done(InodeP{});
+                bool open;
                 {
                   std::lock_guard lock(inode->mu);
-                  if (inode->opens == 0 || inode->silly) return done(InodeP{});
+                  open = inode->opens > 0 && !inode->silly;
                 }
+                if (!open) return done(InodeP{});
                 // Unique among mounts of the export too (the mount's random id).
                 const std::string hidden =
                     fmt::format(".mpnfs{:08x}{:x}-{:x}", mount_id_, inode->ino(), NextSeq());
                 nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
-                            [inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
+                            [this, c, inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
                               if (!rr) return done(rr.error());
+                              bool closed;
                               {
                                 std::lock_guard lock(inode->mu);
-                                inode->silly = Inode::Silly{dir->fh(), hidden};
+                                closed = inode->opens == 0;  // the last close came meanwhile
+                                if (!closed) inode->silly = Inode::Silly{dir->fh(), hidden, c};
+                              }
+                              if (closed) {
+                                // Nobody will remove it at close: now.
+                                nfs_.Remove(dir->fh(), hidden, c, [done, inode](Result<nfs::Wcc> rm) {
+                                  if (!rm) return done(rm.error());
+                                  done(inode);
+                                });
+                                return;
                               }
                               done(inode);
                             });
@@ -785,13 +835,12 @@ void Filesystem::Release(OpenFile* f) {
   }
   open_files_--;
   auto inode = f->inode;
-  const Cred opener = f->opener;
   delete f;
   // The last close of a file removed while open: remove its hidden name,
   // after the data is committed (the handle dies with the last name).
-  auto remove_hidden = [this, silly, opener]() {
+  auto remove_hidden = [this, silly]() {
     if (!silly) return;
-    nfs_.Remove(silly->dir, silly->name, opener, [this, silly](Result<nfs::Wcc> r) {
+    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly](Result<nfs::Wcc> r) {
       if (!r) log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
     });
   };

@@ -67,7 +67,7 @@ struct AttrOut {
 struct OpenFile {
   std::shared_ptr<Inode> inode;
   int flags = 0;
-  Cred opener;  // removes the hidden name of a file removed while open
+  Cred opener;  // who opened it
   // Inode::err_seq when this open last reported (or began): errseq.
   uint64_t err_seen GUARDED_BY(inode->mu) = 0;
 };
@@ -181,6 +181,9 @@ class Filesystem {
   void ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
                    std::function<void(Result<std::string_view>)> cb, int attempt);
   void SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
+  // The SETATTR itself; `tseq`: the truncate's place in the write order (0: none).
+  void SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
+                   WriteOrder::Seq tseq, Cb<AttrOut> cb);
   // cache_mode=writeback: the write goes to the SSD cache; `base` holds the
   // server's copies of partial pages the cache asked for.
   void WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,

@@ -583,6 +583,120 @@ TEST_F(FilesystemTest, OTruncNeedsWritePermission) {
   EXPECT_EQ(ContentsOf("ro"), "keep");
 }
 
+// ------------------------------------- found by review (issue 9)
+size_t IndexOf(FakeNfs& nfs, Proc p) {
+  auto q = nfs.Queued();
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i].proc == p) return i;
+  }
+  return q.size();
+}
+
+// A newer FILE_SYNC (O_DSYNC) write over kept UNSTABLE data: after a restart
+// the resend of the older write must not replace it.
+TEST_F(FilesystemTest, ResendAfterRestartNeverReplacesANewerStableWrite) {
+  const std::string a = Pattern(8192, 1), b = Pattern(4096, 2);
+  OpenFile* f = CreateWith("sn", a);
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  auto o = Open(f->inode->ino(), O_WRONLY | O_DSYNC);
+  ASSERT_TRUE(o.ok());
+  ASSERT_TRUE(Write(o->file, b, 0).ok());
+  EXPECT_EQ(StableOf("sn"), b);
+  nfs_.Restart();
+  ASSERT_TRUE(Fsync(f).ok());
+  EXPECT_TRUE(StableOf("sn") == b + a.substr(4096)) << "older write resent over a newer FILE_SYNC one";
+  Close(o->file);
+  Close(f);
+}
+
+// A truncate made after the write returned, while a background round resends it.
+TEST_F(FilesystemTest, TruncateIsNotUndoneByAResendInFlight) {
+  FsOptions o;
+  o.commit_threshold = 1;
+  Mount(o);
+  auto c = Create(kRoot, "tb");
+  ASSERT_TRUE(c.ok());
+  OpenFile* f = c->second.file;
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Pause();
+  ASSERT_TRUE(Write(f, Pattern(8192, 3), 0).ok());  // acknowledged
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  ASSERT_TRUE(nfs_.StepOne());  // WRITE runs; background COMMIT queued
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  ASSERT_EQ(nfs_.Queued()[0].proc, Proc::kCommit);
+  nfs_.Restart();
+  ASSERT_TRUE(nfs_.StepOne());  // COMMIT: verifier changed: resend queued
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  ASSERT_EQ(nfs_.Queued()[0].proc, Proc::kWrite);
+  nfs::SetAttr sa;
+  sa.size = 0;
+  std::promise<Result<AttrOut>> tr;
+  fs_->Setattr(cred_, f->inode->ino(), sa, [&](Result<AttrOut> r) { tr.set_value(std::move(r)); });
+  // The SETATTR should wait for the resend it would otherwise race; if it
+  // was sent at once, the server runs it first.
+  if (nfs_.WaitPending(2, 300ms)) {
+    ASSERT_TRUE(nfs_.StepOne(IndexOf(nfs_, Proc::kSetattr)));
+  }
+  nfs_.Resume();
+  ASSERT_TRUE(tr.get_future().get().ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(ContentsOf("tb").size(), 0u) << "truncate undone by a resend";
+  Close(f);
+}
+
+// The hidden name of a file removed while another user has it open.
+TEST_F(FilesystemTest, HiddenNameIsRemovedAsTheUserWhoRemovedTheFile) {
+  auto d = Mkdir(kRoot, "d", 0755);
+  ASSERT_TRUE(d.ok());
+  auto c = Create(d->ino, "x", O_CREAT | O_WRONLY, 0644);
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  const Cred reader{2000, 2000, {}};
+  auto ro = Wait<OpenOut>([&](auto cb) { fs_->Open(reader, c->first.ino, O_RDONLY, cb); });
+  ASSERT_TRUE(ro.ok());
+  ASSERT_TRUE(Unlink(d->ino, "x").ok());
+  fs_->Release(ro->file);
+  ASSERT_TRUE(nfs_.Quiesce());
+  auto l = List(d->ino, false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->size(), 2u) << "hidden name left behind: " << l->back();
+}
+
+// Unlink racing with the last close.
+TEST_F(FilesystemTest, UnlinkRacingTheLastCloseLeavesNoHiddenName) {
+  OpenFile* f = CreateWith("u", "data");
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(Flush(f).ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Pause();
+  std::promise<Result<Ok>> un;
+  fs_->Unlink(cred_, kRoot, "u", [&](Result<Ok> r) { un.set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  ASSERT_TRUE(nfs_.StepOne());  // LOOKUP: open here -> RENAME queued
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  fs_->Release(f);              // last close before the RENAME's reply
+  nfs_.Resume();
+  ASSERT_TRUE(un.get_future().get().ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  auto l = List(kRoot, false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->size(), 2u) << "hidden name left behind: " << l->back();
+}
+
+
+TEST_F(FilesystemTest, SizeDoesNotShrinkWhileLostDataAwaitsResend) {
+  OpenFile* f = CreateWith("sz", Pattern(8192, 7));
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, f->inode->ino(), cb); });
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->st.st_size, 8192) << "size shrank while our unstable data awaits resend";
+  ASSERT_TRUE(Fsync(f).ok());
+  Close(f);
+}
+
 // ------------------------------------------------------------ the fake itself
 
 const Cred kUser{1000, 1000, {}};

@@ -34,8 +34,12 @@ struct Call {
 
 }  // namespace
 
-Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize)
-    : nfs_(nfs), cache_(std::move(cache)), wsize_(std::max<uint32_t>(wsize, 4096)) {
+Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
+                 WriteHook before_write)
+    : nfs_(nfs),
+      cache_(std::move(cache)),
+      wsize_(std::max<uint32_t>(wsize, 4096)),
+      before_write_(std::move(before_write)) {
   thread_ = std::thread([this] { Main(); });
 }
 
@@ -110,6 +114,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     }
     c.buf = bytes;
     const uint64_t token = cache_->WriteStart(c.fh, c.off, len, /*invalidate=*/false);
+    if (before_write_) before_write_(c.fh, c.off, len);
     nfs_.Write(c.fh, c.off, c.buf, 0, len, /*stable=*/false, c.cred,
                [this, &c, &mu, &cv, &left, token, len](Result<nfs::WriteReply> r) {
                  const bool whole = r && r->count >= len;

@@ -39,7 +39,12 @@ namespace mpnfs::fs {
 
 class Flusher {
  public:
-  Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize);
+  // Told of each WRITE just before it is sent (file handle, offset, length):
+  // the filesystem records it as newer than any kept write of that file, so
+  // that a resend after a server restart never writes older data over it.
+  using WriteHook = std::function<void(const std::string&, uint64_t, uint64_t)>;
+  Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
+          WriteHook before_write = nullptr);
   // Stops the thread; flushes nothing more (see Flush for that).
   ~Flusher();
   Flusher(const Flusher&) = delete;
@@ -67,6 +72,7 @@ class Flusher {
   nfs::Client& nfs_;
   const std::shared_ptr<cache::BlockCache> cache_;
   const uint32_t wsize_;
+  const WriteHook before_write_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Request> requests_ GUARDED_BY(mu_);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "engine/cred.h"
 #include "fs/write_order.h"
 #include "mpnfs/result.h"
 #include "nfs/types.h"
@@ -64,10 +65,21 @@ class Inode {
   // must know every newer write (see Filesystem::Commit). Callers that come
   // while a round runs wait for the next one.
   bool commit_running GUARDED_BY(mu) = false;
-  // Successful truncates since the kept data was last empty: (the last
-  // write seq admitted before it, new size). A resend never writes older
-  // data past a later truncate.
+  // Successful truncates since the kept data was last empty: (the
+  // truncate's seq in `order`, new size). A resend never writes data older
+  // than a truncate past its size.
   std::vector<std::pair<uint64_t, uint64_t>> truncations GUARDED_BY(mu);
+  // Newer data that no kept list holds, recorded while kept data exists:
+  // writes the server answered FILE_SYNC and the SSD cache flusher's writes
+  // (seq, offset, length). A resend never writes older data over them.
+  struct Newer {
+    uint64_t seq, off, len;
+  };
+  std::vector<Newer> newer_log GUARDED_BY(mu);
+  // Whether a resend could still happen (kept data, a round, writes out).
+  bool MayResend() const REQUIRES(mu) {
+    return !uncommitted.empty() || commit_running || !order.empty();
+  }
   std::vector<std::function<void(Result<Ok>)>> commit_waiters GUARDED_BY(mu);
   // Write-behind: bytes acknowledged to the application but not yet answered
   // by the server, writes waiting for room.
@@ -97,6 +109,7 @@ class Inode {
   struct Silly {
     nfs::Fh dir;
     std::string name;
+    engine::Cred cred;  // who removed the file: the hidden name goes as that user
   };
   std::optional<Silly> silly GUARDED_BY(mu);
 

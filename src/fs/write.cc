@@ -45,6 +45,11 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
               inode->uncommitted.push_back(
                   std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf, seq, c}));
               inode->uncommitted_bytes += n;
+            } else if (inode->MayResend()) {
+              // Durable and newer than anything kept before it: no resend
+              // may write over it (the order entry is still ours, so the
+              // check counts it).
+              inode->newer_log.push_back(Inode::Newer{seq, off, n});
             }
             // Our own write moved mtime: keep close-to-open from dropping our cache.
             if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
@@ -322,7 +327,10 @@ void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void
     std::lock_guard lock(inode->mu);
     waiters.swap(inode->commit_waiters);
     inode->commit_running = false;
-    if (inode->uncommitted.empty() && inode->order.empty()) inode->truncations.clear();
+    if (inode->uncommitted.empty() && inode->order.empty()) {
+      inode->truncations.clear();
+      inode->newer_log.clear();
+    }
   }
   cb(std::move(r));
   if (waiters.empty()) return;
@@ -413,7 +421,10 @@ void Filesystem::Resend(const InodeP& inode, const std::vector<std::shared_ptr<B
       inode->order.ForEachNewer(b->seq, b->off, b->len,
                                 [&](uint64_t o, uint64_t l) { holes.emplace_back(o, l); });
       for (const auto& [tseq, size] : inode->truncations) {
-        if (tseq >= b->seq) holes.emplace_back(size, UINT64_MAX - size);
+        if (tseq > b->seq) holes.emplace_back(size, UINT64_MAX - size);
+      }
+      for (const auto& n : inode->newer_log) {
+        if (n.seq > b->seq) holes.emplace_back(n.off, n.len);
       }
       for (const auto& [off, len] : SubtractRanges(b->off, b->len, std::move(holes))) {
         pieces.push_back(Piece{b, off, len});

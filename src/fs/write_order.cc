@@ -12,14 +12,29 @@ void WriteOrder::Overlapping(uint64_t off, uint64_t end, Fn fn) const {
     const Entry& e = by_seq_.at(it->second);
     if (e.end > off) fn(it->second, e);
   }
+  for (Seq t : tails_) {
+    const Entry& e = by_seq_.at(t);
+    if (e.off < end) fn(t, e);
+  }
 }
 
 bool WriteOrder::Admit(uint64_t off, uint64_t len, Start start, Seq* seq) {
+  const bool now = AdmitEntry(off, off + len, false, std::move(start), seq);
+  max_len_ = std::max(max_len_, len);
+  return now;
+}
+
+bool WriteOrder::AdmitTail(uint64_t off, Start start, Seq* seq) {
+  return AdmitEntry(off, UINT64_MAX, true, std::move(start), seq);
+}
+
+bool WriteOrder::AdmitEntry(uint64_t off, uint64_t end, bool tail, Start start, Seq* seq) {
   const Seq s = next_seq_++;
   *seq = s;
   Entry e;
   e.off = off;
-  e.end = off + len;
+  e.end = end;
+  e.tail = tail;
   std::vector<Seq> earlier;
   Overlapping(e.off, e.end, [&](Seq other, const Entry&) { earlier.push_back(other); });
   for (Seq o : earlier) by_seq_.at(o).dependents.push_back(s);
@@ -27,8 +42,11 @@ bool WriteOrder::Admit(uint64_t off, uint64_t len, Start start, Seq* seq) {
   const bool now = e.blockers == 0;
   if (!now) e.start = std::move(start);
   by_seq_.emplace(s, std::move(e));
-  by_off_.emplace(off, s);
-  max_len_ = std::max(max_len_, len);
+  if (tail) {
+    tails_.push_back(s);
+  } else {
+    by_off_.emplace(off, s);
+  }
   return now;
 }
 
@@ -38,7 +56,10 @@ std::vector<std::function<void()>> WriteOrder::Finish(Seq seq) {
   if (it == by_seq_.end()) return run;
   Entry e = std::move(it->second);
   by_seq_.erase(it);
-  for (auto [o, end] = by_off_.equal_range(e.off); o != end; ++o) {
+  if (e.tail) {
+    tails_.erase(std::find(tails_.begin(), tails_.end(), seq));
+  }
+  for (auto [o, end] = by_off_.equal_range(e.off); !e.tail && o != end; ++o) {
     if (o->second == seq) {
       by_off_.erase(o);
       break;
@@ -60,7 +81,8 @@ std::vector<std::function<void()>> WriteOrder::Finish(Seq seq) {
 
 void WriteOrder::ForEachNewer(Seq after, uint64_t off, uint64_t len,
                               const std::function<void(uint64_t, uint64_t)>& fn) const {
-  Overlapping(off, off + len, [&](Seq s, const Entry& e) {
+  const uint64_t end = len > UINT64_MAX - off ? UINT64_MAX : off + len;
+  Overlapping(off, end, [&](Seq s, const Entry& e) {
     if (s > after) fn(e.off, e.end - e.off);
   });
 }

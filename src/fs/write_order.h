@@ -41,6 +41,12 @@ class WriteOrder {
   // otherwise keeps `start` to hand back from the Finish() that frees it,
   // and returns false.
   bool Admit(uint64_t off, uint64_t len, Start start, Seq* seq);
+  // A truncate to `off`: it covers [off, end of file) until Finish(), so
+  // writes and resends past the new size wait for it, and it waits for them.
+  bool AdmitTail(uint64_t off, Start start, Seq* seq);
+  // A sequence number with no entry (a write that needs no ordering here,
+  // e.g. the SSD cache flusher's, recorded elsewhere as newer data).
+  Seq Reserve() { return next_seq_++; }
   // The write `seq` was answered (or failed for good). Returns, in admission
   // order, the writes it was the last to block, their sequence numbers bound.
   std::vector<std::function<void()>> Finish(Seq seq);
@@ -58,6 +64,7 @@ class WriteOrder {
  private:
   struct Entry {
     uint64_t off = 0, end = 0;
+    bool tail = false;            // a truncate: end is infinity
     int blockers = 0;             // earlier unfinished writes overlapping this one
     std::vector<Seq> dependents;  // later writes this one blocks
     Start start;                  // set while waiting
@@ -66,9 +73,11 @@ class WriteOrder {
   // max_len_ below `end`.
   template <class Fn>
   void Overlapping(uint64_t off, uint64_t end, Fn fn) const;
+  bool AdmitEntry(uint64_t off, uint64_t end, bool tail, Start start, Seq* seq);
 
   std::map<Seq, Entry> by_seq_;
-  std::multimap<uint64_t, Seq> by_off_;  // start offset -> seq
+  std::multimap<uint64_t, Seq> by_off_;  // start offset -> seq (not tails)
+  std::vector<Seq> tails_;               // truncates: [off, infinity)
   uint64_t max_len_ = 0;                 // longest write admitted since the table was last empty
   Seq next_seq_ = 1;
 };

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <random>
 #include <set>
@@ -58,6 +59,31 @@ TEST(WriteOrderTest, ForEachNewerSeesOnlyLaterOverlaps) {
   std::vector<std::pair<uint64_t, uint64_t>> seen;
   o.ForEachNewer(a, 0, 200, [&](uint64_t off, uint64_t len) { seen.emplace_back(off, len); });
   EXPECT_EQ(seen, (std::vector<std::pair<uint64_t, uint64_t>>{{50, 100}}));
+}
+
+TEST(WriteOrderTest, TruncateOrdersAgainstWritesPastItsSizeOnly) {
+  WriteOrder o;
+  std::vector<WriteOrder::Seq> started;
+  auto start = [&](WriteOrder::Seq s) { started.push_back(s); };
+  WriteOrder::Seq past, below, trunc, later, under;
+  ASSERT_TRUE(o.Admit(8192, 4096, start, &past));
+  ASSERT_TRUE(o.Admit(0, 100, start, &below));
+  EXPECT_FALSE(o.AdmitTail(4096, start, &trunc));      // waits for the write past 4096
+  EXPECT_FALSE(o.Admit(1u << 30, 10, start, &later));  // far past: waits for the truncate
+  EXPECT_TRUE(o.Admit(100, 3996, start, &under));      // below the new size: free
+  std::vector<std::pair<uint64_t, uint64_t>> seen;
+  o.ForEachNewer(past, 0, 1u << 20, [&](uint64_t off, uint64_t len) { seen.emplace_back(off, len); });
+  ASSERT_EQ(seen.size(), 3u);  // `below`, the truncate (to infinity) and `under`
+  EXPECT_NE(std::find(seen.begin(), seen.end(), std::make_pair(uint64_t{4096}, UINT64_MAX - 4096)),
+            seen.end());
+  auto run = o.Finish(past);
+  ASSERT_EQ(run.size(), 1u);
+  run[0]();
+  EXPECT_EQ(started, std::vector<WriteOrder::Seq>{trunc});
+  run = o.Finish(trunc);
+  ASSERT_EQ(run.size(), 1u);
+  run[0]();
+  EXPECT_EQ(started.back(), later);
 }
 
 TEST(SubtractRangesTest, CutsHolesOut) {
