@@ -267,7 +267,6 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
       });
     }
   }
-  if (auto cache = cache_.load(); cache && sa.size) cache->Drop(inode->fh());
   if (sa.size) {
     // A truncate takes its place in the write order: writes (and resends)
     // past the new size that came before it land first, later ones after.
@@ -295,11 +294,15 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
       {
         std::lock_guard lock(inode->mu);
         run = inode->order.Finish(tseq);
+        inode->PruneResendLogs();
       }
       cb(std::move(r));
       for (auto& fn : run) fn();
     };
   }
+  // (Dropped here, after the writes the truncate waited for: their data
+  // past the new size must not stay in the SSD cache.)
+  if (auto cache = cache_.load(); cache && sa.size) cache->Drop(inode->fh());
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, tseq, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
       // The kernel asks to drop setuid/setgid before a non-owner's write; the

@@ -697,6 +697,29 @@ TEST_F(FilesystemTest, SizeDoesNotShrinkWhileLostDataAwaitsResend) {
   Close(f);
 }
 
+// The logs a resend reads are emptied once no resend is possible: a file
+// written only FILE_SYNC (or only truncated) does not grow them forever.
+TEST_F(FilesystemTest, ResendLogsDoNotGrowWithoutKeptData) {
+  FsOptions o;
+  o.sync = true;
+  Mount(o);
+  OpenFile* f = CreateWith("g", "x");
+  ASSERT_NE(f, nullptr);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(Write(f, Pattern(512, static_cast<uint32_t>(i)), static_cast<uint64_t>(i) * 100).ok());
+    nfs::SetAttr sa;
+    sa.size = 4000;
+    ASSERT_TRUE(Wait<AttrOut>([&](auto cb) { fs_->Setattr(cred_, f->inode->ino(), sa, cb); }).ok());
+  }
+  ASSERT_TRUE(nfs_.Quiesce());
+  {
+    std::lock_guard lock(f->inode->mu);
+    EXPECT_TRUE(f->inode->newer_log.empty()) << f->inode->newer_log.size() << " entries";
+    EXPECT_TRUE(f->inode->truncations.empty()) << f->inode->truncations.size() << " entries";
+  }
+  Close(f);
+}
+
 // ------------------------------------------------------------ the fake itself
 
 const Cred kUser{1000, 1000, {}};

@@ -80,6 +80,14 @@ class Inode {
   bool MayResend() const REQUIRES(mu) {
     return !uncommitted.empty() || commit_running || !order.empty();
   }
+  // Once nothing is kept, no round runs and no write is out, no resend can
+  // happen: the logs that only resends read are emptied.
+  void PruneResendLogs() REQUIRES(mu) {
+    if (uncommitted.empty() && !commit_running && order.empty()) {
+      truncations.clear();
+      newer_log.clear();
+    }
+  }
   std::vector<std::function<void(Result<Ok>)>> commit_waiters GUARDED_BY(mu);
   // Write-behind: bytes acknowledged to the application but not yet answered
   // by the server, writes waiting for room.

@@ -69,6 +69,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
         {
           std::lock_guard lock(inode->mu);
           run = inode->order.Finish(seq);
+          inode->PruneResendLogs();
         }
         done(std::move(res));
         for (auto& fn : run) fn();
@@ -327,10 +328,7 @@ void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void
     std::lock_guard lock(inode->mu);
     waiters.swap(inode->commit_waiters);
     inode->commit_running = false;
-    if (inode->uncommitted.empty() && inode->order.empty()) {
-      inode->truncations.clear();
-      inode->newer_log.clear();
-    }
+    inode->PruneResendLogs();
   }
   cb(std::move(r));
   if (waiters.empty()) return;
