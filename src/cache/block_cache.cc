@@ -8,9 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "common/log.h"
 
@@ -24,44 +22,6 @@ Error Sys(const std::string& what) {
   return Error::Errno(errno, what + ": " + std::strerror(errno));
 }
 
-bool PwriteAll(int fd, const char* p, size_t n, off_t off) {
-  while (n > 0) {
-    ssize_t w = pwrite(fd, p, n, off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-    off += w;
-  }
-  return true;
-}
-
-bool PreadAll(int fd, char* p, size_t n, off_t off) {
-  while (n > 0) {
-    ssize_t r = pread(fd, p, n, off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      if (r == 0) errno = EIO;  // short: the file is smaller than the index says
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += r;
-  }
-  return true;
-}
-
-// The newer sound copy of a slot's two record copies (`two` holds both).
-std::optional<Record> BestRecord(std::string_view two, uint32_t pages) {
-  const size_t rec = two.size() / 2;
-  std::optional<Record> best;
-  for (int copy = 0; copy < 2; ++copy) {
-    auto r = DecodeRecord(two.substr(copy * rec, rec), pages);
-    if (r && (!best || r->seq > best->seq)) best = std::move(r);
-  }
-  return best;
-}
-
 const char* ModeName(CacheMode m) {
   switch (m) {
     case CacheMode::kReadOnly: return "readonly";
@@ -71,9 +31,20 @@ const char* ModeName(CacheMode m) {
   }
 }
 
+// Whether the index of geometry `g` in `dir` holds dirty records.
+Result<bool> IndexHasDirty(Disk& disk, const std::string& dir, const Geometry& g) {
+  auto index = Index::Open(disk, dir, g);
+  if (!index) return index.error();
+  bool dirty = false;
+  auto st = (*index)->Load([&dirty](uint32_t, Record&& r) { dirty = dirty || AnyBit(r.dirty); });
+  if (!st) return st.error();
+  return dirty;
+}
+
 }  // namespace
 
-BlockCache::BlockCache(CacheOptions opts) : opts_(std::move(opts)) {}
+BlockCache::BlockCache(CacheOptions opts)
+    : opts_(std::move(opts)), disk_(opts_.disk ? *opts_.disk : RealDisk()) {}
 
 std::string BlockCache::Key(const std::string& fh, uint64_t block) {
   std::string k = fh;
@@ -100,34 +71,22 @@ Result<bool> BlockCache::Init() {
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return Error::Errno(EACCES, "cache_dir " + dir + ": not writable");
   }
-  lock_fd_ = open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  lock_fd_ = open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (lock_fd_ < 0) return Sys("cache_dir " + dir + "/lock");
   if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     return Error::Errno(EBUSY, "cache_dir " + dir + " is in use by another mount");
   }
 
-  const std::string data_path = dir + "/data", index_path = dir + "/index";
-  std::string old_meta;
-  {
-    std::ifstream in(dir + "/meta");
-    std::getline(in, old_meta);
-    old_meta += "\n";
-  }
+  const std::string data_path = dir + "/data", index_path = dir + "/" + Index::kName;
   // Size: cache_size, but never more than the filesystem can hold while
   // keeping 5% of it free (the data file is preallocated below).
-  const uint32_t ppb = pages();
-  record_bytes_ = RecordBytes(ppb);
   struct statvfs vfs{};
   if (statvfs(dir.c_str(), &vfs) != 0) return Sys("statvfs " + dir);
-  uint64_t have = 0;
-  for (const auto& p : {data_path, index_path}) {
-    struct stat fst{};
-    if (stat(p.c_str(), &fst) == 0) have += static_cast<uint64_t>(fst.st_blocks) * 512;
-  }
+  const uint64_t have = disk_.Allocated(data_path) + disk_.Allocated(index_path);
   const uint64_t total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
   const uint64_t avail = uint64_t{vfs.f_bavail} * vfs.f_frsize + have;
   const uint64_t margin = total / 20;
-  const uint64_t per_slot = opts_.block + 2ull * record_bytes_;
+  const uint64_t per_slot = opts_.block + Index::FileBytes(Geometry{opts_.block, 4096}) / 4096 + 1;
   uint64_t want = opts_.size / opts_.block;
   const uint64_t fit = avail > margin ? (avail - margin) / per_slot : 0;
   if (fit < want) {
@@ -140,81 +99,74 @@ Result<bool> BlockCache::Init() {
     return Error::Errno(ENOSPC, "cache_dir " + dir + ": no room for a cache (" +
                                     std::to_string(avail >> 20) + " MiB available)");
   }
-  nslots_ = static_cast<uint32_t>(std::min<uint64_t>(want, UINT32_MAX - 1));
+  Geometry g{opts_.block, static_cast<uint32_t>(std::min<uint64_t>(want, UINT32_MAX - 1)),
+             opts_.index_per_page};
 
-  // Reuse what a previous mount left if it has the same geometry.
-  auto meta_line = [this] {
-    return fmt::format("mpnfs-cache {} {} {} {}\n", kFormatVersion, opts_.block, nslots_, record_bytes_);
-  };
-  if (old_meta != meta_line()) {
+  // Reuse what a previous mount left if it has the same geometry. An index
+  // that cannot be read is refused, never replaced (it may hold the only
+  // copy of acknowledged writes).
+  auto found = Index::Probe(disk_, dir);
+  if (!found) return Error::Errno(found.error().err, "cache_dir " + dir + ": " + found.error().what);
+  bool reuse = false;
+  if (*found && **found == g) {
+    reuse = true;
+  } else if (*found) {
     // Write-back data not yet on the server is never thrown away for a
-    // change of geometry: the cache keeps its old one until it is flushed
-    // (its files exist at that size already).
-    std::istringstream in(old_meta);
-    std::string magic;
-    uint32_t ver = 0, block = 0, slots = 0, rec = 0;
-    if (in >> magic >> ver >> block >> slots >> rec && magic == "mpnfs-cache" && ver == kFormatVersion &&
-        block >= 64 * 1024 && block <= kMaxPages * kPage && (block & (block - 1)) == 0 &&
-        slots >= kMinSlots && rec == RecordBytes(block / kPage) &&
-        IndexHasDirty(index_path, block / kPage, slots, rec)) {
+    // change of geometry: the cache keeps its old one until it is flushed.
+    auto dirty = IndexHasDirty(disk_, dir, **found);
+    if (!dirty) return Error::Errno(dirty.error().err, "cache_dir " + dir + ": " + dirty.error().what);
+    if (*dirty) {
+      g = **found;
+      reuse = true;
       Log("cache")->warn("cache_dir {} holds write-back data not yet on the server: keeping its "
                          "geometry ({} MiB in {} KiB blocks) for this mount",
-                         dir, (uint64_t{slots} * block) >> 20, block >> 10);
-      opts_.block = block;
-      opts_.size = uint64_t{slots} * block;
-      nslots_ = slots;
-      record_bytes_ = rec;
+                         dir, (uint64_t{g.slots} * g.block) >> 20, g.block >> 10);
+    } else {
+      Log("cache")->warn("cache_dir {}: cache_size or cache_block changed; starting empty", dir);
     }
   }
-  const bool reuse = old_meta == meta_line();
-  if (!reuse) {
-    if (old_meta.size() > 1) {
-      Log("cache")->warn("cache_dir {}: geometry or format changed; starting empty", dir);
-    }
-    unlink(index_path.c_str());
-  }
+  opts_.block = g.block;
+  opts_.size = uint64_t{g.slots} * g.block;
+  nslots_ = g.slots;
   // cache_direct: cached data lives on the cache disk only, not a second
   // time in the page cache. Filesystems without O_DIRECT get buffered I/O.
-  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (opts_.direct ? O_DIRECT : 0), 0600);
-  if (data_fd_ < 0 && opts_.direct && errno == EINVAL) {
-    data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (data_fd_ >= 0) Log("cache")->info("cache_dir {}: no O_DIRECT there; cached data goes through the page cache", dir);
+  auto data = disk_.Open(data_path, Disk::kCreate | (opts_.direct ? Disk::kDirect : 0));
+  if (!data) return Error::Errno(data.error().err, "cache data file " + data.error().what);
+  data_ = std::move(*data);
+  const uint64_t data_size = uint64_t{nslots_} * opts_.block;
+  if (data_->Size() != data_size && (!data_->Truncate(data_size) || !data_->Allocate(data_size))) {
+    return Sys("sizing the cache data file " + data_path);
   }
-  if (data_fd_ < 0) return Sys("cache data file " + data_path);
-  index_fd_ = open(index_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (index_fd_ < 0) return Sys("cache index file " + index_path);
-  const off_t data_size = static_cast<off_t>(uint64_t{nslots_} * opts_.block);
-  const off_t index_size = static_cast<off_t>(uint64_t{nslots_} * 2 * record_bytes_);
-  if (ftruncate(data_fd_, data_size) != 0 || ftruncate(index_fd_, index_size) != 0) {
-    return Sys("sizing the cache files in " + dir);
+  if (!reuse) {
+    // The data file is sized before the index that points into it exists.
+    if (!data_->Sync()) return Sys("syncing " + data_path);
+    auto made = Index::Create(disk_, dir, g);
+    if (!made) return Error::Errno(made.error().err, "cache_dir " + dir + ": " + made.error().what);
+    disk_.Remove(dir + "/meta");  // format 2 kept its geometry there
   }
-  int rc = posix_fallocate(data_fd_, 0, data_size);
-  if (rc == 0) rc = posix_fallocate(index_fd_, 0, index_size);
-  if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
-    errno = rc;
-    return Sys("preallocating the cache files in " + dir);
-  }
-  {
-    std::ofstream out(dir + "/meta", std::ios::trunc);
-    out << meta_line();
-    if (!out.flush()) return Error::Errno(EIO, "cannot write " + dir + "/meta");
-  }
-  {
-    std::ifstream in(dir + "/id");
-    std::getline(in, id_);
-  }
-  if (id_.size() != 32) {
+  auto index = Index::Open(disk_, dir, g);
+  if (!index) return Error::Errno(index.error().err, "cache index " + index.error().what);
+  journal_ = std::move(*index);
+  if (auto id = ReadWholeFile(disk_, dir + "/id"); id && id->size() == 33 && id->back() == '\n') {
+    id_ = id->substr(0, 32);
+  } else {
     std::random_device rd;
     id_ = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
-    std::ofstream out(dir + "/id", std::ios::trunc);
-    out << id_ << "\n";
-    if (!out.flush()) return Error::Errno(EIO, "cannot write " + dir + "/id");
+    if (auto r = ReplaceFile(disk_, dir, "id", id_ + "\n"); !r) {
+      return Error::Errno(r.error().err, "cache_dir " + dir + ": " + r.error().what);
+    }
   }
 
   slots_.resize(nslots_);
+  for (auto& slot : slots_) slot.crc.assign(pages(), 0);
   policy_ = std::make_unique<TwoQueue>(nslots_, opts_.admit_second);
   stats_.mode = ModeName(opts_.mode);
-  if (reuse) LoadIndex();
+  if (reuse) {
+    if (auto r = LoadIndex(); !r) {
+      return Error::Errno(r.error().err, "cache_dir " + dir + ": " + r.error().what +
+                                             "; refusing to start rather than lose write-back data");
+    }
+  }
   if (dirty_slots_ > 0 && opts_.mode != CacheMode::kWriteBack) {
     uint64_t pages_dirty = 0;
     for (uint32_t s : dirty_set_) {
@@ -231,82 +183,69 @@ Result<bool> BlockCache::Init() {
   return true;
 }
 
-bool BlockCache::IndexHasDirty(const std::string& path, uint32_t pages, uint32_t slots, uint32_t rec) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  bool dirty = false;
-  std::string buf;
-  const uint32_t chunk = 1024;
-  for (uint32_t first = 0; first < slots && !dirty; first += chunk) {
-    const uint32_t n = std::min(chunk, slots - first);
-    buf.resize(size_t{n} * 2 * rec);
-    if (!PreadAll(fd, buf.data(), buf.size(), off_t{first} * 2 * rec)) break;
-    for (uint32_t i = 0; i < n && !dirty; ++i) {
-      auto best = BestRecord(std::string_view(buf).substr(size_t{i} * 2 * rec, 2 * size_t{rec}), pages);
-      dirty = best && !best->fh.empty() && AnyBit(best->dirty);
-    }
-  }
-  close(fd);
-  return dirty;
-}
-
-void BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer starts
+Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer starts
   const uint32_t ppb = pages();
-  const size_t chunk_slots = 1024;
-  std::unordered_map<uint32_t, uint64_t> loaded_seq;
+  // Every claim to a block, loaded or not: when a crash left two slots
+  // claiming one block (a copy-on-write move whose old slot was not freed
+  // yet), the newer claim wins, even one with nothing valid left.
+  struct Claim {
+    uint32_t slot;
+    uint64_t seq;
+  };
+  std::unordered_map<std::string, Claim> claims;
   std::vector<uint32_t> superseded;
-  std::string buf;
-  for (uint32_t first = 0; first < nslots_; first += chunk_slots) {
-    const uint32_t n = std::min<uint32_t>(chunk_slots, nslots_ - first);
-    buf.resize(size_t{n} * 2 * record_bytes_);
-    if (!PreadAll(index_fd_, buf.data(), buf.size(), off_t{first} * 2 * record_bytes_)) return;
-    for (uint32_t i = 0; i < n; ++i) {
-      auto best = BestRecord(
-          std::string_view(buf).substr(size_t{i} * 2 * record_bytes_, 2 * size_t{record_bytes_}), ppb);
-      if (!best) continue;
-      seq_ = std::max(seq_, best->seq + 1);
-      if (best->fh.empty() || !AnyBit(best->valid)) continue;
-      const uint32_t s = first + i;
-      const std::string key = Key(best->fh, best->block);
-      if (auto it = index_.find(key); it != index_.end()) {
-        // The same block twice (a crash between storing it anew and freeing
-        // the old slot): keep the newer.
-        const uint32_t other = it->second;
-        if (loaded_seq[other] > best->seq) {
-          superseded.push_back(first + i);
-          continue;
-        }
+  auto st = journal_->Load([&](uint32_t s, Record&& r) {
+    seq_ = std::max(seq_, r.seq + 1);
+    const std::string key = Key(r.fh, r.block);
+    if (auto it = claims.find(key); it != claims.end()) {
+      if (it->second.seq > r.seq) {
+        superseded.push_back(s);
+        return;
+      }
+      const uint32_t other = it->second.slot;
+      if (!slots_[other].fh.empty()) {
         FreeSlot(other, false);
         policy_->Release(other);
-        superseded.push_back(other);
       }
-      loaded_seq[s] = best->seq;
-      Slot& slot = slots_[s];
-      slot.fh = best->fh;
-      slot.block = best->block;
-      slot.valid = best->valid;
-      slot.dirty = best->dirty;
-      slot.fsize = best->fsize;
-      slot.uid = best->uid;
-      slot.groups = best->groups;
-      slot.gid = best->gid;
-      slot.crc = std::move(best->crc);
-      slot.version = best->version;
-      slot.dirty_since = std::chrono::steady_clock::now();
-      index_[key] = s;
-      FileState& f = files_[slot.fh];
-      f.slots.insert(s);
-      policy_->Adopt(s, key, /*hot=*/false);
-      if (AnyBit(slot.dirty)) f.wb_size = std::max(f.wb_size, slot.fsize);
-      SetDirtyPin(s);
-      for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(slot.valid, p) ? 1 : 0;
+      superseded.push_back(other);
     }
-  }
-  // The older copy of a block stored twice must not come back once the
-  // newer one is gone: free it on disk too.
+    claims[key] = Claim{s, r.seq};
+    if (!AnyBit(r.valid)) {
+      superseded.push_back(s);
+      return;
+    }
+    Slot& slot = slots_[s];
+    slot.fh = r.fh;
+    slot.block = r.block;
+    slot.valid = r.valid;
+    slot.dirty = r.dirty;
+    slot.fsize = r.fsize;
+    slot.uid = r.uid;
+    slot.groups = r.groups;
+    slot.gid = r.gid;
+    slot.crc = std::move(r.crc);
+    slot.version = r.version;
+    slot.rec_seq = r.seq;
+    slot.dirty_since = std::chrono::steady_clock::now();
+    index_[key] = s;
+    FileState& f = files_[slot.fh];
+    f.slots.insert(s);
+    policy_->Adopt(s, key, /*hot=*/false);
+    if (AnyBit(slot.dirty)) f.wb_size = std::max(f.wb_size, slot.fsize);
+    SetDirtyPin(s);
+    for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(slot.valid, p) ? 1 : 0;
+  });
+  if (!st) return st;
+  // What was read may be in the page cache only (the last mount was killed):
+  // the pages the records point to must be durable before anything else is
+  // written (Index::Load syncs the index the same way).
+  if (!data_->Sync()) return Sys("syncing the cache data file");
+  // A superseded claim must not come back once the newer one is gone: free
+  // it on disk too (queued, written by the writer).
   for (uint32_t s : superseded) {
     if (slots_[s].fh.empty()) Persist(s);
   }
+  return Ok{};
 }
 
 BlockCache::~BlockCache() {
@@ -318,8 +257,8 @@ BlockCache::~BlockCache() {
     cv_.notify_all();
     writer_.join();
   }
-  {
-    std::lock_guard lock(mu_);
+  if (journal_) {
+    std::unique_lock lock(mu_);
     // Blocks of files whose version moved by our own writes are still
     // right: record the new version so that the next mount keeps them.
     for (uint32_t s = 0; s < slots_.size(); ++s) {
@@ -332,15 +271,10 @@ BlockCache::~BlockCache() {
         Persist(s);
       }
     }
-    DiscardBrokenIndex();  // again: the disk may take it now
-  }
-  if (data_fd_ >= 0) {
-    fdatasync(data_fd_);
-    close(data_fd_);
-  }
-  if (index_fd_ >= 0) {
-    fdatasync(index_fd_);
-    close(index_fd_);
+    // (The writer is gone: this thread is the index's only writer now.)
+    if (data_) data_->Sync();
+    WriteRecords(lock, /*sync=*/true);
+    DiscardBrokenIndex(lock);  // again: the disk may take it now
   }
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
 }
@@ -359,43 +293,100 @@ BlockCache::FileState& BlockCache::State(const std::string& fh) {
   return files_[fh];
 }
 
-bool BlockCache::Persist(uint32_t s) {
-  if (index_broken_) return false;
-  const Slot& slot = slots_[s];
-  Record r;
-  r.seq = seq_++;
-  r.fh = slot.fh;
-  r.block = slot.block;
-  r.valid = slot.valid;
-  r.dirty = slot.dirty;
-  r.version = slot.version;
-  r.fsize = slot.fsize;
-  r.uid = slot.uid;
-  r.groups = slot.groups;
-  r.gid = slot.gid;
-  r.crc = slot.crc;
-  const std::string bytes = EncodeRecord(r, pages());
-  const off_t at = (off_t{s} * 2 + static_cast<off_t>(r.seq % 2)) * record_bytes_;
-  if (PwriteAll(index_fd_, bytes.data(), bytes.size(), at)) return true;
-  // The index may now claim pages that are gone (or miss newer ones): the
-  // next mount must not trust it. It is emptied at once, unless it records
-  // unflushed writes: then once they are on the server (the flusher drains
-  // a cache that is out of service).
-  DeviceError("writing the cache index", errno);
-  health_ = Health::kOut;
-  index_broken_ = true;
-  DiscardBrokenIndex();
-  return false;
+void BlockCache::Persist(uint32_t s) {
+  slots_[s].rec_seq = seq_++;
+  if (index_broken_) return;
+  queued_groups_.insert(journal_->GroupOf(s));
+  cv_.notify_all();
 }
 
-void BlockCache::DiscardBrokenIndex() {
-  if (!index_broken_ || dirty_slots_ != 0) return;
-  if (ftruncate(index_fd_, 0) != 0) unlink((opts_.dir + "/index").c_str());
+bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
+  if (index_broken_) {
+    queued_groups_.clear();
+    return false;
+  }
+  const uint32_t per = journal_->per_page();
+  std::vector<std::pair<uint32_t, std::vector<Record>>> out;
+  out.reserve(queued_groups_.size());
+  for (uint32_t g : queued_groups_) {
+    std::vector<Record> recs;
+    for (uint32_t s = g * per; s < (g + 1) * per && s < nslots_; ++s) {
+      const Slot& slot = slots_[s];
+      Record r;
+      r.seq = slot.rec_seq;
+      if (!slot.fh.empty()) {
+        r.fh = slot.fh;
+        r.block = slot.block;
+        r.valid = slot.valid;
+        // A page being cleaned is still dirty on disk until this write.
+        r.dirty = slot.dirty;
+        r.version = slot.version;
+        r.fsize = slot.fsize;
+        r.uid = slot.uid;
+        r.groups = slot.groups;
+        r.gid = slot.gid;
+        r.crc = slot.crc;
+      }
+      recs.push_back(std::move(r));
+    }
+    out.emplace_back(g, std::move(recs));
+  }
+  queued_groups_.clear();
+  lock.unlock();
+  bool ok = true;
+  for (const auto& [g, recs] : out) {
+    if (!journal_->WriteGroup(g, recs)) {
+      ok = false;
+      break;
+    }
+  }
+  if (ok && sync) ok = journal_->Sync();
+  const int err = errno;
+  lock.lock();
+  if (!ok && !index_broken_) {
+    // The index may now claim pages that are gone (or miss newer ones): the
+    // next mount must not trust it. It is emptied once it records no
+    // unflushed writes (the flusher drains a cache that is out of service).
+    DeviceError("writing the cache index", err);
+    health_ = Health::kOut;
+    index_broken_ = true;
+    queued_groups_.clear();
+  }
+  return ok;
 }
+
+void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
+  if (!writer_.joinable() || stop_) {
+    WriteRecords(lock, /*sync=*/true);
+    return;
+  }
+  bool done = false;
+  std::condition_variable done_cv;
+  Job job{};
+  job.barrier = [this, &done, &done_cv] {
+    std::lock_guard l(mu_);
+    done = true;
+    done_cv.notify_all();
+  };
+  jobs_.push_back(std::move(job));
+  cv_.notify_all();
+  done_cv.wait(lock, [&done] { return done; });
+}
+
+void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
+  if (!index_broken_ || index_discarded_ || dirty_slots_ != 0) return;
+  index_discarded_ = true;
+  lock.unlock();
+  const bool ok = journal_->Discard();
+  lock.lock();
+  if (!ok) Log("cache")->warn("could not empty the cache index after a disk error: {}", std::strerror(errno));
+}
+
+bool BlockCache::Dirtyish(const Slot& slot) const { return AnyBit(slot.dirty) || AnyBit(slot.cleaning); }
 
 void BlockCache::SetDirtyPin(uint32_t s) {
   Slot& slot = slots_[s];
-  const bool dirty = AnyBit(slot.dirty);
+  const bool dirty = Dirtyish(slot);
   if (dirty == slot.dirty_pin) return;
   slot.dirty_pin = dirty;
   if (dirty) {
@@ -420,6 +411,7 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
   slot.fh.clear();
   slot.valid = {};
   slot.dirty = {};
+  slot.cleaning = {};
   slot.fsize = 0;
   SetDirtyPin(s);
   slot.filling = {};
@@ -486,13 +478,15 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
   }
 }
 
-void BlockCache::Drop(const std::string& fh) {
-  std::lock_guard lock(mu_);
+void BlockCache::Drop(const std::string& fh, std::function<void()> then) {
+  std::unique_lock lock(mu_);
   FileState& f = State(fh);
   // A truncate: the caller flushed the file first; what is dirty now is
   // cut off by it.
   std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
+  bool dirty = false;
   for (uint32_t s : held) {
+    dirty = dirty || Dirtyish(slots_[s]);
     FreeSlot(s, /*persist=*/true);
     policy_->Release(s);
   }
@@ -501,6 +495,19 @@ void BlockCache::Drop(const std::string& fh) {
   f.wb_size = 0;
   f.pruned_upto = ++f.write_counter;
   f.writes.clear();
+  if (!then) return;
+  if (dirty && writer_.joinable() && !stop_ && !index_broken_) {
+    // Freed dirty records must be durable before the truncate is sent: a
+    // crash must not bring back data the truncate cut off.
+    Job job{};
+    job.barrier = std::move(then);
+    jobs_.push_back(std::move(job));
+    cv_.notify_all();
+    return;
+  }
+  if (dirty) WriteRecords(lock, /*sync=*/true);
+  lock.unlock();
+  then();
 }
 
 uint64_t BlockCache::DropAll() {
@@ -597,7 +604,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     const Piece& p = pieces[i];
     buf.resize(size_t{p.npages} * kPage);
     const uint64_t slot_off = uint64_t{p.slot} * block;
-    if (!PreadAll(data_fd_, buf.data(), buf.size(), static_cast<off_t>(slot_off + uint64_t{p.first_page} * kPage))) {
+    if (!data_->ReadAt(buf.data(), buf.size(), slot_off + uint64_t{p.first_page} * kPage)) {
       ok = false;
       io_error = true;
       break;
@@ -846,13 +853,13 @@ void BlockCache::DeviceError(const char* what, int err) {
 
 bool BlockCache::Probe() {
   const std::string path = opts_.dir + "/probe";
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
+  auto f = disk_.Open(path, Disk::kCreate);
+  if (!f) return false;
   std::string page(kPage, 'p'), back(kPage, '\0');
-  bool ok = PwriteAll(fd, page.data(), page.size(), 0) && fdatasync(fd) == 0 &&
-            PreadAll(fd, back.data(), back.size(), 0) && back == page;
-  close(fd);
-  unlink(path.c_str());
+  bool ok = (*f)->Truncate(0) && (*f)->WriteAt(page.data(), page.size(), 0) && (*f)->Sync() &&
+            (*f)->ReadAt(back.data(), back.size(), 0) && back == page;
+  f->reset();
+  disk_.Remove(path);
   return ok;
 }
 
@@ -860,7 +867,16 @@ void BlockCache::WriterMain() {
   std::unique_lock lock(mu_);
   auto next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (true) {
+    if (jobs_.empty() && !queued_groups_.empty()) {
+      // Record changes made outside the writer (invalidations, frees,
+      // version updates): written now, synced by the next barrier.
+      writing_ = true;
+      WriteRecords(lock, /*sync=*/false);
+      continue;
+    }
     if (jobs_.empty()) {
+      DiscardBrokenIndex(lock);
+      if (!jobs_.empty() || !queued_groups_.empty()) continue;
       writing_ = false;
       idle_cv_.notify_all();
       if (stop_) return;
@@ -872,9 +888,8 @@ void BlockCache::WriterMain() {
           const bool ok = Probe();
           lock.lock();
           if (ok && health_ != Health::kHealthy && !stop_) {
-            // A failed record write truncated the index: stay out then.
-            struct stat st{};
-            if (!index_broken_ && fstat(index_fd_, &st) == 0 && st.st_size > 0) {
+            // A failed record write broke the index: stay out then.
+            if (!index_broken_) {
               health_ = Health::kHealthy;
               stats_.device_errors = 0;
               Log("cache")->warn("cache disk answers again; cache healthy");
@@ -887,6 +902,16 @@ void BlockCache::WriterMain() {
       continue;
     }
     writing_ = true;
+    if (jobs_.front().barrier) {
+      // Everything queued before it is durable before it runs.
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      WriteRecords(lock, /*sync=*/true);
+      lock.unlock();
+      job.barrier();
+      lock.lock();
+      continue;
+    }
     if (jobs_.front().wb) {
       // Write-back writes are committed in batches: one sync of the data
       // file and one of the index for all of them.
@@ -933,9 +958,8 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
       crcs[e] = Crc(job.data.data() + size_t{e} * kPage, kPage);
       ++e;
     }
-    const off_t at = static_cast<off_t>(uint64_t{job.slot} * opts_.block +
-                                        uint64_t{job.first_page + k} * kPage);
-    wrote = PwriteAll(data_fd_, job.data.data() + size_t{k} * kPage, size_t{e - k} * kPage, at);
+    const uint64_t at = uint64_t{job.slot} * opts_.block + uint64_t{job.first_page + k} * kPage;
+    wrote = data_->WriteAt(job.data.data() + size_t{k} * kPage, size_t{e - k} * kPage, at);
     err = errno;
     k = e;
   }
@@ -1104,8 +1128,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     for (uint32_t p = lo; p < hi; ++p) {
       char* page = part.image.data() + size_t{p - lo} * kPage;
       if (TestBit(plan.read, p)) {
-        const off_t at = static_cast<off_t>(uint64_t{part.from} * opts_.block + uint64_t{p} * kPage);
-        if (!PreadAll(data_fd_, page, kPage, at)) {
+        if (!data_->ReadAt(page, kPage, uint64_t{part.from} * opts_.block + uint64_t{p} * kPage)) {
           io_error = true;
           err = errno;
           break;
@@ -1146,6 +1169,34 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
   return true;
 }
 
+void BlockCache::UndoApplied(std::vector<WbPart>& parts) {
+  for (size_t i = parts.size(); i-- > 0;) {
+    WbPart& part = parts[i];
+    Slot& to = slots_[part.to];
+    const std::string fh = to.fh;
+    if (part.to != part.from) {
+      // The block's home goes back to the slot it came from, if any.
+      const std::string key = Key(fh, part.block);
+      FreeSlot(part.to, /*persist=*/true);
+      policy_->Release(part.to);
+      if (part.pinned_from && slots_[part.from].gen == part.from_gen && !slots_[part.from].fh.empty()) {
+        index_[key] = part.from;
+        State(fh).slots.insert(part.from);
+      }
+    } else {
+      // In place: the pages written leave the cache (they were clean before).
+      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
+        if (TestBit(to.valid, p)) used_pages_--;
+        ClearBit(to.valid, p);
+        ClearBit(to.dirty, p);
+      }
+      to.inval++;
+      SetDirtyPin(part.to);
+      Persist(part.to);
+    }
+  }
+}
+
 void BlockCache::UndoWb(std::vector<WbPart>& parts) {
   for (auto& part : parts) {
     if (part.allocated) {
@@ -1183,8 +1234,8 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     lock.unlock();
     bool wrote = true;
     for (const auto& part : it.parts) {
-      const off_t at = static_cast<off_t>(uint64_t{part.to} * opts_.block + uint64_t{part.img0} * kPage);
-      wrote = wrote && PwriteAll(data_fd_, part.image.data(), part.image.size(), at);
+      const uint64_t at = uint64_t{part.to} * opts_.block + uint64_t{part.img0} * kPage;
+      wrote = wrote && data_->WriteAt(part.image.data(), part.image.size(), at);
     }
     const int err = errno;
     lock.lock();
@@ -1244,38 +1295,46 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     stats_.writes++;
     it.ok = true;
   }
-  // Group commit: data, then the records that declare it, then the old
-  // slots of moved blocks, each step synced before the writes are answered.
+  // Group commit (the order rules of block_cache.h): the data is synced,
+  // then the records that declare it are written and synced, then the old
+  // slots of moved blocks are freed; then the writes are answered.
   lock.unlock();
-  const bool data_synced = fdatasync(data_fd_) == 0;
+  const bool data_synced = data_->Sync();
   const int data_err = errno;
   lock.lock();
-  if (!data_synced) DeviceError("syncing the cache data", data_err);
-  if (data_synced) {
+  bool index_synced = false;
+  if (!data_synced) {
+    // Nothing of this batch can be trusted on disk: its pages leave the
+    // cache (newest first) and the writes go to the server. The old slots
+    // keep the older dirty data, which the caller flushes before its write.
+    DeviceError("syncing the cache data", data_err);
+    health_ = Health::kOut;
+    for (size_t i = items.size(); i-- > 0;) {
+      if (items[i].ok) UndoApplied(items[i].parts);
+    }
+    retire.clear();
+  } else {
     for (auto& it : items) {
       if (!it.ok) continue;
-      for (const auto& part : it.parts) {
-        if (!Persist(part.to)) it.durable = false;
-      }
+      for (const auto& part : it.parts) Persist(part.to);
     }
-    for (uint32_t s : retire) {
-      FreeSlot(s, /*persist=*/true);  // after the new records: a crash keeps one copy
-      policy_->Release(s);
-    }
+    index_synced = WriteRecords(lock, /*sync=*/true);
   }
-  lock.unlock();
-  const bool index_synced = data_synced && fdatasync(index_fd_) == 0;
-  const int index_err = errno;
-  lock.lock();
-  if (data_synced && !index_synced) DeviceError("syncing the cache index", index_err);
+  for (uint32_t s : retire) {
+    // After the new records are durable: a crash keeps one or both claims,
+    // and the newer wins. (If they are not, the index is broken and will
+    // be emptied; the old slot must not be flushed after the new one.)
+    FreeSlot(s, /*persist=*/true);
+    policy_->Release(s);
+  }
   for (auto& it : items) {
     for (auto& part : it.parts) {
       if (part.allocated) policy_->Unpin(part.to);
       if (part.pinned_from) policy_->Unpin(part.from);
     }
-    if (it.ok && (!index_synced || !it.durable)) {
-      // In memory the pages are there (and will be flushed); the caller is
-      // told they are not durable, and writes them to the server itself.
+    if (it.ok && !index_synced) {
+      // The caller is told the pages are not durable, and writes them to
+      // the server itself (in memory they are there, and will be flushed).
       it.out.kind = WbOutcome::kUnavailable;
       stats_.wb_arounds++;
     }
@@ -1298,7 +1357,7 @@ bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
     const uint64_t lo = std::max(off, b * block) - b * block;
     const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
     for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
-      if (TestBit(slot.dirty, p)) return true;
+      if (TestBit(slot.dirty, p) || TestBit(slot.cleaning, p)) return true;
     }
   }
   return false;
@@ -1357,8 +1416,7 @@ OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_
   int err = 0;
   std::optional<Piece> bad;
   for (const Piece& pc : pieces) {
-    const off_t at = static_cast<off_t>(uint64_t{pc.slot} * block + uint64_t{pc.page} * kPage);
-    if (!PreadAll(data_fd_, page.data(), kPage, at)) {
+    if (!data_->ReadAt(page.data(), kPage, uint64_t{pc.slot} * block + uint64_t{pc.page} * kPage)) {
       err = errno;
       res.kind = OverlayResult::kError;
       break;
@@ -1468,8 +1526,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       run.npages = e - p;
       run.off = pk.block * block + uint64_t{p} * kPage;
       io.resize(size_t{e - p} * kPage);
-      if (!PreadAll(data_fd_, io.data(), io.size(),
-                    static_cast<off_t>(uint64_t{pk.slot} * block + uint64_t{p} * kPage))) {
+      if (!data_->ReadAt(io.data(), io.size(), uint64_t{pk.slot} * block + uint64_t{p} * kPage)) {
         io_error = true;
         err = errno;
         break;
@@ -1510,23 +1567,42 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
 }
 
 void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
-  std::lock_guard lock(mu_);
-  std::set<uint32_t> touched;
+  std::unique_lock lock(mu_);
+  struct Cleaned {
+    uint32_t slot;
+    uint64_t gen;
+    PageBits pages;
+  };
+  std::vector<Cleaned> cleaned;
   for (const auto& run : runs) {
     auto it = index_.find(Key(run.fh, run.block));
     if (it == index_.end()) continue;
     Slot& slot = slots_[it->second];
     stats_.flushed_bytes += run.data.size();
     if (slot.wgen != run.wgen) continue;  // written again meanwhile: still dirty
-    for (uint32_t p = run.first_page; p < run.first_page + run.npages; ++p) ClearBit(slot.dirty, p);
-    touched.insert(it->second);
+    PageBits pages{};
+    for (uint32_t p = run.first_page; p < run.first_page + run.npages; ++p) {
+      if (!TestBit(slot.dirty, p)) continue;
+      ClearBit(slot.dirty, p);
+      SetBit(slot.cleaning, p);
+      SetBit(pages, p);
+    }
+    cleaned.push_back(Cleaned{it->second, slot.gen, pages});
     NoteChange(State(run.fh), run.block, run.first_page, run.npages);
+    Persist(it->second);
   }
-  for (uint32_t s : touched) {
-    SetDirtyPin(s);
-    Persist(s);
+  if (cleaned.empty()) return;
+  // Until the clean marks are durable the pages still count as dirty for
+  // HasDirty(): a write sent around the cache now could be overwritten by a
+  // stale dirty page after a crash.
+  Barrier(lock);
+  for (const auto& c : cleaned) {
+    Slot& slot = slots_[c.slot];
+    if (slot.gen != c.gen) continue;
+    for (size_t w = 0; w < c.pages.size(); ++w) slot.cleaning[w] &= ~c.pages[w];
+    SetDirtyPin(c.slot);
   }
-  DiscardBrokenIndex();
+  DiscardBrokenIndex(lock);
 }
 
 void BlockCache::StopWriteBack() {
@@ -1546,7 +1622,7 @@ void BlockCache::NoteFlushError() {
 
 void BlockCache::Quiesce() {
   std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [this] { return jobs_.empty() && !writing_; });
+  idle_cv_.wait(lock, [this] { return jobs_.empty() && !writing_ && queued_groups_.empty(); });
 }
 
 CacheStats BlockCache::Stats() const {

@@ -43,9 +43,32 @@
 // data in the cache.
 //
 // Threads. Lookups read the data file in the caller's thread; pages to
-// store are copied and written by one writer thread, so the engine's event
-// loops never wait for the cache disk. All state is under one mutex; disk
-// reads happen outside it with the slots pinned.
+// store are copied and written by one writer thread, which is also the only
+// thread that writes the index: a change of a slot's record is queued (the
+// record's index page is marked) and written by the writer. All state is
+// under one mutex; disk I/O happens outside it with the slots pinned. Every
+// file operation goes through the Disk seam (disk.h).
+//
+// Durability order (write-back). What a crash may find is what index.h
+// allows: each index page as the last index sync left it or as a later
+// whole state. On that, the cache keeps these rules, and the crash-state
+// explorer (crash_test.cc) checks them over every state a crash may leave:
+//  1. Data before records: a write-back write's pages are synced before the
+//     records declaring them are written, and those records are synced
+//     before the write is acknowledged (one pair of syncs per batch).
+//  2. New before retired: the old slot of a block moved by copy-on-write is
+//     freed only after the block's new record is synced. When a crash leaves
+//     both, the record with the higher sequence number wins.
+//  3. Clean marks before anything that relies on them: after a flush, the
+//     records marking pages clean are synced before the pages count as
+//     clean (HasDirty() says yes until then), so no write sent around the
+//     cache can be followed by a resurrected stale dirty page; and a
+//     truncate's freeing of dirty pages is synced before the truncate is
+//     sent (Drop()'s callback).
+//  4. An index is never emptied while it holds dirty records, and one that
+//     cannot be read (or is of an unknown format) is refused, not replaced.
+//  5. A loaded index and data file are synced before anything is written
+//     over them: what the last mount left may still be in the page cache only.
 //
 // Cache device trouble. An I/O error on the cache disk moves the cache from
 // healthy to degraded (nothing new is cached; hits are still served and
@@ -53,8 +76,10 @@
 // server). Every 30 s a probe write and read of a scratch file tests the
 // disk; when it works again the cache is healthy again. A failed record
 // write makes the whole index untrusted for the next mount: no record is
-// written after it, and it is truncated (in write-back mode once the
-// flusher, which drains a cache out of service, has left nothing dirty).
+// written after it, and it is emptied (in write-back mode once the flusher,
+// which drains a cache out of service, has left nothing dirty). A failed
+// sync of the data of a write-back batch takes the batch's pages back out of
+// the cache (the writes go to the server) and the cache out of service.
 //
 // Write-back (cache_mode=writeback). A write is stored as dirty pages and
 // answered once they are durable here: the data is written and synced, then
@@ -94,7 +119,9 @@
 #include <vector>
 
 #include "cache/aligned.h"
+#include "cache/disk.h"
 #include "cache/format.h"
+#include "cache/index.h"
 #include "cache/policy.h"
 #include "common/thread_annotations.h"
 #include "mpnfs/result.h"
@@ -118,6 +145,8 @@ struct CacheOptions {
   uint32_t dirty_age_s = 30;
   bool fsync_server = false;      // wb_fsync=server: fsync waits for the server
   bool flush_on_unmount = true;   // wb_noflush clears it
+  Disk* disk = nullptr;           // the file-I/O seam; nullptr: RealDisk()
+  uint32_t index_per_page = 0;    // tests: records per index page (index.h); 0: all that fit
 };
 
 struct CacheStats {
@@ -195,7 +224,10 @@ class BlockCache {
   // Forget every block of `fh`, dirty pages included: this client
   // truncates it (after flushing it), or it is gone from the server
   // (ESTALE). Reads already in flight will not store what they bring back.
-  void Drop(const std::string& fh);
+  // `then` runs once the forgetting is durable where it must be (dirty
+  // pages were freed: after the index sync, on the writer thread; else at
+  // once, in the caller's thread): send the truncate from there.
+  void Drop(const std::string& fh, std::function<void()> then = nullptr);
   // This client changed attributes only (chmod, utimes, ...): if `before`
   // is the validated version, `after` becomes it and nothing is dropped.
   void OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after);
@@ -252,7 +284,9 @@ class BlockCache {
   std::vector<DirtyRun> CollectDirty(uint64_t max_bytes, const std::string& fh,
                                      std::chrono::steady_clock::time_point older_than);
   // The runs are on the server (COMMIT with their WRITE's verifier): clean
-  // unless written again meanwhile.
+  // unless written again meanwhile. Returns once the clean marks are
+  // durable (it waits for the writer thread: never call it from an engine
+  // event loop).
   void Flushed(const std::vector<DirtyRun>& runs);
   void NoteFlushError();
   // Online detach: WriteBack() answers kUnavailable from now on (until Resume).
@@ -276,9 +310,11 @@ class BlockCache {
     FileVersion version;
     uint64_t gen = 0;    // bumped when the slot is given to another block
     uint64_t inval = 0;  // bumped when pages are invalidated
+    uint64_t rec_seq = 0;  // of the record's last change (the newest claim wins)
     // Write-back.
     PageBits dirty{};
-    bool dirty_pin = false;  // pinned in the policy while any page is dirty
+    PageBits cleaning{};     // flushed, clean mark not durable yet: still "dirty" to HasDirty
+    bool dirty_pin = false;  // pinned in the policy while any page is dirty or cleaning
     uint64_t wgen = 0;       // bumped by each write-back write (kept by copies)
     uint64_t fsize = 0;
     uint32_t uid = 0, gid = 0;
@@ -319,6 +355,9 @@ class BlockCache {
     // Write-back jobs carry this instead (slot unused).
     std::shared_ptr<WbWrite> wb;
     std::function<void(WbOutcome)> done;
+    // Barrier jobs: every queued record is written and the index synced,
+    // then this runs (on the writer thread).
+    std::function<void()> barrier;
   };
   // One block of a write-back write, between its steps (see WriterWb).
   struct WbPart {
@@ -338,8 +377,8 @@ class BlockCache {
 
   explicit BlockCache(CacheOptions opts);
   Result<bool> Init();
-  void LoadIndex();
-  static bool IndexHasDirty(const std::string& path, uint32_t pages, uint32_t slots, uint32_t rec);
+  Status OpenFiles();
+  Status LoadIndex();
   static std::string Key(const std::string& fh, uint64_t block);
   uint32_t pages() const { return opts_.block / kPage; }
 
@@ -348,9 +387,16 @@ class BlockCache {
   void DropLocked(FileState& f) REQUIRES(mu_);
   // A slot with dirty pages keeps only those (true); else false.
   bool KeepDirtyOnly(uint32_t s) REQUIRES(mu_);
-  // Writes the slot's record; false if the index could not be written.
-  bool Persist(uint32_t s) REQUIRES(mu_);
-  void DiscardBrokenIndex() REQUIRES(mu_);
+  // The slot's record changed: queues it for the writer (no I/O here).
+  void Persist(uint32_t s) REQUIRES(mu_);
+  // Writer thread (or no writer running): writes the queued records, and
+  // syncs the index if `sync`; false if that failed (the index is then
+  // broken). Unlocks `lock` meanwhile.
+  bool WriteRecords(std::unique_lock<std::mutex>& lock, bool sync);
+  // Waits until everything queued before is durable (a barrier job).
+  void Barrier(std::unique_lock<std::mutex>& lock);
+  void DiscardBrokenIndex(std::unique_lock<std::mutex>& lock);
+  bool Dirtyish(const Slot& slot) const;
   // Queues stores of the whole pages of [off, off+len) whose block passes `allowed`.
   template <class Allowed>
   void StoreLocked(const std::string& fh, FileState& f, uint64_t off, const char* data, size_t len,
@@ -359,6 +405,8 @@ class BlockCache {
   void DeviceError(const char* what, int err) REQUIRES(mu_);
   void WriterMain();
   void WriteFill(Job& job, std::unique_lock<std::mutex>& lock);
+  // A batch whose data could not be synced: its pages leave the cache.
+  void UndoApplied(std::vector<WbPart>& parts) REQUIRES(mu_);
   // Processes a batch of write-back jobs (group commit).
   void WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock);
   // Steps 1-2 of one write-back write; false with `out` set if it cannot go on.
@@ -375,9 +423,11 @@ class BlockCache {
   bool Probe();
 
   CacheOptions opts_;  // set before Init() returns; block/size may follow the files found
+  Disk& disk_;
   uint32_t nslots_ = 0;
-  uint32_t record_bytes_ = 0;
-  int data_fd_ = -1, index_fd_ = -1, lock_fd_ = -1;
+  std::unique_ptr<File> data_;
+  std::unique_ptr<Index> journal_;  // written by the writer thread only (once it runs)
+  int lock_fd_ = -1;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;       // writer: work or stop
@@ -391,6 +441,8 @@ class BlockCache {
   bool stop_ GUARDED_BY(mu_) = false;
   bool wb_stopped_ GUARDED_BY(mu_) = false;
   bool index_broken_ GUARDED_BY(mu_) = false;  // a record write failed: write no more
+  bool index_discarded_ GUARDED_BY(mu_) = false;
+  std::set<uint32_t> queued_groups_ GUARDED_BY(mu_);  // index pages to write
   uint64_t seq_ GUARDED_BY(mu_) = 1;
   Health health_ GUARDED_BY(mu_) = Health::kHealthy;
   uint64_t used_pages_ GUARDED_BY(mu_) = 0;

@@ -33,7 +33,7 @@ uint32_t Crc(const char* data, size_t len) {
 
 uint32_t RecordBytes(uint32_t pages) {
   const size_t raw = kHeader + 4 * size_t{pages} + 4;  // + the record's own CRC
-  return static_cast<uint32_t>((raw + 511) / 512 * 512);
+  return static_cast<uint32_t>((raw + 7) / 8 * 8);
 }
 
 std::string EncodeRecord(const Record& r, uint32_t pages) {

@@ -1,9 +1,10 @@
-// The on-disk format of the block cache (version 2).
+// The on-disk format of the block cache (version 3).
 //
 // A cache directory holds:
-//   meta    one line: "mpnfs-cache <version> <block bytes> <slots> <record bytes>"
 //   data    the slots, slot i at i * block bytes; preallocated (fallocate)
-//   index   two copies of a record per slot, slot i at i * 2 * record bytes
+//   index   a header with the geometry, then the slots' records in 4 KiB
+//           pages, each page twice (index.h)
+//   id      a random name of the cache, kept across mounts (fs/owner.h)
 //   lock    flock()ed by the mount that uses the directory
 //
 // A record says which file and block a slot holds, which 4 KiB pages of it
@@ -11,12 +12,11 @@
 // cache_mode=writeback), the CRC-32 of each valid page, the file's size,
 // mtime and ctime that the pages were validated against, and for dirty
 // pages the file size they imply and the user (uid, gid, supplementary
-// groups) who wrote them: the flusher writes as that user. Each write of a record goes
-// to the copy the other one is not (seq odd / even) and carries a sequence
-// number and its own CRC: a torn or half-written record is recognised and
-// the other copy used; the newest valid copy wins. Page data is written
-// before the record that declares it valid, and page CRCs are checked on
-// every read, so a crash can lose cached pages but never serve wrong ones.
+// groups) who wrote them: the flusher writes as that user. A record carries
+// the sequence number of the change that made it (the newest claim to a
+// block wins) and its own CRC. Page data is written before the record that
+// declares it valid, and page CRCs are checked on every read, so a crash can
+// lose cached clean pages but never serve wrong ones.
 //
 // Thread safety: plain functions on values.
 #pragma once
@@ -30,7 +30,7 @@
 
 namespace mpnfs::cache {
 
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
 constexpr uint32_t kPage = 4096;
 constexpr uint32_t kMaxPages = 256;  // 1 MiB blocks at most
 constexpr size_t kMaxFh = 64;

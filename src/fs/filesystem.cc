@@ -301,8 +301,18 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
     };
   }
   // (Dropped here, after the writes the truncate waited for: their data
-  // past the new size must not stay in the SSD cache.)
-  if (auto cache = cache_.load(); cache && sa.size) cache->Drop(inode->fh());
+  // past the new size must not stay in the SSD cache. The truncate leaves
+  // once that is durable: a crash must not bring the cut data back.)
+  if (auto cache = cache_.load(); cache && sa.size) {
+    return cache->Drop(inode->fh(), [this, c, inode, sa, tseq, cb = std::move(cb)]() mutable {
+      SendSetattrCall(c, inode, sa, tseq, std::move(cb));
+    });
+  }
+  SendSetattrCall(c, inode, sa, tseq, std::move(cb));
+}
+
+void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
+                                 WriteOrder::Seq tseq, Cb<AttrOut> cb) {
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, tseq, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
       // The kernel asks to drop setuid/setgid before a non-owner's write; the

@@ -184,6 +184,9 @@ class Filesystem {
   // The SETATTR itself; `tseq`: the truncate's place in the write order (0: none).
   void SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                    WriteOrder::Seq tseq, Cb<AttrOut> cb);
+  // The SETATTR call itself (after the SSD cache forgot a truncated file).
+  void SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
+                       WriteOrder::Seq tseq, Cb<AttrOut> cb);
   // cache_mode=writeback: the write goes to the SSD cache; `base` holds the
   // server's copies of partial pages the cache asked for.
   void WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,

@@ -1,0 +1,479 @@
+// The crash-state explorer for the SSD cache (write-back).
+//
+// A workload of write-back writes (whole-page batches that group-commit, and
+// partial pages merged with the server's copy), writes sent around the cache,
+// fills of clean data, evictions, flushes, truncates, detach and remount runs
+// on a BlockCache whose every file operation goes through a CrashDisk
+// (test/fakes/crash_disk.h), beside a model of the NFS server. Then, for
+// every crash point (every operation of the disk's log), it builds the disk
+// states the barriers allow (all of them when there are few, else a fixed-
+// seed sample plus the two extremes: nothing unsynced landed / everything
+// landed, i.e. a killed process), reopens the cache from each, lets it flush
+// what it holds to a copy of the server as the server was at that point, and
+// checks every byte of every file:
+//  - every write acknowledged before the crash point reads back (unless a
+//    write issued later, acknowledged or not, replaced it);
+//  - nothing older than an acknowledged write comes back, to the cache or
+//    to the server (a resurrected stale dirty page would be flushed over it);
+//  - what the cache serves after recovery is what the server then holds.
+//
+// MPNFS_CRASH_SEED, MPNFS_CRASH_OPS and MPNFS_CRASH_SAMPLES change the seed,
+// the workload length and the states sampled per crash point for long runs
+// by hand.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <random>
+
+#include "cache/block_cache.h"
+#include "common/log.h"
+#include "test/fakes/crash_disk.h"
+
+namespace mpnfs::cache {
+namespace {
+
+using test::CrashDisk;
+
+constexpr uint32_t kBlock = 64 << 10;
+constexpr uint64_t kSpan = 256 << 10;  // bytes of each file the workload touches
+const std::vector<std::string> kFiles = {"fhA", "fhB", "fhC"};
+
+uint64_t Env(const char* name, uint64_t def) {
+  const char* v = std::getenv(name);
+  return v ? std::strtoull(v, nullptr, 10) : def;
+}
+
+char Value(size_t wid, uint64_t off) {
+  return static_cast<char>(1 + (wid * 131 + off * 7 + off / 4096) % 255);  // never 0
+}
+
+// What was asked of the system, and when (positions in the disk's log).
+struct Logical {
+  std::string fh;
+  bool truncate = false;
+  uint64_t off = 0, len = 0;  // a truncate: off = the new size
+  size_t issued = 0, acked = SIZE_MAX;
+};
+
+struct ServerEvent {
+  size_t pos;
+  std::string fh;
+  bool truncate;
+  uint64_t off;
+  std::string data;
+};
+
+class Explorer {
+ public:
+  Explorer(uint64_t seed, uint32_t per_page) : rng_(static_cast<uint32_t>(seed)), per_page_(per_page) {
+    char tmpl[] = "/tmp/mpnfs-crash-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  ~Explorer() {
+    cache_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<BlockCache> OpenOn(CrashDisk& disk, std::string* err = nullptr) {
+    CacheOptions o;
+    o.dir = dir_;
+    o.size = 16 * kBlock;
+    o.block = kBlock;
+    o.mode = CacheMode::kWriteBack;
+    o.seq_cutoff = 0;
+    o.disk = &disk;
+    o.index_per_page = per_page_;
+    auto c = BlockCache::Open(o);
+    if (!c) {
+      if (err) *err = c.error().what;
+      return nullptr;
+    }
+    return std::move(*c);
+  }
+
+  // The server's files after the events up to `point`.
+  std::map<std::string, std::string> Server(size_t point) const {
+    std::map<std::string, std::string> s;
+    for (const auto& e : events_) {
+      if (e.pos > point) break;
+      std::string& f = s[e.fh];
+      if (e.truncate) {
+        f.resize(e.off, '\0');
+      } else {
+        if (f.size() < e.off + e.data.size()) f.resize(e.off + e.data.size(), '\0');
+        std::copy(e.data.begin(), e.data.end(), f.begin() + static_cast<ptrdiff_t>(e.off));
+      }
+    }
+    return s;
+  }
+  static FileVersion VersionOf(const std::string& content, int64_t changes) {
+    return FileVersion{content.size(), changes, changes};
+  }
+  int64_t Changes(const std::string& fh, size_t point) const {
+    int64_t n = 0;
+    for (const auto& e : events_) {
+      if (e.pos > point) break;
+      n += e.fh == fh;
+    }
+    return n;
+  }
+  FileVersion Current(const std::string& fh) {
+    return VersionOf(Server(SIZE_MAX)[fh], Changes(fh, SIZE_MAX));
+  }
+
+  // --- the workload's operations, each as the filesystem layer does it
+  void ServerApply(const std::string& fh, bool truncate, uint64_t off, std::string data) {
+    events_.push_back(ServerEvent{disk_.Mark(), fh, truncate, off, std::move(data)});
+  }
+  void ServerWrite(const std::string& fh, uint64_t off, const std::string& data, bool flusher) {
+    const FileVersion before = Current(fh);
+    const uint64_t token = cache_->WriteStart(fh, off, data.size(), !flusher);
+    ServerApply(fh, false, off, data);
+    cache_->WriteDone(fh, token, off, data.data(), data.size(), true, false, before, Current(fh));
+  }
+  bool FlushRound(const std::string& fh, uint64_t max_bytes) {
+    auto runs = cache_->CollectDirty(max_bytes, fh, std::chrono::steady_clock::now());
+    if (runs.empty()) return false;
+    for (const auto& r : runs) ServerWrite(r.fh, r.off, r.data, /*flusher=*/true);
+    cache_->Flushed(runs);
+    return true;
+  }
+  void FlushFile(const std::string& fh) {
+    while (FlushRound(fh, UINT64_MAX)) {
+    }
+  }
+  std::string Data(size_t wid, uint64_t off, uint64_t len) {
+    std::string d(len, '\0');
+    for (uint64_t i = 0; i < len; ++i) d[i] = Value(wid, off + i);
+    return d;
+  }
+  // The write went around the cache: after the unflushed writes it overlaps.
+  void WriteAround(size_t wid) {
+    const Logical& w = writes_[wid];
+    if (cache_->HasDirty(w.fh, w.off, w.len)) FlushFile(w.fh);
+    ServerWrite(w.fh, w.off, Data(wid, w.off, w.len), false);
+    writes_[wid].acked = disk_.Mark();
+  }
+  // Write-back writes of disjoint ranges submitted together (one batch).
+  void WriteBackBatch(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, const std::string& fh) {
+    struct Pending {
+      size_t wid;
+      std::string data;
+      std::promise<WbOutcome> got;
+      size_t ack = 0;
+    };
+    std::vector<std::unique_ptr<Pending>> ps;
+    for (auto [off, len] : ranges) {
+      auto p = std::make_unique<Pending>();
+      p->wid = writes_.size();
+      writes_.push_back(Logical{fh, false, off, len, disk_.Mark()});
+      p->data = Data(p->wid, off, len);
+      ps.push_back(std::move(p));
+    }
+    for (auto& p : ps) Submit(*p, {});
+    for (size_t i = 0; i < ps.size(); ++i) Finish(*ps[i]);
+  }
+  template <class P>
+  void Submit(P& p, std::map<uint64_t, std::string> base) {
+    const Logical& w = writes_[p.wid];
+    WbWrite wb;
+    wb.fh = w.fh;
+    wb.off = w.off;
+    wb.data = p.data.data();
+    wb.len = p.data.size();
+    wb.base = std::move(base);
+    p.got = std::promise<WbOutcome>();
+    cache_->WriteBack(std::move(wb), [this, &p](WbOutcome o) {
+      p.ack = disk_.Mark();
+      p.got.set_value(std::move(o));
+    });
+  }
+  template <class P>
+  void Finish(P& p) {
+    for (int attempt = 0;; ++attempt) {
+      WbOutcome o = p.got.get_future().get();
+      const Logical& w = writes_[p.wid];
+      if (o.kind == WbOutcome::kStored) {
+        writes_[p.wid].acked = p.ack;
+        return;
+      }
+      if (o.kind == WbOutcome::kUnavailable || attempt > 8) return WriteAround(p.wid);
+      std::map<uint64_t, std::string> base;
+      if (o.kind == WbOutcome::kNeedPages) {
+        const std::string cur = Server(SIZE_MAX)[w.fh];
+        for (uint64_t page : o.need) {
+          base[page] = page < cur.size() ? cur.substr(page, 4096) : std::string();
+        }
+      }
+      Submit(p, std::move(base));
+    }
+  }
+  void Truncate(const std::string& fh, uint64_t size) {
+    if (cache_->SizeFloor(fh) > 0) FlushFile(fh);
+    writes_.push_back(Logical{fh, true, size, 0, disk_.Mark()});
+    std::promise<void> dropped;
+    cache_->Drop(fh, [&dropped] { dropped.set_value(); });
+    dropped.get_future().get();
+    ServerApply(fh, true, size, "");
+    writes_.back().acked = disk_.Mark();
+    cache_->Observe(fh, Current(fh));
+  }
+  void Fill(const std::string& fh, uint64_t block) {
+    const uint64_t token = cache_->ReadStart(fh);
+    const std::string cur = Server(SIZE_MAX)[fh];
+    const uint64_t off = block * kBlock;
+    if (off >= cur.size()) return;
+    const std::string data = cur.substr(off, kBlock);
+    cache_->Fill(fh, token, off, data.data(), data.size());
+  }
+  void Remount() {
+    cache_.reset();
+    std::string err;
+    cache_ = OpenOn(disk_, &err);
+    ASSERT_NE(cache_, nullptr) << err;
+    for (const auto& fh : kFiles) cache_->Observe(fh, Current(fh));
+  }
+
+  void Run(size_t ops) {
+    Remount();
+    std::uniform_int_distribution<int> pick(0, 99);
+    for (size_t i = 0; i < ops; ++i) {
+      const std::string fh = kFiles[rng_() % 2];  // fhC: fills only (evictions)
+      const int what = pick(rng_);
+      const uint64_t span_pages = kSpan / 4096;
+      if (what < 40) {
+        // 1-3 disjoint whole-page writes, one batch.
+        std::vector<std::pair<uint64_t, uint64_t>> ranges;
+        uint64_t at = (rng_() % (span_pages / 2)) * 4096;
+        for (int k = 0, n = 1 + static_cast<int>(rng_() % 3); k < n && at < kSpan; ++k) {
+          const uint64_t len = (1 + rng_() % 6) * 4096;
+          ranges.emplace_back(at, len);
+          at += len + (rng_() % 8) * 4096;
+        }
+        WriteBackBatch(ranges, fh);
+      } else if (what < 55) {
+        const uint64_t off = rng_() % kSpan, len = 1 + rng_() % 9000;
+        WriteBackBatch({{off, len}}, fh);
+      } else if (what < 63) {
+        const uint64_t off = rng_() % kSpan, len = 1 + rng_() % 20000;
+        const size_t wid = writes_.size();
+        writes_.push_back(Logical{fh, false, off, len, disk_.Mark()});
+        WriteAround(wid);
+      } else if (what < 75) {
+        Fill(kFiles[rng_() % 3], rng_() % (kSpan / kBlock));
+        Fill("fhC", rng_() % 12);
+      } else if (what < 87) {
+        FlushRound("", (1 + rng_() % 8) * 4096);
+      } else if (what < 91) {
+        Truncate(fh, rng_() % kSpan);
+      } else if (what < 94) {
+        cache_->Observe(fh, Current(fh));
+      } else if (what < 97) {
+        // Detach: write-back stops, everything is flushed, the cache goes.
+        cache_->StopWriteBack();
+        FlushFile("");
+        Remount();
+      } else {
+        Remount();
+      }
+      cache_->Quiesce();
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    cache_.reset();
+  }
+
+  // Per byte of each file, the values it may hold after a crash at `point`.
+  struct Values {
+    uint8_t n = 1;
+    char v[7] = {0};  // (more than 7 candidates: any value passes; not seen in practice)
+    bool Has(char x) const { return n > 7 || std::find(v, v + n, x) != v + n; }
+    void Add(char x) {
+      if (Has(x)) return;
+      if (n < 7) v[n] = x;
+      ++n;
+    }
+  };
+  using Allowed = std::map<std::string, std::vector<Values>>;
+  Allowed AllowedAt(size_t point) const {
+    Allowed a;
+    for (const auto& fh : kFiles) a[fh].assign(2 * kSpan, Values{});
+    for (size_t wid = 0; wid < writes_.size(); ++wid) {
+      const Logical& w = writes_[wid];
+      if (w.issued > point) break;
+      const bool acked = w.acked <= point;
+      auto& bytes = a[w.fh];
+      const uint64_t lo = w.off, hi = w.truncate ? bytes.size() : w.off + w.len;
+      for (uint64_t b = lo; b < hi && b < bytes.size(); ++b) {
+        const char v = w.truncate ? 0 : Value(wid, b);
+        if (acked) bytes[b].n = 0;
+        bytes[b].Add(v);
+      }
+    }
+    return a;
+  }
+
+  // Reopens the cache from one crash state and checks it; "" if sound.
+  std::string Check(size_t point, CrashDisk& state, const Allowed& allowed) {
+    std::string err;
+    auto c = OpenOn(state, &err);
+    if (!c) return "the cache does not open: " + err;
+    auto server = Server(point);
+    for (const auto& fh : kFiles) c->Observe(fh, VersionOf(server[fh], Changes(fh, point)));
+    for (int round = 0; round < 64; ++round) {
+      auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
+      if (runs.empty()) break;
+      for (const auto& r : runs) {
+        std::string& f = server[r.fh];
+        if (f.size() < r.off + r.data.size()) f.resize(r.off + r.data.size(), '\0');
+        std::copy(r.data.begin(), r.data.end(), f.begin() + static_cast<ptrdiff_t>(r.off));
+      }
+      c->Flushed(runs);
+    }
+    for (const auto& fh : kFiles) {
+      const std::string& f = server[fh];
+      const auto& ok = allowed.at(fh);
+      for (uint64_t b = 0; b < ok.size(); ++b) {
+        const char v = b < f.size() ? f[b] : 0;
+        if (!ok[b].Has(v)) {
+          return fmt::format("{} byte {} is {} after recovery; allowed: {} value(s), first {}", fh, b,
+                             static_cast<int>(static_cast<unsigned char>(v)), ok[b].n,
+                             static_cast<int>(static_cast<unsigned char>(ok[b].v[0])));
+        }
+      }
+      // What the cache serves must be what the server now holds.
+      for (uint64_t blk = 0; blk * kBlock < f.size(); ++blk) {
+        auto hit = c->Read(fh, blk * kBlock, kBlock);
+        if (!hit) continue;
+        const std::string want = f.substr(blk * kBlock, hit->size());
+        if (*hit != want) return fmt::format("{} block {}: the cache serves stale data after recovery", fh, blk);
+      }
+    }
+    return "";
+  }
+
+  // Every crash point, each with its states; the first failure, or "".
+  std::string Explore(uint64_t samples, size_t* states_checked) {
+    const size_t end = disk_.Mark();
+    std::mt19937_64 pick(4242);
+    for (size_t point = 0; point <= end; ++point) {
+      const auto questions = disk_.Questions(point);
+      const Allowed allowed = AllowedAt(point);
+      double product = 1;
+      for (size_t n : questions) product *= static_cast<double>(n);
+      std::vector<std::vector<size_t>> answers;
+      if (product <= static_cast<double>(samples)) {
+        std::vector<size_t> odo(questions.size(), 0);
+        while (true) {
+          answers.push_back(odo);
+          size_t i = 0;
+          for (; i < odo.size(); ++i) {
+            if (++odo[i] < questions[i]) break;
+            odo[i] = 0;
+          }
+          if (i == odo.size()) break;
+        }
+      } else {
+        std::vector<size_t> none(questions.size(), 0), all;
+        for (size_t n : questions) all.push_back(n - 1);
+        answers.push_back(none);
+        answers.push_back(all);
+        for (uint64_t k = 0; k < samples; ++k) {
+          std::vector<size_t> a;
+          for (size_t n : questions) a.push_back(pick() % n);
+          answers.push_back(std::move(a));
+        }
+      }
+      for (const auto& a : answers) {
+        size_t q = 0;
+        auto state = disk_.CrashState(point, [&a, &q](size_t) { return a[q++]; });
+        std::string why = Check(point, *state, allowed);
+        ++*states_checked;
+        if (!why.empty()) {
+          if (std::getenv("MPNFS_CRASH_DEBUG")) Dump(point, a);
+          return fmt::format("crash after disk operation {} of {}: {}", point, end, why);
+        }
+      }
+    }
+    return "";
+  }
+
+  void Dump(size_t point, const std::vector<size_t>& answers) {
+    std::printf("answers:");
+    for (size_t a : answers) std::printf(" %zu", a);
+    std::printf("\nwrites:\n");
+    for (size_t i = 0; i < writes_.size(); ++i) {
+      const auto& w = writes_[i];
+      std::printf("  w%zu %s %s [%llu,+%llu) issued %zu acked %zd\n", i, w.fh.c_str(),
+                  w.truncate ? "TRUNC" : "write", (unsigned long long)w.off, (unsigned long long)w.len,
+                  w.issued, w.acked == SIZE_MAX ? -1 : (ssize_t)w.acked);
+    }
+    std::printf("server events:\n");
+    for (const auto& e : events_) {
+      std::printf("  @%zu %s %s %llu +%zu first %d\n", e.pos, e.fh.c_str(), e.truncate ? "TRUNC" : "write",
+                  (unsigned long long)e.off, e.data.size(), e.data.empty() ? -1 : (int)(unsigned char)e.data[0]);
+    }
+    std::printf("disk log up to %zu:\n", point + 3);
+    disk_.DumpLog(point + 3);
+  }
+
+  CrashDisk disk_;
+  std::unique_ptr<BlockCache> cache_;
+
+ private:
+  std::mt19937 rng_;
+  const uint32_t per_page_;
+  std::string dir_;
+  std::vector<Logical> writes_;
+  std::vector<ServerEvent> events_;
+};
+
+void ExploreWith(uint32_t per_page) {
+  const uint64_t seed = Env("MPNFS_CRASH_SEED", 20261130);
+  Explorer x(seed, per_page);
+  x.Run(Env("MPNFS_CRASH_OPS", 60));
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  size_t states = 0;
+  const std::string why = x.Explore(Env("MPNFS_CRASH_SAMPLES", 12), &states);
+  EXPECT_EQ(why, "") << "seed " << seed;
+  EXPECT_GT(states, 100u);
+  std::printf("explored %zu crash states over %zu disk operations (seed %llu, %u records per index page)\n",
+              states, x.disk_.Mark(), static_cast<unsigned long long>(seed), per_page);
+}
+
+// One record per index page: every record change lands on its own, in any
+// order the barriers allow.
+TEST(CrashExplorerTest, EveryCrashStateKeepsAcknowledgedWritesAndNothingOlder) { ExploreWith(1); }
+
+// The production layout (records share index pages).
+TEST(CrashExplorerTest, TheSameHoldsWithFullIndexPages) { ExploreWith(0); }
+
+// A write-back batch whose data cannot be synced is not acknowledged, and
+// its pages leave the cache: nothing of it is flushed later (or forever).
+TEST(CacheDiskFaultTest, AFailedDataSyncSendsTheWriteToTheServerAndLeavesNothingDirty) {
+  Explorer x(1, 0);
+  std::string err;
+  x.cache_ = x.OpenOn(x.disk_, &err);
+  ASSERT_NE(x.cache_, nullptr) << err;
+  x.cache_->Observe("fhA", FileVersion{});
+  x.disk_.set_fail([](const CrashDisk::Op& op) { return op.kind == CrashDisk::Op::kSync && op.inode == 0; });
+  std::string data(8192, 'x');
+  WbWrite w;
+  w.fh = "fhA";
+  w.off = 0;
+  w.data = data.data();
+  w.len = data.size();
+  std::promise<WbOutcome> got;
+  x.cache_->WriteBack(std::move(w), [&got](WbOutcome o) { got.set_value(std::move(o)); });
+  EXPECT_EQ(got.get_future().get().kind, WbOutcome::kUnavailable);
+  x.disk_.set_fail(nullptr);
+  EXPECT_FALSE(x.cache_->HasDirty("fhA", 0, data.size()));
+  EXPECT_TRUE(x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
+  EXPECT_EQ(x.cache_->Stats().state, "out");
+}
+
+}  // namespace
+}  // namespace mpnfs::cache
