@@ -375,11 +375,17 @@ void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
 
 void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
   if (!index_broken_ || index_discarded_ || dirty_slots_ != 0) return;
-  index_discarded_ = true;
   lock.unlock();
   const bool ok = journal_->Discard();
+  const int err = errno;
   lock.lock();
-  if (!ok) Log("cache")->warn("could not empty the cache index after a disk error: {}", std::strerror(errno));
+  if (ok) {
+    index_discarded_ = true;
+  } else if (!discard_warned_) {
+    discard_warned_ = true;
+    Log("cache")->warn("could not empty the cache index after a disk error ({}); trying again later",
+                       std::strerror(err));
+  }
 }
 
 bool BlockCache::Dirtyish(const Slot& slot) const { return AnyBit(slot.dirty) || AnyBit(slot.cleaning); }

@@ -442,6 +442,7 @@ class BlockCache {
   bool wb_stopped_ GUARDED_BY(mu_) = false;
   bool index_broken_ GUARDED_BY(mu_) = false;  // a record write failed: write no more
   bool index_discarded_ GUARDED_BY(mu_) = false;
+  bool discard_warned_ GUARDED_BY(mu_) = false;
   std::set<uint32_t> queued_groups_ GUARDED_BY(mu_);  // index pages to write
   uint64_t seq_ GUARDED_BY(mu_) = 1;
   Health health_ GUARDED_BY(mu_) = Health::kHealthy;
