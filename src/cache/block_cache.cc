@@ -484,11 +484,12 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
   }
 }
 
-void BlockCache::Drop(const std::string& fh, std::function<void()> then) {
+void BlockCache::Drop(const std::string& fh) {
   std::unique_lock lock(mu_);
-  FileState& f = State(fh);
-  // A truncate: the caller flushed the file first; what is dirty now is
-  // cut off by it.
+  ForgetFile(State(fh));
+}
+
+bool BlockCache::ForgetFile(FileState& f) {
   std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
   bool dirty = false;
   for (uint32_t s : held) {
@@ -501,19 +502,29 @@ void BlockCache::Drop(const std::string& fh, std::function<void()> then) {
   f.wb_size = 0;
   f.pruned_upto = ++f.write_counter;
   f.writes.clear();
-  if (!then) return;
-  if (dirty && writer_.joinable() && !stop_ && !index_broken_) {
-    // Freed dirty records must be durable before the truncate is sent: a
-    // crash must not bring back data the truncate cut off.
+  return dirty;
+}
+
+bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
+  std::unique_lock lock(mu_);
+  FileState& f = State(fh);
+  for (uint32_t s : f.slots) {
+    if (AnyBit(slots_[s].dirty)) return false;  // written since the flush: flush again
+  }
+  const bool cleaning = ForgetFile(f);
+  if (cleaning && writer_.joinable() && !stop_ && !index_broken_) {
+    // Records still saying "dirty" on disk must be freed durably before the
+    // truncate is sent: a crash must not bring the cut data back.
     Job job{};
     job.barrier = std::move(then);
     jobs_.push_back(std::move(job));
     cv_.notify_all();
-    return;
+    return true;
   }
-  if (dirty) WriteRecords(lock, /*sync=*/true);
+  if (cleaning) WriteRecords(lock, /*sync=*/true);
   lock.unlock();
   then();
+  return true;
 }
 
 uint64_t BlockCache::DropAll() {

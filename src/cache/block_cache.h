@@ -63,8 +63,9 @@
 //     records marking pages clean are synced before the pages count as
 //     clean (HasDirty() says yes until then), so no write sent around the
 //     cache can be followed by a resurrected stale dirty page; and a
-//     truncate's freeing of dirty pages is synced before the truncate is
-//     sent (Drop()'s callback).
+//     truncate's freeing of pages not durably clean is synced before the
+//     truncate is sent (Truncating()'s callback), and unflushed writes are
+//     never dropped by a truncate (they are flushed before it).
 //  4. An index is never emptied while it holds dirty records, and one that
 //     cannot be read (or is of an unknown format) is refused, not replaced.
 //  5. A loaded index and data file are synced before anything is written
@@ -221,13 +222,19 @@ class BlockCache {
   // --- coherence
   // The server says `fh` is at version `v` now.
   void Observe(const std::string& fh, const FileVersion& v);
-  // Forget every block of `fh`, dirty pages included: this client
-  // truncates it (after flushing it), or it is gone from the server
-  // (ESTALE). Reads already in flight will not store what they bring back.
-  // `then` runs once the forgetting is durable where it must be (dirty
-  // pages were freed: after the index sync, on the writer thread; else at
-  // once, in the caller's thread): send the truncate from there.
-  void Drop(const std::string& fh, std::function<void()> then = nullptr);
+  // Forget every block of `fh`, dirty pages included: it is gone from the
+  // server (ESTALE). Reads already in flight will not store what they bring
+  // back.
+  void Drop(const std::string& fh);
+  // This client truncates `fh` (after flushing it): forget its blocks. If
+  // the file holds unflushed writes (they came after that flush) nothing is
+  // forgotten and false is returned: flush again, then call again (a write
+  // acknowledged before the truncate must reach the server before it).
+  // Otherwise `then` runs once the forgetting is durable where it must be
+  // (pages whose clean marks were not yet durable were freed: after the
+  // index sync, on the writer thread; else at once, in the caller's
+  // thread): send the truncate from there.
+  bool Truncating(const std::string& fh, std::function<void()> then);
   // This client changed attributes only (chmod, utimes, ...): if `before`
   // is the validated version, `after` becomes it and nothing is dropped.
   void OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after);
@@ -385,6 +392,8 @@ class BlockCache {
   FileState& State(const std::string& fh) REQUIRES(mu_);
   void FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
   void DropLocked(FileState& f) REQUIRES(mu_);
+  // Frees every slot of the file; true if one held pages not durably clean.
+  bool ForgetFile(FileState& f) REQUIRES(mu_);
   // A slot with dirty pages keeps only those (true); else false.
   bool KeepDirtyOnly(uint32_t s) REQUIRES(mu_);
   // The slot's record changed: queues it for the writer (no I/O here).

@@ -439,6 +439,24 @@ TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
   EXPECT_EQ(Collected(*c, "fh1", 8192, 4096), Pattern(4096, '2'));
 }
 
+TEST_F(WriteBackTest, ATruncateNeverDropsUnflushedWrites) {
+  // A write acknowledged after the flush that precedes a truncate: the cache
+  // refuses to forget the file until it is flushed too.
+  auto c = Open(CacheMode::kWriteBack);
+  c->Observe("fh1", kV1);
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
+  bool sent = false;
+  EXPECT_FALSE(c->Truncating("fh1", [&sent] { sent = true; }));
+  EXPECT_FALSE(sent);
+  EXPECT_TRUE(c->HasDirty("fh1", 0, 8192));
+  auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
+  ASSERT_EQ(runs.size(), 1u);
+  c->Flushed(runs);
+  EXPECT_TRUE(c->Truncating("fh1", [&sent] { sent = true; }));
+  EXPECT_TRUE(sent);
+  EXPECT_FALSE(c->HasDirty("fh1", 0, 8192));
+}
+
 TEST_F(WriteBackTest, AFlushMarksCleanOnlyWhatWasNotWrittenAgain) {
   auto c = OpenWb();
   c->Observe("fh1", kV1);

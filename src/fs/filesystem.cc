@@ -300,13 +300,27 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
       for (auto& fn : run) fn();
     };
   }
+  ForgetCachedThenSetattr(c, inode, sa, tseq, std::move(cb));
+}
+
+void Filesystem::ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
+                                         WriteOrder::Seq tseq, Cb<AttrOut> cb) {
   // (Dropped here, after the writes the truncate waited for: their data
   // past the new size must not stay in the SSD cache. The truncate leaves
   // once that is durable: a crash must not bring the cut data back.)
   if (auto cache = cache_.load(); cache && sa.size) {
-    return cache->Drop(inode->fh(), [this, c, inode, sa, tseq, cb = std::move(cb)]() mutable {
+    auto send = [this, c, inode, sa, tseq, cb]() mutable {
       SendSetattrCall(c, inode, sa, tseq, std::move(cb));
-    });
+    };
+    if (!cache->Truncating(inode->fh(), std::move(send))) {
+      // Write-back writes acknowledged since the flush before the truncate:
+      // they reach the server first, then the truncate is tried again.
+      return FlushFile(inode, [this, c, inode, sa, tseq, cb = std::move(cb)](Result<Ok> r) mutable {
+        if (!r) return cb(r.error());
+        ForgetCachedThenSetattr(c, inode, sa, tseq, std::move(cb));
+      });
+    }
+    return;
   }
   SendSetattrCall(c, inode, sa, tseq, std::move(cb));
 }

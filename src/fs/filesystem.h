@@ -184,6 +184,10 @@ class Filesystem {
   // The SETATTR itself; `tseq`: the truncate's place in the write order (0: none).
   void SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                    WriteOrder::Seq tseq, Cb<AttrOut> cb);
+  // A truncate: the SSD cache forgets the file (flushing again first if
+  // write-back writes came since the last flush), then the SETATTR goes.
+  void ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
+                               WriteOrder::Seq tseq, Cb<AttrOut> cb);
   // The SETATTR call itself (after the SSD cache forgot a truncated file).
   void SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                        WriteOrder::Seq tseq, Cb<AttrOut> cb);
