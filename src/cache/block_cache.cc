@@ -177,6 +177,7 @@ Result<bool> BlockCache::Init() {
                                            dir, pages_dirty * (kPage / 1024)));
   }
   writer_ = std::thread([this] { WriterMain(); });
+  reader_thread_ = std::thread([reader = reader_] { reader->Main(); });
   Log("cache")->info("cache {} in {}: {} MiB in {} KiB blocks, {} blocks kept from before ({} dirty)",
                      stats_.mode, dir, capacity_bytes() >> 20, opts_.block >> 10, policy_->in_use(),
                      dirty_slots_);
@@ -248,7 +249,43 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   return Ok{};
 }
 
+void BlockCache::Reader::Post(std::function<void()> task) {
+  std::lock_guard lock(mu_);
+  tasks_.push_back(std::move(task));
+  cv_.notify_one();
+}
+
+void BlockCache::Reader::Stop() {
+  std::lock_guard lock(mu_);
+  stop_ = true;
+  cv_.notify_one();
+}
+
+void BlockCache::Reader::Main() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stopped
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    task = nullptr;  // (may drop the last reference to its cache)
+    lock.lock();
+  }
+}
+
 BlockCache::~BlockCache() {
+  reader_->Stop();
+  if (reader_thread_.joinable()) {
+    // The reader's last task may hold the last reference to this cache:
+    // its thread then finishes on its own (its queue outlives the cache).
+    if (reader_thread_.get_id() == std::this_thread::get_id()) {
+      reader_thread_.detach();
+    } else {
+      reader_thread_.join();
+    }
+  }
   if (writer_.joinable()) {
     {
       std::lock_guard lock(mu_);
@@ -1388,20 +1425,44 @@ uint64_t BlockCache::SizeFloor(const std::string& fh) {
 
 OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_t off,
                                  std::string_view server, size_t want, std::string* out) {
-  struct Piece {
-    uint32_t slot;
-    uint64_t gen, block;
-    uint32_t page;
-    uint32_t crc;
-  };
-  std::vector<Piece> pieces;
-  const size_t have = server.size();
-  size_t len = have;
+  OverlayPlan plan;
+  if (auto early = PlanOverlay(fh, token, off, server.size(), want, &plan)) return *early;
+  return RunOverlay(plan, off, server, out);
+}
+
+void BlockCache::OverlayAsync(std::shared_ptr<BlockCache> cache, const std::string& fh, uint64_t token,
+                              uint64_t off, std::string_view server, size_t want,
+                              std::function<void(OverlayResult, std::string_view)> done) {
+  OverlayPlan plan;
+  if (auto early = cache->PlanOverlay(fh, token, off, server.size(), want, &plan)) {
+    return done(*early, server);
+  }
+  if (plan.pieces.empty()) {
+    // Only longer than the server says (unflushed writes extend the file): no disk I/O.
+    std::string out;
+    auto r = cache->RunOverlay(plan, off, server, &out);
+    return done(r, out);
+  }
+  // Unflushed pages must be read back: not on this (event-loop) thread.
+  auto reader = cache->reader_;
+  reader->Post([cache = std::move(cache), plan = std::move(plan), off, copy = std::string(server),
+                done = std::move(done)]() mutable {
+    std::string out;
+    auto r = cache->RunOverlay(plan, off, copy, &out);
+    done(r, r.replaced ? std::string_view(out) : std::string_view(copy));
+  });
+}
+
+std::optional<OverlayResult> BlockCache::PlanOverlay(const std::string& fh, uint64_t token, uint64_t off,
+                                                     size_t have, size_t want, OverlayPlan* plan) {
+  auto& pieces = plan->pieces;
+  size_t& len = plan->len;
+  len = have;
   const uint64_t block = opts_.block;
   {
     std::lock_guard lock(mu_);
     auto fit = files_.find(fh);
-    if (fit == files_.end()) return {};
+    if (fit == files_.end()) return OverlayResult{};
     FileState& f = fit->second;
     if (f.wb_size > off + have) len = static_cast<size_t>(std::min<uint64_t>(want, f.wb_size - off));
     for (uint64_t b = off / block; b * block < off + len; ++b) {
@@ -1414,18 +1475,27 @@ OverlayResult BlockCache::Overlay(const std::string& fh, uint64_t token, uint64_
         const bool changed = PageChanged(f, b, p, token);
         const bool valid = slot && TestBit(slot->valid, p);
         if (valid && (changed || TestBit(slot->dirty, p))) {
-          pieces.push_back(Piece{it->second, slot->gen, b, p, slot->crc[p]});
+          pieces.push_back(OverlayPlan::Piece{it->second, slot->gen, b, p, slot->crc[p]});
           policy_->Pin(it->second);
         } else if (changed && !valid) {
           // Written or flushed since the read left, and not held here: the
           // server's answer may predate that.
           for (const auto& pc : pieces) policy_->Unpin(pc.slot);
-          return {OverlayResult::kRetry, false};
+          return OverlayResult{OverlayResult::kRetry, false};
         }
       }
     }
   }
-  if (pieces.empty() && len == have) return {};
+  if (pieces.empty() && len == have) return OverlayResult{};
+  return std::nullopt;
+}
+
+OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std::string_view server,
+                                     std::string* out) {
+  using Piece = OverlayPlan::Piece;
+  const auto& pieces = plan.pieces;
+  const size_t len = plan.len;
+  const uint64_t block = opts_.block;
   out->assign(server);
   out->resize(len, '\0');
   AlignedBuf page(kPage);

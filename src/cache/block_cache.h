@@ -42,12 +42,15 @@
 // (a per-block write counter), so an old read can never overwrite newer
 // data in the cache.
 //
-// Threads. Lookups read the data file in the caller's thread; pages to
+// Threads. The engine's event loops never wait for the cache disk: pages to
 // store are copied and written by one writer thread, which is also the only
-// thread that writes the index: a change of a slot's record is queued (the
-// record's index page is marked) and written by the writer. All state is
-// under one mutex; disk I/O happens outside it with the slots pinned. Every
-// file operation goes through the Disk seam (disk.h).
+// thread that writes the index (a change of a slot's record is queued, its
+// index page marked, and written by the writer); merging unflushed pages
+// into a READ reply (OverlayAsync) reads them on the cache's reader thread.
+// Lookups (Read) and CollectDirty read the data file in the caller's thread:
+// call them from FUSE or flusher threads only. All state is under one
+// mutex, never held across disk I/O (slots are pinned instead). Every file
+// operation goes through the Disk seam (disk.h).
 //
 // Durability order (write-back). What a crash may find is what index.h
 // allows: each index page as the last index sync left it or as a later
@@ -280,6 +283,14 @@ class BlockCache {
   // read again. kError: an unflushed page could not be read back (EIO).
   OverlayResult Overlay(const std::string& fh, uint64_t token, uint64_t off, std::string_view server,
                         size_t want, std::string* out);
+  // The same for an engine event loop, which must not wait for the cache
+  // disk: if unflushed pages must be read back, `server` is copied and the
+  // work moves to the cache's reader thread, where `done` then runs (the
+  // cache stays alive until it has); otherwise `done` runs at once. `done`
+  // gets the outcome and the bytes to return (valid during the call).
+  static void OverlayAsync(std::shared_ptr<BlockCache> cache, const std::string& fh, uint64_t token,
+                           uint64_t off, std::string_view server, size_t want,
+                           std::function<void(OverlayResult, std::string_view)> done);
   struct DirtyLevel {
     uint64_t blocks = 0, slots = 0;
     std::chrono::steady_clock::duration oldest{};
@@ -381,6 +392,29 @@ class BlockCache {
     std::vector<uint32_t> crc;   // of image pages
   };
   enum class Health { kHealthy, kDegraded, kOut };
+  struct OverlayPlan {
+    struct Piece {
+      uint32_t slot;
+      uint64_t gen, block;
+      uint32_t page;
+      uint32_t crc;
+    };
+    std::vector<Piece> pieces;  // pinned until RunOverlay
+    size_t len = 0;
+  };
+  // The reader thread's queue. It lives as long as the thread, which may
+  // outlive the cache: the last task of a detached cache may destroy it.
+  class Reader {
+   public:
+    void Post(std::function<void()> task);
+    void Stop();  // the thread ends once the queue is empty
+    void Main();
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+    bool stop_ GUARDED_BY(mu_) = false;
+  };
 
   explicit BlockCache(CacheOptions opts);
   Result<bool> Init();
@@ -411,6 +445,11 @@ class BlockCache {
   void StoreLocked(const std::string& fh, FileState& f, uint64_t off, const char* data, size_t len,
                    Allowed allowed, bool count_write_hits) REQUIRES(mu_);
   void Settle(FileState& f) REQUIRES(mu_);
+  // Overlay's two halves: what must be read (pins it; no I/O), then the reads.
+  std::optional<OverlayResult> PlanOverlay(const std::string& fh, uint64_t token, uint64_t off,
+                                           size_t have, size_t want, OverlayPlan* plan);
+  OverlayResult RunOverlay(const OverlayPlan& plan, uint64_t off, std::string_view server,
+                           std::string* out);
   void DeviceError(const char* what, int err) REQUIRES(mu_);
   void WriterMain();
   void WriteFill(Job& job, std::unique_lock<std::mutex>& lock);
@@ -461,6 +500,8 @@ class BlockCache {
   std::string id_;
   CacheStats stats_ GUARDED_BY(mu_);
   std::thread writer_;
+  std::shared_ptr<Reader> reader_ = std::make_shared<Reader>();
+  std::thread reader_thread_;
 };
 
 }  // namespace mpnfs::cache

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <thread>
 
 namespace mpnfs::cache {
 namespace {
@@ -516,6 +517,32 @@ TEST_F(WriteBackTest, OverlayPutsUnflushedPagesOverServerDataAndExtendsTheFile) 
   c->Observe("fh1", FileVersion{24576, 2, 2});
   EXPECT_EQ(c->Overlay("fh1", token, 16384, std::string(8192, 's'), 8192, &buf).kind,
             OverlayResult::kRetry);
+}
+
+TEST_F(WriteBackTest, OverlayNeverReadsTheCacheDiskOnTheCallersThread) {
+  // READ replies arrive on engine event loops, which must not wait for the
+  // cache disk: merging unflushed pages moves to the cache's reader thread.
+  std::shared_ptr<BlockCache> c = OpenWb();
+  c->Observe("fh1", FileVersion{8192, 1, 1});
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, 'd')).kind, WbOutcome::kStored);
+  const std::string server = Pattern(8192, 's');
+  std::promise<std::pair<std::thread::id, std::string>> got;
+  BlockCache::OverlayAsync(c, "fh1", c->ReadStart("fh1"), 0, server, 8192,
+                           [&got](OverlayResult r, std::string_view data) {
+                             EXPECT_EQ(r.kind, OverlayResult::kOk);
+                             got.set_value({std::this_thread::get_id(), std::string(data)});
+                           });
+  auto [tid, data] = got.get_future().get();
+  EXPECT_NE(tid, std::this_thread::get_id());
+  EXPECT_EQ(data.substr(0, 4096), Pattern(4096, 'd'));
+  EXPECT_EQ(data.substr(4096), server.substr(4096));
+  // Nothing to read back: answered at once, in the caller's thread.
+  std::thread::id inline_tid;
+  BlockCache::OverlayAsync(c, "fh1", c->ReadStart("fh1"), 4096, server.substr(4096), 4096,
+                           [&inline_tid](OverlayResult, std::string_view) {
+                             inline_tid = std::this_thread::get_id();
+                           });
+  EXPECT_EQ(inline_tid, std::this_thread::get_id());
 }
 
 TEST_F(WriteBackTest, ReadHitsStopAtTheEndOfTheFile) {

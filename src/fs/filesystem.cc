@@ -725,7 +725,8 @@ void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
 }
 
 void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
-                             std::function<void(Result<std::string_view>)> cb, int attempt) {
+                             std::function<void(Result<std::string_view>)> cb, int attempt,
+                             bool lookup) {
   const InodeP inode = f->inode;
   if (size == 0) return cb(std::string_view());
   {
@@ -734,7 +735,9 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
       // A read must see this client's write-behind data: wait for it to land.
       lock.unlock();
       return WhenDrained(inode, [this, c, f, size, off, attempt, cb = std::move(cb)]() mutable {
-        ReadAttempt(c, f, size, off, std::move(cb), attempt);
+        // (Now on an engine event loop, which must not read the cache
+        // disk: the data comes from the server.)
+        ReadAttempt(c, f, size, off, std::move(cb), attempt, /*lookup=*/false);
       });
     }
   }
@@ -745,27 +748,32 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
     if (cache->Sequential(inode->fh(), off, size)) {
       cache->NoteBypass(false);  // a scan: neither served from nor stored in the cache
     } else {
-      if (auto hit = cache->Read(inode->fh(), off, size)) return cb(std::string_view(*hit));
+      if (lookup) {
+        if (auto hit = cache->Read(inode->fh(), off, size)) return cb(std::string_view(*hit));
+      }
       admit = true;
     }
     token = cache->ReadStart(inode->fh());
     if (cache->mode() == cache::CacheMode::kWriteBack) {
       // This client's unflushed writes must show in what the server returns
       // (a scan that bypasses the cache included).
+      // (On an event loop: the cache reads its disk on its own thread.)
       cb = [this, c, f, size, off, attempt, inode, token, cache,
             cb = std::move(cb)](Result<std::string_view> r) mutable {
         if (!r) return cb(r.error());
-        std::string merged;
-        auto o = cache->Overlay(inode->fh(), token, off, *r, size, &merged);
-        if (o.kind == cache::OverlayResult::kError) {
-          return cb(Error::Errno(EIO, "an unflushed cached page could not be read back"));
-        }
-        if (o.kind == cache::OverlayResult::kRetry) {
-          if (attempt >= 16) return cb(Error::Errno(EIO, "read keeps racing with writes"));
-          cache.reset();
-          return ReadAttempt(c, f, size, off, std::move(cb), attempt + 1);
-        }
-        cb(o.replaced ? std::string_view(merged) : *r);
+        cache::BlockCache::OverlayAsync(
+            std::move(cache), inode->fh(), token, off, *r, size,
+            [this, c, f, size, off, attempt, cb = std::move(cb)](cache::OverlayResult o,
+                                                                std::string_view data) mutable {
+              if (o.kind == cache::OverlayResult::kError) {
+                return cb(Error::Errno(EIO, "an unflushed cached page could not be read back"));
+              }
+              if (o.kind == cache::OverlayResult::kRetry) {
+                if (attempt >= 16) return cb(Error::Errno(EIO, "read keeps racing with writes"));
+                return ReadAttempt(c, f, size, off, std::move(cb), attempt + 1, /*lookup=*/false);
+              }
+              cb(data);
+            });
       };
     }
   }

@@ -179,7 +179,8 @@ class Filesystem {
                                     uint64_t token, std::shared_ptr<cache::BlockCache> fill,
                                     std::function<void(Result<std::string_view>)> cb);
   void ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
-                   std::function<void(Result<std::string_view>)> cb, int attempt);
+                   std::function<void(Result<std::string_view>)> cb, int attempt,
+                   bool lookup = true);
   void SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
   // The SETATTR itself; `tseq`: the truncate's place in the write order (0: none).
   void SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
