@@ -166,6 +166,10 @@ Result<bool> BlockCache::Init() {
       return Error::Errno(r.error().err, "cache_dir " + dir + ": " + r.error().what +
                                              "; refusing to start rather than lose write-back data");
     }
+    // Claims that lost to newer ones are freed durably before anything
+    // else happens (a later crash must not find the older claim alone).
+    std::unique_lock lock(mu_);
+    if (!WriteRecords(lock, /*sync=*/true)) return Sys("writing the cache index in " + dir);
   }
   if (dirty_slots_ > 0 && opts_.mode != CacheMode::kWriteBack) {
     uint64_t pages_dirty = 0;
@@ -393,7 +397,7 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
 }
 
 void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
-  if (!writer_.joinable() || stop_) {
+  if (!writer_.joinable() || stop_ || writer_.get_id() == std::this_thread::get_id()) {
     WriteRecords(lock, /*sync=*/true);
     return;
   }
@@ -745,6 +749,7 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
       slot.crc.assign(pages(), 0);
       slot.version = f.validated;
       slot.gen++;
+      slot.rec_seq = seq_++;  // (its record may be written with a neighbour's)
       index_[key] = s;
       f.slots.insert(s);
     }
@@ -1128,6 +1133,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       to.version = f.validated;
       to.fsize = 0;
       to.gen++;
+      to.rec_seq = seq_++;
       policy_->Pin(part.to);
       part.allocated = true;
     }
@@ -1278,7 +1284,9 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
   for (size_t i = 0; i < batch.size(); ++i) {
     const WbWrite& w = *batch[i].wb;
     Item& it = items[i];
-    if (health_ != Health::kHealthy) {
+    if (health_ != Health::kHealthy || wb_stopped_ || stop_) {
+      // (Also queued before a detach or unmount began: those flush what
+      // is dirty and then release the export, so nothing new may be.)
       it.out.kind = WbOutcome::kUnavailable;
       stats_.wb_arounds++;
       continue;
@@ -1317,6 +1325,9 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         SetBit(to.valid, p);
         to.crc[p] = part.crc[p - part.img0];
         if (touched || (from && TestBit(from->dirty, p))) SetBit(to.dirty, p);
+        // A page whose clean mark is not durable yet stays "dirty" to
+        // HasDirty in its new slot too (Flushed clears it there).
+        if (!touched && from && moved && TestBit(from->cleaning, p)) SetBit(to.cleaning, p);
       }
       if (from && moved) {
         to.wgen = from->wgen;
@@ -1569,7 +1580,12 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     std::vector<uint32_t> cand;
     for (uint32_t s : dirty_set_) {
       const Slot& slot = slots_[s];
-      if ((fh.empty() || slot.fh == fh) && slot.dirty_since <= older_than) cand.push_back(s);
+      if ((!fh.empty() && slot.fh != fh) || slot.dirty_since > older_than) continue;
+      // A block moved by copy-on-write keeps its old slot dirty until the
+      // new one is durable; only the block's current slot is flushed (two
+      // WRITEs of one range in one round could land in either order).
+      if (auto it = index_.find(Key(slot.fh, slot.block)); it == index_.end() || it->second != s) continue;
+      cand.push_back(s);
     }
     // File order: by handle, then offset (the server sees ascending writes).
     std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
@@ -1658,6 +1674,8 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
   struct Cleaned {
     uint32_t slot;
     uint64_t gen;
+    std::string fh;
+    uint64_t block;
     PageBits pages;
   };
   std::vector<Cleaned> cleaned;
@@ -1674,7 +1692,7 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
       SetBit(slot.cleaning, p);
       SetBit(pages, p);
     }
-    cleaned.push_back(Cleaned{it->second, slot.gen, pages});
+    cleaned.push_back(Cleaned{it->second, slot.gen, run.fh, run.block, pages});
     NoteChange(State(run.fh), run.block, run.first_page, run.npages);
     Persist(it->second);
   }
@@ -1683,11 +1701,17 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
   // HasDirty(): a write sent around the cache now could be overwritten by a
   // stale dirty page after a crash.
   Barrier(lock);
+  auto clear = [this](uint32_t s, const PageBits& pages) {
+    Slot& slot = slots_[s];
+    for (size_t w = 0; w < pages.size(); ++w) slot.cleaning[w] &= ~pages[w];
+    SetDirtyPin(s);
+  };
   for (const auto& c : cleaned) {
-    Slot& slot = slots_[c.slot];
-    if (slot.gen != c.gen) continue;
-    for (size_t w = 0; w < c.pages.size(); ++w) slot.cleaning[w] &= ~c.pages[w];
-    SetDirtyPin(c.slot);
+    // In the slot flushed, and in the one the block was copied to since.
+    if (slots_[c.slot].gen == c.gen) clear(c.slot, c.pages);
+    if (auto it = index_.find(Key(c.fh, c.block)); it != index_.end() && it->second != c.slot) {
+      clear(it->second, c.pages);
+    }
   }
   DiscardBrokenIndex(lock);
 }

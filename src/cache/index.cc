@@ -1,5 +1,6 @@
 #include "cache/index.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace mpnfs::cache {
@@ -119,7 +120,9 @@ Index::Index(std::unique_ptr<File> file, const Geometry& g)
 }
 
 uint64_t Index::CopyOffset(uint32_t group, int copy) const {
-  return (1 + 2 * uint64_t{group} + static_cast<uint64_t>(copy)) * kPage;
+  // The copies of a group are far apart (one in each half of the file): a
+  // device that damages neighbouring pages on power loss hits one only.
+  return (1 + uint64_t{group} + static_cast<uint64_t>(copy) * groups()) * kPage;
 }
 
 Status Index::Load(const std::function<void(uint32_t, Record&&)>& fn) {
@@ -131,20 +134,24 @@ Status Index::Load(const std::function<void(uint32_t, Record&&)>& fn) {
                                                  std::strerror(errno ? errno : EIO));
   }
   const uint32_t chunk = 256;  // groups per read
-  std::string buf;
+  std::string buf[2];
   for (uint32_t first = 0; first < groups(); first += chunk) {
     const uint32_t n = std::min(chunk, groups() - first);
-    buf.resize(size_t{n} * 2 * kPage);
-    if (!file_->ReadAt(buf.data(), buf.size(), CopyOffset(first, 0))) {
-      return Error::Errno(errno ? errno : EIO, std::string("reading the cache index: ") +
-                                                   std::strerror(errno ? errno : EIO));
+    for (int c = 0; c < 2; ++c) {
+      buf[c].resize(size_t{n} * kPage);
+      if (!file_->ReadAt(buf[c].data(), buf[c].size(), CopyOffset(first, c))) {
+        return Error::Errno(errno ? errno : EIO, std::string("reading the cache index: ") +
+                                                     std::strerror(errno ? errno : EIO));
+      }
     }
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t group = first + i;
       int best = -1;
       uint64_t best_seq = 0;
+      bool written = false;
       for (int c = 0; c < 2; ++c) {
-        const char* page = buf.data() + (size_t{i} * 2 + static_cast<size_t>(c)) * kPage;
+        const char* page = buf[c].data() + size_t{i} * kPage;
+        written = written || std::any_of(page, page + kPage, [](char ch) { return ch != 0; });
         if (Get<uint32_t>(page, 0) != kPageMagic || Get<uint16_t>(page, 4) != kFormatVersion ||
             Get<uint16_t>(page, 6) != per_page_ || Get<uint32_t>(page, kCrcAt) != Crc(page, kCrcAt)) {
           continue;
@@ -156,9 +163,15 @@ Status Index::Load(const std::function<void(uint32_t, Record&&)>& fn) {
           best_seq = seq;
         }
       }
-      if (best < 0) continue;  // never written (or both torn: cannot happen, see above)
+      if (best < 0 && written) {
+        // Both copies damaged (the placement rules never leave that): the
+        // records of these slots are unknown, and may be unflushed writes.
+        return Error::Errno(EIO, "cache index page " + std::to_string(group) +
+                                     " is damaged in both copies");
+      }
+      if (best < 0) continue;  // never written
       durable_copy_[group] = static_cast<uint8_t>(best);
-      const char* page = buf.data() + (size_t{i} * 2 + static_cast<size_t>(best)) * kPage;
+      const char* page = buf[best].data() + size_t{i} * kPage;
       for (uint32_t k = 0; k < per_page_; ++k) {
         const uint32_t slot = group * per_page_ + k;
         if (slot >= g_.slots) break;

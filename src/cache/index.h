@@ -6,9 +6,11 @@
 // built as `index.tmp`, synced, renamed into place and the directory synced,
 // so an index either exists whole with its geometry or not at all. Records
 // follow in groups: a group is one 4 KiB index page holding per_page()
-// records, and each group has two copies side by side (group g's copy c at
-// page 1 + 2g + c). A page copy carries a magic, a sequence number and a
-// CRC of the whole page: a torn page fails its CRC and the other copy is used.
+// records, and each group has two copies, one in each half of the file
+// (group g's copy c at page 1 + g + c * groups). A page copy carries a magic,
+// a sequence number and a CRC of the whole page: a torn page fails its CRC
+// and the other copy is used. A group whose two copies are both damaged
+// fails the load (the index is then refused, not trusted).
 //
 // Placement. A group's two copies alternate only across a Sync(): while the
 // group's last write is unsynced, later writes of it go over that same copy,

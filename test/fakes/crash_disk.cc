@@ -91,11 +91,17 @@ void CrashDisk::set_fail(std::function<bool(const Op&)> f) {
 }
 
 bool CrashDisk::Apply(Op op) {
-  std::lock_guard lock(mu_);
-  if (fail_ && fail_(op)) {
+  std::function<bool(const Op&)> fail;
+  {
+    std::lock_guard lock(mu_);
+    fail = fail_;
+  }
+  // (Unlocked: a hook may wait for another thread that uses this disk.)
+  if (fail && fail(op)) {
     errno = EIO;
     return false;
   }
+  std::lock_guard lock(mu_);
   switch (op.kind) {
     case Op::kWrite: ApplyData(files_[op.inode], op.off, op.data); break;
     case Op::kTruncate: files_[op.inode].resize(op.size, '\0'); break;

@@ -15,7 +15,8 @@
 // A Chooser picks among these possibilities, so a test can enumerate them
 // all (when few) or sample them with a fixed seed.
 //
-// Faults: fail() decides per operation whether it fails (EIO).
+// Faults: fail() decides per operation whether it fails (EIO); it runs
+// unlocked, in the thread doing the operation, and may block it.
 //
 // Thread safety: all methods are thread safe.
 #pragma once
