@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "cache/cache_dir.h"
 #include "common/log.h"
 
 namespace mpnfs::cache {
@@ -93,18 +94,13 @@ Result<std::unique_ptr<BlockCache>> BlockCache::Open(const CacheOptions& opts) {
 
 Result<bool> BlockCache::Init() {
   const std::string& dir = opts_.dir;
-  struct stat st{};
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Error::Errno(ENOENT, "cache_dir " + dir + ": not a directory");
-  }
+  if (auto trusted = CheckCacheDir(dir); !trusted) return trusted.error();
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return Error::Errno(EACCES, "cache_dir " + dir + ": not writable");
   }
-  lock_fd_ = open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0) return Sys("cache_dir " + dir + "/lock");
-  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    return Error::Errno(EBUSY, "cache_dir " + dir + " is in use by another mount");
-  }
+  auto lock = LockCacheDir(dir, opts_.lock_wait);
+  if (!lock) return lock.error();
+  lock_fd_ = *lock;
 
   const std::string data_path = dir + "/data", index_path = dir + "/index";
   std::string old_meta;
@@ -175,13 +171,13 @@ Result<bool> BlockCache::Init() {
   }
   // cache_direct: cached data lives on the cache disk only, not a second
   // time in the page cache. Filesystems without O_DIRECT get buffered I/O.
-  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (opts_.direct ? O_DIRECT : 0), 0600);
+  data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (opts_.direct ? O_DIRECT : 0), 0600);
   if (data_fd_ < 0 && opts_.direct && errno == EINVAL) {
-    data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    data_fd_ = open(data_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (data_fd_ >= 0) Log("cache")->info("cache_dir {}: no O_DIRECT there; cached data goes through the page cache", dir);
   }
   if (data_fd_ < 0) return Sys("cache data file " + data_path);
-  index_fd_ = open(index_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  index_fd_ = open(index_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (index_fd_ < 0) return Sys("cache index file " + index_path);
   const off_t data_size = static_cast<off_t>(uint64_t{nslots_} * opts_.block);
   const off_t index_size = static_cast<off_t>(uint64_t{nslots_} * 2 * record_bytes_);
@@ -232,7 +228,7 @@ Result<bool> BlockCache::Init() {
 }
 
 bool BlockCache::IndexHasDirty(const std::string& path, uint32_t pages, uint32_t slots, uint32_t rec) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return false;
   bool dirty = false;
   std::string buf;
@@ -846,7 +842,7 @@ void BlockCache::DeviceError(const char* what, int err) {
 
 bool BlockCache::Probe() {
   const std::string path = opts_.dir + "/probe";
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return false;
   std::string page(kPage, 'p'), back(kPage, '\0');
   bool ok = PwriteAll(fd, page.data(), page.size(), 0) && fdatasync(fd) == 0 &&

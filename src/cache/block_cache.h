@@ -118,6 +118,8 @@ struct CacheOptions {
   uint32_t dirty_age_s = 30;
   bool fsync_server = false;      // wb_fsync=server: fsync waits for the server
   bool flush_on_unmount = true;   // wb_noflush clears it
+  // How long Open() waits for another mount to release the directory.
+  std::chrono::seconds lock_wait{0};
 };
 
 struct CacheStats {
@@ -174,8 +176,8 @@ struct DirtyRun {
 
 class BlockCache {
  public:
-  // Opens (or creates) the cache in opts.dir, which must exist and be
-  // writable. Loads the blocks a previous mount left (a warm cache).
+  // Opens (or creates) the cache in opts.dir, which must exist, be
+  // writable and pass CheckCacheDir (cache_dir.h). Loads the blocks a previous mount left (a warm cache).
   static Result<std::unique_ptr<BlockCache>> Open(const CacheOptions& opts);
   // Finishes pending stores, records each file's latest validated version
   // with its blocks (so they are warm at the next mount), syncs, unlocks.

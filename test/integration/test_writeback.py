@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import EXPORT, SERVER, is_mounted, run_mount, start_mount
+from conftest import EXPORT, SERVER, Mount, is_mounted, run_mount, start_mount
 from test_cache import CTL, cache_stats, direct_read, direct_write
 
 PAGE = 4096
@@ -340,3 +340,31 @@ def test_flushes_write_as_the_user_who_wrote(mount_factory, cache_dir, tmp_path)
     r = ctl(m, "cache", "flush")
     assert r.returncode == 0, r.stdout + r.stderr
     assert server_bytes(f"wb-users/{f.name}") == bytes(data)
+
+
+def test_unmount_and_mount_again_at_once(bed, mount_factory, cache_dir):
+    """A script that unmounts and mounts again at once: the unmount returns
+    while the gateway still flushes (a slow link here), and the new mount
+    waits for it to release the cache directory instead of failing."""
+    m = mount_factory(wb_opts(cache_dir))
+    f, data = file_with_dirty_pieces(m, "wb-remount", 8, 14, 16384)
+    assert cache_stats(m)["dirty_bytes"] >= 4 << 20
+    bed.shape(1, "16mbit")
+    again = None
+    try:
+        assert subprocess.run(["fusermount3", "-u", str(m.path)]).returncode == 0
+        assert m.proc.poll() is None, "the gateway should still be flushing"
+        proc, log = start_mount(m.path, wb_opts(cache_dir))
+        again = Mount(m.path, proc, log)
+        deadline = time.time() + 120
+        while not is_mounted(m.path) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert is_mounted(m.path), again.log_text()
+        assert "is in use by another mount" in again.log_text()
+    finally:
+        bed.shape(1, "off")
+        if again:
+            again.unmount()
+    assert m.proc.wait(timeout=60) == 0
+    assert server_bytes(f.name) == bytes(data)
+
