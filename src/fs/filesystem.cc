@@ -97,6 +97,10 @@ Result<Ok> Filesystem::FlushCache() {
   return fl->FlushAll();
 }
 
+void Filesystem::InterruptFlush() {
+  if (auto fl = flusher_.load()) fl->Interrupt();
+}
+
 void Filesystem::FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done) {
   auto fl = flusher_.load();
   if (!fl) return done(Ok{});

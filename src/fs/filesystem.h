@@ -117,6 +117,10 @@ class Filesystem {
   Result<Ok> DetachCache();
   // Write-back: every dirty page to the server now (waits); Ok without one.
   Result<Ok> FlushCache();
+  // Write-back: gives up flushing for good (the process is told to end):
+  // a FlushCache() waiting returns EINTR, the dirty pages stay in the cache
+  // (Flusher::Interrupt). Any thread.
+  void InterruptFlush();
 
   const FsOptions& options() const { return opts_; }
   InodeTable& inodes() { return inodes_; }

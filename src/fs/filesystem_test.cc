@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -1023,6 +1024,59 @@ TEST(FakeNfsTest, DestructorFailsQueuedCallsWithEio) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().err, EIO);
   }
+}
+
+// ------------------------------------------------------------ write-back
+
+// A mount with an SSD cache in write-back mode (in a fresh directory).
+class WriteBackTest : public FilesystemTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/mpnfs-fs-wb-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    cache::CacheOptions o;
+    o.dir = dir_;
+    o.size = 1 << 20;
+    o.block = 64 << 10;
+    o.mode = cache::CacheMode::kWriteBack;
+    o.dirty_age_s = 3600;
+    auto c = cache::BlockCache::Open(o);
+    ASSERT_TRUE(c.ok()) << c.error().what;
+    cache_ = std::move(c.value());
+    fs_ = std::make_unique<Filesystem>(nfs_, nfs_.root(), FsOptions{}, cache_);
+  }
+  void TearDown() override {
+    FilesystemTest::TearDown();
+    cache_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  uint64_t Dirty() const { return cache_->Stats().dirty_bytes; }
+
+  std::string dir_;
+  std::shared_ptr<cache::BlockCache> cache_;
+};
+
+TEST_F(WriteBackTest, InterruptEndsAFlushTheServerNeverAnswers) {
+  OpenFile* f = CreateWith("f", Pattern(8192, 3));
+  ASSERT_NE(f, nullptr);
+  const uint64_t dirty = Dirty();
+  ASSERT_GT(dirty, 0u) << "the write should be in the cache only";
+  nfs_.Pause();  // the server answers nothing from now on
+  auto flush = std::async(std::launch::async, [this] { return fs_->FlushCache(); });
+  ASSERT_TRUE(nfs_.WaitPending(1));  // the flush's WRITE waits for the server
+  fs_->InterruptFlush();
+  auto r = flush.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, EINTR);
+  EXPECT_EQ(Dirty(), dirty) << "unflushed data stays in the cache for the next mount";
+  // Nothing more is sent, and the abandoned round's late answer changes nothing.
+  nfs_.Resume();
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kCommit), 0u);
+  auto again = fs_->FlushCache();
+  EXPECT_FALSE(again.ok());
+  EXPECT_EQ(Dirty(), dirty);
+  fs_->Release(f);
 }
 
 }  // namespace

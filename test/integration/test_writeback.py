@@ -342,6 +342,13 @@ def test_flushes_write_as_the_user_who_wrote(mount_factory, cache_dir, tmp_path)
     assert server_bytes(f"wb-users/{f.name}") == bytes(data)
 
 
+def wait_for_log(m, text, timeout=60):
+    deadline = time.time() + timeout
+    while text not in m.log_text():
+        assert m.proc.poll() is None and time.time() < deadline, m.log_text()
+        time.sleep(0.1)
+
+
 def test_unmount_and_mount_again_at_once(bed, mount_factory, cache_dir):
     """A script that unmounts and mounts again at once: the unmount returns
     while the gateway still flushes (a slow link here), and the new mount
@@ -368,3 +375,30 @@ def test_unmount_and_mount_again_at_once(bed, mount_factory, cache_dir):
     assert m.proc.wait(timeout=60) == 0
     assert server_bytes(f.name) == bytes(data)
 
+
+def test_sigterm_ends_a_flush_to_a_server_that_is_gone(bed, mount_factory, cache_dir):
+    """At unmount the gateway flushes; with the server unreachable a hard
+    mount would wait for ever. SIGTERM ends it at once, the unflushed writes
+    stay in the cache, and the next mount flushes them."""
+    m = mount_factory(wb_opts(cache_dir))
+    f, data = file_with_dirty_pieces(m, "wb-sigterm", 2, 15, 65536)
+    assert cache_stats(m)["dirty_bytes"] > 0
+    bed.link("down", 1)
+    try:
+        r = subprocess.run(["fusermount3", "-u", str(m.path)], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(m.path)], check=True)
+        wait_for_log(m, "flushing")  # now stuck: the server is gone
+        os.kill(m.pid, signal.SIGTERM)
+        try:
+            m.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the gateway ignored SIGTERM while flushing:\n" + m.log_text())
+        assert "stay in" in m.log_text(), m.log_text()
+    finally:
+        bed.link("up", 1)
+    assert owner_record()  # still claimed: the cache holds unflushed writes
+    assert server_bytes(f.name) != bytes(data)
+    m2 = mount_factory(wb_opts(cache_dir))
+    assert "left by an earlier mount" in m2.log_text()
+    assert server_bytes(f.name) == bytes(data)
