@@ -335,23 +335,19 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     }
   }
   // The write-back ownership record (fs/owner.h): a write-back cache claims
-  // the export; nothing else mounts it while a record names another cache.
+  // the export (atomically: of two gateways starting together, one wins);
+  // nothing else mounts it while a record names another cache.
   const bool wb = cache && cache->mode() == cache::CacheMode::kWriteBack;
   {
-    auto owner = fs::ReadOwner(nfs, *root);
+    auto owner = wb ? fs::ClaimOwner(nfs, *root, m.cache.dir, cache->id()) : fs::ReadOwner(nfs, *root);
     if (!owner) {
-      rep.Done(kExitMountFailed, "mpnfs: " + owner.error().what);
+      rep.Done(kExitMountFailed, "mpnfs: " + std::string(wb ? "cannot claim the export for write-back: " : "") +
+                                     owner.error().what);
       return kExitMountFailed;
     }
-    if (*owner && (!wb || (*owner)->cache_id != cache->id())) {
+    if (*owner) {
       rep.Done(kExitMountFailed, "mpnfs: " + fs::OwnerRefusal(**owner, m.server + ":" + m.export_path));
       return kExitMountFailed;
-    }
-    if (wb) {
-      if (auto r = fs::ClaimOwner(nfs, *root, m.cache.dir, cache->id()); !r) {
-        rep.Done(kExitMountFailed, "mpnfs: cannot write the write-back ownership record: " + r.error().what);
-        return kExitMountFailed;
-      }
     }
   }
   const uint64_t dirty_at_start = wb ? cache->Stats().dirty_bytes : 0;

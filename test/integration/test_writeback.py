@@ -213,6 +213,43 @@ def test_ownership_record_keeps_other_mounts_out(mount_factory, cache_dir, tmp_p
     assert (m2.path).is_dir()
 
 
+
+def test_two_gateways_started_together_exactly_one_mounts(bed, tmp_path):
+    """Two write-back gateways with different caches start at the same moment on
+    one export, ten times: each time exactly one mounts, and the other exits
+    with the refusal naming the ownership record."""
+    for rnd in range(10):
+        procs, mps, logs = [], [], []
+        for k in range(2):
+            cache = tmp_path / f"cache-{rnd}-{k}"
+            cache.mkdir()
+            mp = tmp_path / f"mp-{rnd}-{k}"
+            mp.mkdir()
+            mps.append(mp)
+        for k in range(2):  # back to back
+            proc, log = start_mount(mps[k], wb_opts(tmp_path / f"cache-{rnd}-{k}"))
+            procs.append(proc)
+            logs.append(log)
+        gateways = [Mount(mps[k], procs[k], logs[k]) for k in range(2)]
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and not all(is_mounted(mp) or p.poll() is not None
+                                                      for mp, p in zip(mps, procs)):
+                time.sleep(0.05)
+            text = "\n".join(g.log_text() for g in gateways)
+            up = [k for k in range(2) if is_mounted(mps[k])]
+            assert len(up) == 1, f"round {rnd}: {len(up)} mounted\n{text}"
+            loser = gateways[1 - up[0]]
+            assert loser.proc.wait(timeout=30) == 32, text
+            refusal = loser.log_text()
+            assert ("owned by the write-back cache" in refusal or
+                    "being claimed by another write-back cache" in refusal), refusal
+        finally:
+            for g in gateways:
+                g.unmount()
+        assert not owner_record(), f"round {rnd}: the winner's unmount frees the export"
+
+
 def test_fsync_server_truncate_and_o_sync(mount_factory, cache_dir):
     m = mount_factory(wb_opts(cache_dir, "wb_fsync=server"))
     f = m.path / "wb-fsync"
