@@ -159,6 +159,7 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
   out.st = ToStat(a, opts_.wsize);
   {
     std::lock_guard lock(inode->mu);
+    inode->mode = a.mode;
     if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
     // Removed while open: the hidden name is not a link the user made.
     if (inode->silly && out.st.st_nlink > 0) out.st.st_nlink--;

@@ -1079,5 +1079,50 @@ TEST_F(WriteBackTest, InterruptEndsAFlushTheServerNeverAnswers) {
   fs_->Release(f);
 }
 
+// A root-owned file with `mode`, in the root; its inode number.
+uint64_t SetuidFile(Filesystem& fs, const std::string& name, uint32_t mode) {
+  const Cred root{0, 0, {}};
+  auto c = Wait<std::pair<EntryOut, OpenOut>>(
+      [&](auto cb) { fs.Create(root, kRoot, name, 0644, O_CREAT | O_WRONLY, cb); });
+  EXPECT_TRUE(c.ok()) << c.error().what;
+  if (!c) return 0;
+  fs.Release(c->second.file);
+  nfs::SetAttr sa;
+  sa.mode = mode;
+  auto a = Wait<AttrOut>([&](auto cb) { fs.Setattr(root, c->first.ino, sa, cb); });
+  EXPECT_TRUE(a.ok() && (a->st.st_mode & 07777) == mode);
+  return c->first.ino;
+}
+
+TEST_F(WriteBackTest, ANonRootWriteClearsSetuidAndSetgidWhenItIsTaken) {
+  for (uint32_t mode : {04777u, 02777u, 06777u}) {
+    const std::string name = "suid-" + std::to_string(mode);
+    const uint64_t ino = SetuidFile(*fs_, name, mode);
+    auto o = Open(ino, O_WRONLY);
+    ASSERT_TRUE(o.ok()) << o.error().what;
+    ASSERT_TRUE(Write(o->file, "user data", 4096).ok());  // cred_: uid 1000
+    auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, ino, cb); });
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->st.st_mode & 07777, 0777u) << std::oct << mode;
+    EXPECT_EQ(ContentsOf(name).substr(4096), "user data");
+    Close(o->file);
+  }
+  EXPECT_EQ(Dirty(), 0u);
+}
+
+TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {
+  const uint64_t ino = SetuidFile(*fs_, "suid", 04755);
+  const Cred root{0, 0, {}};
+  auto o = Wait<OpenOut>([&](auto cb) { fs_->Open(root, ino, O_WRONLY, cb); });
+  ASSERT_TRUE(o.ok());
+  auto w = Wait<size_t>([&](auto cb) { fs_->Write(root, o->file, Buf("root data"), 4096, cb); });
+  ASSERT_TRUE(w.ok());
+  EXPECT_GT(Dirty(), 0u);
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(root, ino, cb); });
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->st.st_mode & 07777, 04755u);
+  fs_->Release(o->file);
+}
+
 }  // namespace
 }  // namespace mpnfs::fs

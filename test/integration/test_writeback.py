@@ -439,3 +439,26 @@ def test_sigterm_ends_a_flush_to_a_server_that_is_gone(bed, mount_factory, cache
     m2 = mount_factory(wb_opts(cache_dir))
     assert "left by an earlier mount" in m2.log_text()
     assert server_bytes(f.name) == bytes(data)
+
+
+@pytest.mark.parametrize("mode", [0o4777, 0o2777])
+def test_a_users_write_clears_setuid_and_setgid_at_once(mount_factory, cache_dir, mode):
+    """As on a local filesystem, a write by a user other than root clears the
+    setuid and setgid bits when it is taken, not when the cache is flushed
+    (pjdfstest chmod/12.t), even over unflushed writes of root's."""
+    m = mount_factory(wb_opts(cache_dir, "allow_other"))
+    d = m.path / "wb-suid"
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o777)
+    f = d / f"prog-{mode:o}"
+    f.write_bytes(b"\0" * 8192)  # in the cache, unflushed
+    os.chmod(f, mode)
+    assert os.stat(f).st_mode & 0o7777 == mode
+    script = f"import os; fd = os.open({str(f)!r}, os.O_WRONLY); os.pwrite(fd, b'u' * 100, 4000)"
+    r = subprocess.run(["setpriv", "--reuid=20002", "--regid=20002", "--clear-groups",
+                        sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert os.stat(f).st_mode & 0o7777 == 0o777
+    assert os.stat(os.path.join(EXPORT, "wb-suid", f.name)).st_mode & 0o7777 == 0o777
+    assert f.read_bytes() == b"\0" * 4000 + b"u" * 100 + b"\0" * 4092
+
