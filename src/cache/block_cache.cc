@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "cache/cache_dir.h"
 #include "common/log.h"
 
 namespace mpnfs::cache {
@@ -64,18 +65,13 @@ Result<std::unique_ptr<BlockCache>> BlockCache::Open(const CacheOptions& opts) {
 
 Result<bool> BlockCache::Init() {
   const std::string& dir = opts_.dir;
-  struct stat st{};
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Error::Errno(ENOENT, "cache_dir " + dir + ": not a directory");
-  }
+  if (auto trusted = CheckCacheDir(dir); !trusted) return trusted.error();
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return Error::Errno(EACCES, "cache_dir " + dir + ": not writable");
   }
-  lock_fd_ = open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock_fd_ < 0) return Sys("cache_dir " + dir + "/lock");
-  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    return Error::Errno(EBUSY, "cache_dir " + dir + " is in use by another mount");
-  }
+  auto lock = LockCacheDir(dir, opts_.lock_wait);
+  if (!lock) return lock.error();
+  lock_fd_ = *lock;
 
   const std::string data_path = dir + "/data", index_path = dir + "/" + Index::kName;
   // Size: cache_size, but never more than the filesystem can hold while

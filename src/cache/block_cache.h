@@ -151,6 +151,8 @@ struct CacheOptions {
   bool flush_on_unmount = true;   // wb_noflush clears it
   Disk* disk = nullptr;           // the file-I/O seam; nullptr: RealDisk()
   uint32_t index_per_page = 0;    // tests: records per index page (index.h); 0: all that fit
+  // How long Open() waits for another mount to release the directory.
+  std::chrono::seconds lock_wait{0};
 };
 
 struct CacheStats {
@@ -207,8 +209,8 @@ struct DirtyRun {
 
 class BlockCache {
  public:
-  // Opens (or creates) the cache in opts.dir, which must exist and be
-  // writable. Loads the blocks a previous mount left (a warm cache).
+  // Opens (or creates) the cache in opts.dir, which must exist, be
+  // writable and pass CheckCacheDir (cache_dir.h). Loads the blocks a previous mount left (a warm cache).
   static Result<std::unique_ptr<BlockCache>> Open(const CacheOptions& opts);
   // Finishes pending stores, records each file's latest validated version
   // with its blocks (so they are warm at the next mount), syncs, unlocks.

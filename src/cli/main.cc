@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/control.h"
@@ -77,6 +78,89 @@ std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng
   return "error: unknown command '" + cmd + "'\n";
 }
 
+// SIGTERM, SIGINT and SIGHUP during the work of a write-back unmount (FUSE's
+// own handlers, which turn them into an unmount, are gone by then): the
+// process is told to end. The handler only writes the signal number to a
+// pipe; its write end is the one piece of global state it needs.
+int g_stop_pipe = -1;
+
+void OnStopSignal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t n = write(g_stop_pipe, &b, 1);
+  (void)n;
+}
+
+class StopSignals {
+ public:
+  StopSignals() {
+    if (pipe2(fds_, O_CLOEXEC) != 0) return;
+    g_stop_pipe = fds_[1];
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    if (fds_[0] < 0) return;
+    for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    g_stop_pipe = -1;
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The work is done (any thread).
+  void Done() { OnStopSignal(0); }
+  // Until Done() or a signal: 0, or the signal's number. (Without a pipe:
+  // 0 at once, and the caller waits for the work uninterruptibly.)
+  int Wait() {
+    unsigned char b = 0;
+    while (fds_[0] >= 0 && read(fds_[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    return b;
+  }
+
+ private:
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
+  int fds_[2] = {-1, -1};
+  struct sigaction old_[std::size(kSignals)] {};
+};
+
+// Unmount of a write-back mount: the cached writes go to the server
+// (unless wb_noflush), and the ownership record goes once nothing is left
+// dirty. On a hard mount to a server that has gone away that waits for
+// ever; a stop signal ends it, leaving what is not flushed in the cache for
+// the next mount (the record then stays).
+void FinishWriteBack(fs::Filesystem& filesystem, cache::BlockCache& c, engine::Engine& eng,
+                     nfs::Nfs3& nfs, const nfs::Fh& root) {
+  auto log = Log("mount");
+  StopSignals signals;
+  std::thread work([&] {
+    if (const uint64_t dirty = c.Stats().dirty_bytes; dirty > 0 && c.options().flush_on_unmount) {
+      log->info("flushing {} KiB of write-back data to the server before exiting (SIGTERM or "
+                "SIGINT stops it, leaving them in {})",
+                dirty >> 10, c.options().dir);
+      if (auto r = filesystem.FlushCache(); !r) log->error("flush at unmount failed: {}", r.error().what);
+    }
+    if (c.Stats().dirty_bytes == 0) {
+      if (auto r = fs::ReleaseOwner(nfs, root); !r) {
+        log->warn("removing {}: {}", fs::kOwnerName, r.error().what);
+      }
+    }
+    signals.Done();
+  });
+  if (const int sig = signals.Wait(); sig != 0) {
+    log->warn("{}: stopping the flush at unmount", strsignal(sig));
+    filesystem.InterruptFlush();
+    eng.Stop();  // calls still waiting for the server end now
+  }
+  work.join();
+  if (const uint64_t left = c.Stats().dirty_bytes; left > 0) {
+    log->warn("{} KiB of write-back data stay in {} (flushed at the next mount there)", left >> 10,
+              c.options().dir);
+  }
+}
 
 constexpr int kExitUsage = 1;
 constexpr int kExitMountFailed = 32;
@@ -251,23 +335,19 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     }
   }
   // The write-back ownership record (fs/owner.h): a write-back cache claims
-  // the export; nothing else mounts it while a record names another cache.
+  // the export (atomically: of two gateways starting together, one wins);
+  // nothing else mounts it while a record names another cache.
   const bool wb = cache && cache->mode() == cache::CacheMode::kWriteBack;
   {
-    auto owner = fs::ReadOwner(nfs, *root);
+    auto owner = wb ? fs::ClaimOwner(nfs, *root, m.cache.dir, cache->id()) : fs::ReadOwner(nfs, *root);
     if (!owner) {
-      rep.Done(kExitMountFailed, "mpnfs: " + owner.error().what);
+      rep.Done(kExitMountFailed, "mpnfs: " + std::string(wb ? "cannot claim the export for write-back: " : "") +
+                                     owner.error().what);
       return kExitMountFailed;
     }
-    if (*owner && (!wb || (*owner)->cache_id != cache->id())) {
+    if (*owner) {
       rep.Done(kExitMountFailed, "mpnfs: " + fs::OwnerRefusal(**owner, m.server + ":" + m.export_path));
       return kExitMountFailed;
-    }
-    if (wb) {
-      if (auto r = fs::ClaimOwner(nfs, *root, m.cache.dir, cache->id()); !r) {
-        rep.Done(kExitMountFailed, "mpnfs: cannot write the write-back ownership record: " + r.error().what);
-        return kExitMountFailed;
-      }
     }
   }
   const uint64_t dirty_at_start = wb ? cache->Stats().dirty_bytes : 0;
@@ -352,26 +432,13 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   fuse_loop_cfg_destroy(cfg);
   control.reset();
   fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
   if (auto c = filesystem.cache(); c && c->mode() == cache::CacheMode::kWriteBack) {
-    // Unmount: the cached writes go to the server (unless wb_noflush); the
-    // ownership record goes once nothing is left dirty.
-    if (c->options().flush_on_unmount) {
-      if (auto r = filesystem.FlushCache(); !r) log->error("flush at unmount failed: {}", r.error().what);
-    }
-    const auto left = c->Stats().dirty_bytes;
-    if (left == 0) {
-      if (auto r = fs::ReleaseOwner(nfs, *root); !r) {
-        log->warn("removing {}: {}", fs::kOwnerName, r.error().what);
-      }
-    } else {
-      log->warn("{} KiB of write-back data stay in {} (flushed at the next mount there)", left >> 10,
-                m.cache.dir);
-    }
+    FinishWriteBack(filesystem, *c, eng, nfs, *root);
   }
   // Calls still pending complete (with an error) and reply while the session
   // object exists; only then is it destroyed.
   eng.Stop();
-  fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);
   log->info("unmounted {}", m.mountpoint);
   return rc == 0 ? 0 : kExitMountFailed;

@@ -269,6 +269,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
   m.engine.timeo = std::chrono::milliseconds(timeo_ds * 100);
   m.engine.connect_timeout = std::min<std::chrono::milliseconds>(
       m.engine.timeo, std::chrono::seconds(m.mount_timeout_s));
+  // A cache_dir still held by an earlier mount (flushing after its unmount
+  // returned) is waited for as long as a mount may take.
+  m.cache.lock_wait = std::chrono::seconds(m.mount_timeout_s);
   return m;
 }
 

@@ -128,13 +128,23 @@ void Connection::Deliver(std::shared_ptr<Request> r) {
   Uncharge(*r);
   Charge(*r);
   stats_.queued.fetch_add(1, std::memory_order_relaxed);
-  loop_->Post(this, std::move(r));
+  if (!loop_->Post(this, r)) {
+    // Submitted as the engine stopped, after the loop's last look at its
+    // mailbox: nobody else will complete it.
+    stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+    Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "engine stopped"});
+  }
 }
 
 void Connection::Enqueue(std::shared_ptr<Request> r) {
   if (r->done) {
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
     Uncharge(*r);
+    return;
+  }
+  if (shut_down_) {  // delivered while the loop ended
+    stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+    Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "shutdown"});
     return;
   }
   if (state_ == State::kDown) {
@@ -492,6 +502,7 @@ void Connection::OnTimer(Clock::time_point now) {
 }
 
 void Connection::Shutdown() {
+  shut_down_ = true;
   closing_ = true;
   if (t_) t_->Close();
   t_.reset();

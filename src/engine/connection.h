@@ -80,6 +80,7 @@ class Connection : public TransportSink {
   // The earliest time OnTimer() has something to do.
   Clock::time_point NextDeadline() const { return next_check_; }
   void Pump();
+  // Ends every call with kShutdown, and those delivered later too.
   void Shutdown();
   // Sends a NULL probe unless one is out or the server was just heard.
   void ProbeNow();
@@ -135,6 +136,7 @@ class Connection : public TransportSink {
   std::atomic<bool> up_{false};
   std::atomic<int> state_pub_{0};
   bool closing_ = false;
+  bool shut_down_ = false;  // Shutdown() ran: the loop is ending
   bool servicing_ = false;
   bool connect_failed_ = false;
   std::string fail_reason_;

@@ -121,8 +121,8 @@ void Engine::SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCal
                          const Cred& cred) {
   if (stopped_ || loops_.empty()) return Submit(std::move(call), cred);
   Loop* l = loops_[rr_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
-  l->RunAt(Clock::now() + delay,
-           [this, call = std::move(call), cred]() mutable { Submit(std::move(call), cred); });
+  auto later = [this, call, cred]() mutable { Submit(std::move(call), cred); };
+  if (!l->RunAt(Clock::now() + delay, std::move(later))) Submit(std::move(call), cred);  // stopped
 }
 
 std::vector<ConnectionStats> Engine::Stats() const {

@@ -105,7 +105,8 @@ class Engine {
 
   // Starts the loops and the first connects. REQUIRES: not started.
   void Start();
-  // Stops the loops; calls not yet complete end with kShutdown. Idempotent.
+  // Stops the loops; calls not yet complete end with kShutdown, and so do
+  // calls other threads submit meanwhile or later. Idempotent.
   void Stop();
 
   // Sends `call` with `cred`. Complete() is called exactly once, on a loop thread.

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
+#include <thread>
 
+#include "engine/event_loop.h"
 #include "test/fakes/fake_transport.h"
 
 namespace mpnfs::engine {
@@ -331,6 +334,50 @@ TEST_F(EngineTest, StopCompletesPendingCallsWithShutdown) {
   auto late = std::make_shared<ProbeCall>();
   e->Submit(late, Cred{});
   EXPECT_EQ(Await(late).first, CallStatus::kShutdown);
+}
+
+TEST_F(EngineTest, EveryCallSubmittedWhileTheEngineStopsCompletes) {
+  // A thread submits while the owner stops the engine (the unmount of a
+  // gateway interrupted by SIGTERM): a call that passed the "stopped" check
+  // just before Stop() and reached the loop just after its last look at the
+  // mailbox was lost, and its submitter waited for ever.
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  for (int round = 0; round < 200; ++round) {
+    auto e = Make(Opts());
+    e->Start();
+    std::vector<std::shared_ptr<ProbeCall>> calls;
+    std::atomic<bool> go{true};
+    std::thread submitter([&] {
+      while (go) {
+        auto c = std::make_shared<ProbeCall>();
+        e->Submit(c, Cred{});
+        calls.push_back(c);
+      }
+    });
+    while (true) {  // until some are out
+      auto st = e->Stats();
+      if (st[0].calls + st[0].queued > 0) break;
+      std::this_thread::yield();
+    }
+    e->Stop();
+    go = false;
+    submitter.join();
+    for (const auto& c : calls) {
+      auto f = c->done.get_future();
+      ASSERT_EQ(f.wait_for(5s), std::future_status::ready) << "round " << round << ": a call was lost";
+      EXPECT_EQ(f.get().first, CallStatus::kShutdown);
+    }
+  }
+}
+
+TEST(LoopTest, WorkGivenToAnEndedLoopIsRefusedNotDropped) {
+  Loop loop(0);
+  loop.Start();
+  loop.Stop();
+  std::atomic<bool> ran{false};
+  EXPECT_FALSE(loop.Run([&] { ran = true; }));
+  EXPECT_FALSE(loop.RunAt(Clock::now(), [&] { ran = true; }));
+  EXPECT_FALSE(ran);
 }
 
 TEST_F(EngineTest, SubmitAfterWaitsThenSends) {

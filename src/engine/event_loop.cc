@@ -49,38 +49,44 @@ void Loop::Wake() {
   (void)n;  // EAGAIN means the counter is already non-zero: the loop will wake
 }
 
-void Loop::Post(Connection* c, std::shared_ptr<Request> r) {
+bool Loop::Post(Connection* c, std::shared_ptr<Request> r) {
   bool wake;
   {
     std::lock_guard lock(mu_);
+    if (ended_) return false;
     mail_.push_back(Delivery{c, std::move(r)});
     wake = !woken_ && !OnLoopThread();
     if (wake) woken_ = true;
   }
   if (wake) Wake();
+  return true;
 }
 
-void Loop::Run(std::function<void()> fn) {
+bool Loop::Run(std::function<void()> fn) {
   bool wake;
   {
     std::lock_guard lock(mu_);
+    if (ended_) return false;
     tasks_.push_back(std::move(fn));
     wake = !woken_ && !OnLoopThread();
     if (wake) woken_ = true;
   }
   if (wake) Wake();
+  return true;
 }
 
-void Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
+bool Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
   bool wake;
   {
     std::lock_guard lock(mu_);
+    if (ended_) return false;
     const bool earliest = timers_.empty() || when < timers_.begin()->first;
     timers_.emplace(when, std::move(fn));
     wake = earliest && !woken_ && !OnLoopThread();
     if (wake) woken_ = true;
   }
   if (wake) Wake();
+  return true;
 }
 
 void Loop::SyncPoll(Connection* c) {
@@ -176,7 +182,24 @@ void Loop::Main() {
     timers.swap(timers_);
   }
   for (auto& [when, fn] : timers) fn();
-  DrainMailbox();  // calls completed by the shutdown may have posted more
+  // Calls completed by the shutdown may have posted more; whatever is
+  // posted from now on is refused (Post and Run say so), never lost here.
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (mail_.empty() && tasks_.empty() && timers_.empty()) {
+        ended_ = true;
+        break;
+      }
+    }
+    DrainMailbox();
+    std::multimap<Clock::time_point, std::function<void()>> late;
+    {
+      std::lock_guard lock(mu_);
+      late.swap(timers_);
+    }
+    for (auto& [when, fn] : late) fn();
+  }
 }
 
 }  // namespace mpnfs::engine

@@ -35,11 +35,15 @@ class Loop {
   void Stop();
 
   // Any thread: deliver `r` to `c` (which must belong to this loop).
-  void Post(Connection* c, std::shared_ptr<Request> r);
-  // Any thread: run `fn` on the loop thread.
-  void Run(std::function<void()> fn);
-  // Any thread: run `fn` on the loop thread once `when` has come.
-  void RunAt(Clock::time_point when, std::function<void()> fn);
+  // False once the loop has ended (after Stop()'s last look at its
+  // mailbox): `r` was not taken, and the caller must complete it.
+  bool Post(Connection* c, std::shared_ptr<Request> r);
+  // Any thread: run `fn` on the loop thread. False once the loop has ended:
+  // `fn` will never run.
+  bool Run(std::function<void()> fn);
+  // Any thread: run `fn` on the loop thread once `when` has come (or when
+  // the loop stops, whichever is first). False once the loop has ended.
+  bool RunAt(Clock::time_point when, std::function<void()> fn);
 
   bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
@@ -65,6 +69,7 @@ class Loop {
   std::vector<std::function<void()>> tasks_ GUARDED_BY(mu_);
   std::multimap<Clock::time_point, std::function<void()>> timers_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
+  bool ended_ GUARDED_BY(mu_) = false;  // the mailbox is closed for good
   bool woken_ GUARDED_BY(mu_) = false;
 };
 

@@ -97,6 +97,10 @@ Result<Ok> Filesystem::FlushCache() {
   return fl->FlushAll();
 }
 
+void Filesystem::InterruptFlush() {
+  if (auto fl = flusher_.load()) fl->Interrupt();
+}
+
 void Filesystem::FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done) {
   auto fl = flusher_.load();
   if (!fl) return done(Ok{});
@@ -155,6 +159,7 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
   out.st = ToStat(a, opts_.wsize);
   {
     std::lock_guard lock(inode->mu);
+    inode->mode = a.mode;
     if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
     // Removed while open: the hidden name is not a link the user made.
     if (inode->silly && out.st.st_nlink > 0) out.st.st_nlink--;

@@ -15,6 +15,11 @@
 // unstable data) the kept data is sent again with FILE_SYNC. fsync and close
 // (flush, close-to-open) return only after that. Each file's kept data is
 // bounded: past `commit_threshold` a COMMIT starts in the background.
+// With a write-back SSD cache a write goes to the cache instead, except a
+// write by someone other than root to a file whose last known mode has
+// setuid or setgid: that one goes to the server at once, which clears
+// the bits (by its rules, as a local filesystem does when it takes the
+// write); the attributes the kernel fetches next show it.
 //
 // Sizes. Servers have coarse ctime (NFS-Ganesha: 4 ms ticks), so two replies
 // can carry the same ctime and arrive in any order. The size reported for a
@@ -117,6 +122,10 @@ class Filesystem {
   Result<Ok> DetachCache();
   // Write-back: every dirty page to the server now (waits); Ok without one.
   Result<Ok> FlushCache();
+  // Write-back: gives up flushing for good (the process is told to end):
+  // a FlushCache() waiting returns EINTR, the dirty pages stay in the cache
+  // (Flusher::Interrupt). Any thread.
+  void InterruptFlush();
 
   const FsOptions& options() const { return opts_; }
   InodeTable& inodes() { return inodes_; }
@@ -198,6 +207,8 @@ class Filesystem {
                  std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt);
   // The NFS write path (write-behind for page-cache opens, else synchronous).
   void WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
+  // Write-back mounts: to the server, after the file's unflushed writes it overlaps.
+  void WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
   // The file's dirty cache pages to the server (now if there is no flusher).
   void FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done);
   void CommitAfterDrain(OpenFile* f, Cb<Ok> cb);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -1023,6 +1024,104 @@ TEST(FakeNfsTest, DestructorFailsQueuedCallsWithEio) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().err, EIO);
   }
+}
+
+// ------------------------------------------------------------ write-back
+
+// A mount with an SSD cache in write-back mode (in a fresh directory).
+class WriteBackTest : public FilesystemTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/mpnfs-fs-wb-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    cache::CacheOptions o;
+    o.dir = dir_;
+    o.size = 1 << 20;
+    o.block = 64 << 10;
+    o.mode = cache::CacheMode::kWriteBack;
+    o.dirty_age_s = 3600;
+    auto c = cache::BlockCache::Open(o);
+    ASSERT_TRUE(c.ok()) << c.error().what;
+    cache_ = std::move(c.value());
+    fs_ = std::make_unique<Filesystem>(nfs_, nfs_.root(), FsOptions{}, cache_);
+  }
+  void TearDown() override {
+    FilesystemTest::TearDown();
+    cache_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  uint64_t Dirty() const { return cache_->Stats().dirty_bytes; }
+
+  std::string dir_;
+  std::shared_ptr<cache::BlockCache> cache_;
+};
+
+TEST_F(WriteBackTest, InterruptEndsAFlushTheServerNeverAnswers) {
+  OpenFile* f = CreateWith("f", Pattern(8192, 3));
+  ASSERT_NE(f, nullptr);
+  const uint64_t dirty = Dirty();
+  ASSERT_GT(dirty, 0u) << "the write should be in the cache only";
+  nfs_.Pause();  // the server answers nothing from now on
+  auto flush = std::async(std::launch::async, [this] { return fs_->FlushCache(); });
+  ASSERT_TRUE(nfs_.WaitPending(1));  // the flush's WRITE waits for the server
+  fs_->InterruptFlush();
+  auto r = flush.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, EINTR);
+  EXPECT_EQ(Dirty(), dirty) << "unflushed data stays in the cache for the next mount";
+  // Nothing more is sent, and the abandoned round's late answer changes nothing.
+  nfs_.Resume();
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kCommit), 0u);
+  auto again = fs_->FlushCache();
+  EXPECT_FALSE(again.ok());
+  EXPECT_EQ(Dirty(), dirty);
+  fs_->Release(f);
+}
+
+// A root-owned file with `mode`, in the root; its inode number.
+uint64_t SetuidFile(Filesystem& fs, const std::string& name, uint32_t mode) {
+  const Cred root{0, 0, {}};
+  auto c = Wait<std::pair<EntryOut, OpenOut>>(
+      [&](auto cb) { fs.Create(root, kRoot, name, 0644, O_CREAT | O_WRONLY, cb); });
+  EXPECT_TRUE(c.ok()) << c.error().what;
+  if (!c) return 0;
+  fs.Release(c->second.file);
+  nfs::SetAttr sa;
+  sa.mode = mode;
+  auto a = Wait<AttrOut>([&](auto cb) { fs.Setattr(root, c->first.ino, sa, cb); });
+  EXPECT_TRUE(a.ok() && (a->st.st_mode & 07777) == mode);
+  return c->first.ino;
+}
+
+TEST_F(WriteBackTest, ANonRootWriteClearsSetuidAndSetgidWhenItIsTaken) {
+  for (uint32_t mode : {04777u, 02777u, 06777u}) {
+    const std::string name = "suid-" + std::to_string(mode);
+    const uint64_t ino = SetuidFile(*fs_, name, mode);
+    auto o = Open(ino, O_WRONLY);
+    ASSERT_TRUE(o.ok()) << o.error().what;
+    ASSERT_TRUE(Write(o->file, "user data", 4096).ok());  // cred_: uid 1000
+    auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, ino, cb); });
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->st.st_mode & 07777, 0777u) << std::oct << mode;
+    EXPECT_EQ(ContentsOf(name).substr(4096), "user data");
+    Close(o->file);
+  }
+  EXPECT_EQ(Dirty(), 0u);
+}
+
+TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {
+  const uint64_t ino = SetuidFile(*fs_, "suid", 04755);
+  const Cred root{0, 0, {}};
+  auto o = Wait<OpenOut>([&](auto cb) { fs_->Open(root, ino, O_WRONLY, cb); });
+  ASSERT_TRUE(o.ok());
+  auto w = Wait<size_t>([&](auto cb) { fs_->Write(root, o->file, Buf("root data"), 4096, cb); });
+  ASSERT_TRUE(w.ok());
+  EXPECT_GT(Dirty(), 0u);
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(root, ino, cb); });
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->st.st_mode & 07777, 04755u);
+  fs_->Release(o->file);
 }
 
 }  // namespace

@@ -34,6 +34,14 @@ struct Call {
 
 }  // namespace
 
+struct Flusher::RoundState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Call> calls;  // guarded by mu once sent
+  size_t left = 0;          // calls not answered yet
+  std::map<std::string, Result<nfs::CommitReply>> commits;
+};
+
 Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
                  WriteHook before_write)
     : nfs_(nfs),
@@ -66,6 +74,19 @@ void Flusher::Flush(const std::string& fh, std::function<void(Result<Ok>)> done)
   done(Error::Errno(EIO, "the flusher stopped"));
 }
 
+void Flusher::Interrupt() {
+  std::shared_ptr<RoundState> r;
+  {
+    std::lock_guard lock(send_mu_);
+    interrupted_ = true;
+    r = std::move(round_);
+  }
+  if (r) {
+    std::lock_guard lock(r->mu);
+    r->cv.notify_all();
+  }
+}
+
 Result<Ok> Flusher::FlushAll() {
   std::promise<Result<Ok>> p;
   auto f = p.get_future();
@@ -75,6 +96,7 @@ Result<Ok> Flusher::FlushAll() {
 
 Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
                                 std::chrono::steady_clock::time_point older_than, bool* pending) {
+  if (interrupted_) return Error::Errno(EINTR, "flushing interrupted");
   std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than);
   *pending = !runs.empty();
   if (runs.empty()) return uint64_t{0};
@@ -100,68 +122,82 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     c.len = r.data.size();
     calls.push_back(std::move(c));
   }
-  // Send every WRITE, then wait for all.
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t left = calls.size();
-  for (auto& c : calls) {
-    const size_t len = c.len;
-    auto bytes = std::make_shared<nfs::Bytes>(len);
-    size_t at = 0;
-    for (size_t k : c.runs) {
-      std::copy(runs[k].data.begin(), runs[k].data.end(), bytes->data() + at);
-      at += runs[k].data.size();
+  // Send every WRITE, then wait for all. The calls' state lives as long as
+  // they do: an interrupted round stops waiting for them.
+  auto st = std::make_shared<RoundState>();
+  st->calls = std::move(calls);
+  auto send = [this, &st](auto&& fn) -> bool {
+    std::lock_guard lock(send_mu_);
+    if (interrupted_) return false;
+    round_ = st;
+    fn();
+    return true;
+  };
+  auto wait = [this, &st] {
+    std::unique_lock lock(st->mu);
+    st->cv.wait(lock, [&] { return st->left == 0 || interrupted_; });
+    return st->left == 0;
+  };
+  const bool sent = send([&] {
+    st->left = st->calls.size();
+    for (size_t i = 0; i < st->calls.size(); ++i) {
+      Call& c = st->calls[i];
+      const size_t len = c.len;
+      auto bytes = std::make_shared<nfs::Bytes>(len);
+      size_t at = 0;
+      for (size_t k : c.runs) {
+        std::copy(runs[k].data.begin(), runs[k].data.end(), bytes->data() + at);
+        at += runs[k].data.size();
+      }
+      c.buf = bytes;
+      const uint64_t token = cache_->WriteStart(c.fh, c.off, len, /*invalidate=*/false);
+      if (before_write_) before_write_(c.fh, c.off, len);
+      nfs_.Write(c.fh, c.off, c.buf, 0, len, /*stable=*/false, c.cred,
+                 [cache = cache_, st, i, token, len](Result<nfs::WriteReply> r) {
+                   Call& c = st->calls[i];
+                   const bool whole = r && r->count >= len;
+                   std::optional<cache::FileVersion> before, after;
+                   if (r && r->wcc.before) before = Version(*r->wcc.before);
+                   if (r && r->wcc.after) after = Version(*r->wcc.after);
+                   cache->WriteDone(c.fh, token, c.off, c.buf->data(), len, whole, false, before, after);
+                   std::lock_guard lock(st->mu);
+                   if (!r) {
+                     c.err = r.error();
+                   } else if (!whole) {
+                     c.err = Error::Errno(EIO, "short WRITE while flushing");
+                   } else {
+                     c.ok = true;
+                     c.stable = r->stable;
+                     if (!r->stable) c.verf = r->verf;
+                   }
+                   if (--st->left == 0) st->cv.notify_all();
+                 });
     }
-    c.buf = bytes;
-    const uint64_t token = cache_->WriteStart(c.fh, c.off, len, /*invalidate=*/false);
-    if (before_write_) before_write_(c.fh, c.off, len);
-    nfs_.Write(c.fh, c.off, c.buf, 0, len, /*stable=*/false, c.cred,
-               [this, &c, &mu, &cv, &left, token, len](Result<nfs::WriteReply> r) {
-                 const bool whole = r && r->count >= len;
-                 std::optional<cache::FileVersion> before, after;
-                 if (r && r->wcc.before) before = Version(*r->wcc.before);
-                 if (r && r->wcc.after) after = Version(*r->wcc.after);
-                 cache_->WriteDone(c.fh, token, c.off, c.buf->data(), len, whole, false, before, after);
-                 std::lock_guard lock(mu);
-                 if (!r) {
-                   c.err = r.error();
-                 } else if (!whole) {
-                   c.err = Error::Errno(EIO, "short WRITE while flushing");
-                 } else {
-                   c.ok = true;
-                   c.stable = r->stable;
-                   if (!r->stable) c.verf = r->verf;
-                 }
-                 if (--left == 0) cv.notify_all();
-               });
-  }
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return left == 0; });
-  }
+  });
+  if (!sent || !wait()) return Error::Errno(EINTR, "flushing interrupted");
   // COMMIT each file that took UNSTABLE writes.
   std::map<std::string, engine::Cred> files;
-  for (const auto& c : calls) {
+  for (const auto& c : st->calls) {
     if (c.ok && !c.stable) files.emplace(c.fh, c.cred);
   }
-  std::map<std::string, Result<nfs::CommitReply>> commits;
-  left = files.size();
-  for (const auto& [f, cred] : files) {
-    nfs_.Commit(f, cred, [&, f = f](Result<nfs::CommitReply> r) {
-      std::lock_guard lock(mu);
-      commits.emplace(f, std::move(r));
-      if (--left == 0) cv.notify_all();
-    });
-  }
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return left == 0; });
-  }
+  const bool committing = send([&] {
+    st->left = files.size();
+    for (const auto& [f, cred] : files) {
+      nfs_.Commit(f, cred, [st, f = f](Result<nfs::CommitReply> r) {
+        std::lock_guard lock(st->mu);
+        st->commits.emplace(f, std::move(r));
+        if (--st->left == 0) st->cv.notify_all();
+      });
+    }
+  });
+  if (!committing || !wait()) return Error::Errno(EINTR, "flushing interrupted");
+  auto& calls_done = st->calls;
+  auto& commits = st->commits;
   std::vector<cache::DirtyRun> clean;
   std::optional<Error> first_err;
   std::set<std::string> gone;
   uint64_t bytes = 0;
-  for (auto& c : calls) {
+  for (auto& c : calls_done) {
     bool ok = c.ok;
     if (ok && !c.stable) {
       auto it = commits.find(c.fh);
@@ -232,7 +268,7 @@ void Flusher::Main() {
       continue;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (now < retry_at) continue;
+    if (now < retry_at || interrupted_) continue;
     lock.unlock();
     // Background: watermarks, then age.
     const auto level = cache_->Dirty();

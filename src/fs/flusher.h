@@ -18,9 +18,17 @@
 // the server no longer has (ESTALE) cannot be written: its dirty pages are
 // dropped, with a warning.
 //
+// Interrupt. A flush to a server that has gone away waits for it on a hard
+// mount, for ever. Interrupt() (SIGTERM during the flush at unmount) makes
+// the flusher give up: the round in progress is abandoned (its calls end
+// when the engine stops, and change nothing in the cache but the fill
+// bookkeeping of WriteDone), nothing more is sent, and flush requests fail
+// with EINTR. The dirty pages stay dirty, for the next mount to flush.
+//
 // Thread safety: all public methods are thread safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -56,8 +64,12 @@ class Flusher {
   void Flush(const std::string& fh, std::function<void(Result<Ok>)> done);
   // Flush("") and wait.
   Result<Ok> FlushAll();
+  // Stops flushing for good (see above). On return the flusher sends
+  // nothing more; a FlushAll() waiting returns EINTR.
+  void Interrupt();
 
  private:
+  struct RoundState;
   struct Request {
     std::string fh;
     std::function<void(Result<Ok>)> done;
@@ -77,6 +89,11 @@ class Flusher {
   std::condition_variable cv_;
   std::deque<Request> requests_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
+  // Calls are sent under send_mu_, only while not interrupted_; round_ is
+  // the round waiting for its calls (Interrupt() wakes it).
+  std::mutex send_mu_;
+  std::atomic<bool> interrupted_{false};
+  std::shared_ptr<RoundState> round_ GUARDED_BY(send_mu_);
   std::thread thread_;
 };
 

@@ -47,6 +47,9 @@ class Inode {
   nfs::Time open_mtime GUARDED_BY(mu);
   uint64_t open_size GUARDED_BY(mu) = 0;
   bool have_open_attr GUARDED_BY(mu) = false;
+  // Permission bits (07777) in the attributes the server last reported
+  // (replies to GETATTR, SETATTR, LOOKUP, ..., and WRITE's post-op).
+  uint32_t mode GUARDED_BY(mu) = 0;
   // Adaptive attribute timeout (acregmin..acregmax / acdirmin..acdirmax).
   double ac_timeout GUARDED_BY(mu) = 0;
   nfs::Time ac_last_ctime GUARDED_BY(mu);

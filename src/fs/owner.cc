@@ -39,6 +39,7 @@ Result<std::optional<OwnerRecord>> ReadOwner(nfs::Client& nfs, const nfs::Fh& ro
   });
   if (!text) return Error::Errno(text.error().err, std::string("reading ") + kOwnerName + ": " + text.error().what);
   OwnerRecord rec;
+  rec.fh = l->fh;
   rec.text = *text;
   rec.host = Field(rec.text, "host");
   rec.cache_dir = Field(rec.text, "cache_dir");
@@ -46,8 +47,17 @@ Result<std::optional<OwnerRecord>> ReadOwner(nfs::Client& nfs, const nfs::Fh& ro
   return std::optional<OwnerRecord>(std::move(rec));
 }
 
-Result<Ok> ClaimOwner(nfs::Client& nfs, const nfs::Fh& root, const std::string& cache_dir,
-                      const std::string& id) {
+uint64_t OwnerVerifier(const std::string& id) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : id) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+Result<std::optional<OwnerRecord>> ClaimOwner(nfs::Client& nfs, const nfs::Fh& root,
+                                              const std::string& cache_dir, const std::string& id) {
   const engine::Cred root_cred;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -60,30 +70,53 @@ Result<Ok> ClaimOwner(nfs::Client& nfs, const nfs::Fh& root, const std::string& 
                                        "unflushed data (mpnfs(8))\n") +
                            "host: " + host + "\ncache_dir: " + cache_dir + "\ncache_id: " + id +
                            "\nsince: " + when + "\n";
-  nfs::SetAttr sa;
-  sa.mode = 0644;
-  sa.size = 0;
-  auto made = Wait<nfs::NewObject>([&](nfs::Cb<nfs::NewObject> cb) {
-    nfs.Create(root, kOwnerName, nfs::CreateMode::kUnchecked, sa, 0, root_cred, std::move(cb));
-  });
-  if (!made) return Error::Errno(made.error().err, std::string("creating ") + kOwnerName + ": " + made.error().what);
-  nfs::Fh fh;
-  if (made->fh) {
-    fh = *made->fh;
-  } else {
-    auto l = Wait<nfs::LookupReply>(
-        [&](nfs::Cb<nfs::LookupReply> cb) { nfs.Lookup(root, kOwnerName, root_cred, std::move(cb)); });
-    if (!l) return l.error();
-    fh = l->fh;
+  // Made now (or our own earlier attempt, same verifier), or found: ours or
+  // another cache's. A record removed between our CREATE and our look at
+  // it (its owner unmounted) is claimed again.
+  std::optional<nfs::Fh> fh;
+  for (int attempt = 0; attempt < 3 && !fh; ++attempt) {
+    auto made = Wait<nfs::NewObject>([&](nfs::Cb<nfs::NewObject> cb) {
+      nfs.Create(root, kOwnerName, nfs::CreateMode::kExclusive, {}, OwnerVerifier(id), root_cred,
+                 std::move(cb));
+    });
+    if (!made && made.error().err != EEXIST) {
+      return Error::Errno(made.error().err, std::string("creating ") + kOwnerName + ": " + made.error().what);
+    }
+    if (made && made->fh) {
+      fh = *made->fh;
+      break;
+    }
+    auto found = ReadOwner(nfs, root);
+    if (!found) return found.error();
+    if (!*found) continue;
+    if (!made && (*found)->cache_id != id) return found;  // another cache's
+    fh = (*found)->fh;
+  }
+  if (!fh) return Error::Errno(EAGAIN, std::string(kOwnerName) + " keeps appearing and disappearing");
+  auto setattr = [&](const nfs::SetAttr& sa) {
+    return Wait<nfs::Wcc>([&](nfs::Cb<nfs::Wcc> cb) { nfs.Setattr(*fh, sa, root_cred, std::move(cb)); });
+  };
+  nfs::SetAttr mode;
+  mode.mode = 0644;
+  if (auto r = setattr(mode); !r) {
+    return Error::Errno(r.error().err, std::string("setting the mode of ") + kOwnerName + ": " + r.error().what);
   }
   auto bytes = std::make_shared<nfs::Bytes>(text.size());
   std::copy(text.begin(), text.end(), bytes->data());
   auto w = Wait<nfs::WriteReply>([&](nfs::Cb<nfs::WriteReply> cb) {
-    nfs.Write(fh, 0, bytes, 0, text.size(), /*stable=*/true, root_cred, std::move(cb));
+    nfs.Write(*fh, 0, bytes, 0, text.size(), /*stable=*/true, root_cred, std::move(cb));
   });
   if (!w) return Error::Errno(w.error().err, std::string("writing ") + kOwnerName + ": " + w.error().what);
   if (w->count != text.size()) return Error::Errno(EIO, std::string("short write of ") + kOwnerName);
-  return Ok{};
+  // The size (an older record of ours may have been longer) and the times,
+  // where the server kept the verifier.
+  nfs::SetAttr fix;
+  fix.size = text.size();
+  fix.atime_how = fix.mtime_how = nfs::SetAttr::TimeHow::kServer;
+  if (auto r = setattr(fix); !r) {
+    return Error::Errno(r.error().err, std::string("finishing ") + kOwnerName + ": " + r.error().what);
+  }
+  return std::optional<OwnerRecord>();
 }
 
 Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root) {
@@ -94,6 +127,12 @@ Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root) {
 }
 
 std::string OwnerRefusal(const OwnerRecord& r, const std::string& export_name) {
+  if (r.cache_id.empty()) {
+    return export_name + " is being claimed by another write-back cache (" + kOwnerName +
+           " in the export's root is still empty: another gateway is starting, or stopped while "
+           "claiming it). Remove " + kOwnerName + " only if no gateway mounts this export in "
+           "write-back mode.";
+  }
   return export_name + " is owned by the write-back cache " + r.cache_dir + " on host " + r.host +
          " (" + kOwnerName + " in the export's root), which may hold data the server does not "
          "have yet. Mount it there with cache_mode=writeback to flush it; remove " + kOwnerName +

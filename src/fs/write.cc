@@ -1,6 +1,7 @@
 // Filesystem: the data write path (write, write-behind, COMMIT and resends,
 // fsync, close) and its error reporting. See "Writes" in filesystem.h.
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 
@@ -51,6 +52,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
               // check counts it).
               inode->newer_log.push_back(Inode::Newer{seq, off, n});
             }
+            if (r->wcc.after) inode->mode = r->wcc.after->mode;  // setuid/setgid cleared?
             // Our own write moved mtime: keep close-to-open from dropping our cache.
             if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
                 r->wcc.before->mtime == inode->open_mtime) {
@@ -171,6 +173,18 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
   if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    uint32_t mode;
+    {
+      std::lock_guard lock(inode->mu);
+      mode = inode->mode;
+    }
+    if (c.uid != 0 && (mode & (S_ISUID | S_ISGID))) {
+      // Someone other than root writes a setuid or setgid file: the write
+      // goes to the server now, which clears those bits by its rules, as a
+      // local filesystem does when it takes the write (through the cache
+      // the server would see it only when flushed).
+      return WriteAround(c, f, std::move(data), off, std::move(cb));
+    }
     // A scan's writes bypass the cache, unless they overlap unflushed
     // writes (which must not land on the server after them).
     const bool seq = cache->Sequential(inode->fh(), off, size);
@@ -245,18 +259,24 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
       case cache::WbOutcome::kUnavailable:
         break;
     }
-    // Around the cache, to the server: after the file's unflushed writes
-    // that this one overlaps, so that they cannot land after it.
-    auto cache = cache_.load();
-    if (cache && cache->HasDirty(inode->fh(), off, data->size())) {
-      return FlushFile(inode, [this, c, f, data, off, cb = std::move(cb)](Result<Ok> r) mutable {
-        if (!r) return cb(r.error());
-        WriteToServer(c, f, std::move(data), off, std::move(cb));
-      });
-    }
-    WriteToServer(c, f, std::move(data), off, std::move(cb));
+    WriteAround(c, f, std::move(data), off, std::move(cb));
   };
   cache->WriteBack(std::move(w), std::move(done));
+}
+
+void Filesystem::WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+                             Cb<size_t> cb) {
+  // Around the cache, to the server: after the file's unflushed writes
+  // that this one overlaps, so that they cannot land after it.
+  InodeP inode = f->inode;
+  auto cache = cache_.load();
+  if (cache && cache->HasDirty(inode->fh(), off, data->size())) {
+    return FlushFile(inode, [this, c, f, data, off, cb = std::move(cb)](Result<Ok> r) mutable {
+      if (!r) return cb(r.error());
+      WriteToServer(c, f, std::move(data), off, std::move(cb));
+    });
+  }
+  WriteToServer(c, f, std::move(data), off, std::move(cb));
 }
 
 void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,

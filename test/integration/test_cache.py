@@ -156,7 +156,8 @@ def test_another_clients_change_is_seen_at_the_next_open(mount_factory, cache_di
 def test_a_small_cache_filesystem_lowers_the_size(mount_factory, tmp_path):
     small = tmp_path / "small"
     small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)], check=True)
+    # (mode: a cache_dir only its owner can write; a tmpfs root is 1777 by default)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(small)], check=True)
     try:
         m = mount_factory(f"cache_dir={small},cache_size=1G")
         st = cache_stats(m)
@@ -184,10 +185,12 @@ def test_bad_cache_settings_refuse_to_mount_unless_optional(bed, mount_factory, 
     r = try_mount(f"cache_dir={cache_dir},dirty_age=5")
     assert r.returncode == 1 and "cache_mode=writeback" in r.stderr, r.stderr
     held = mount_factory(f"cache_dir={cache_dir}")
-    r = try_mount(f"cache_dir={cache_dir}")
-    assert r.returncode == 32 and "in use" in r.stderr, r.stderr
+    # A directory in use is waited for, up to mount_timeout.
+    r = try_mount(f"cache_dir={cache_dir},mount_timeout=2")
+    assert r.returncode == 32 and "in use by another mount" in r.stderr, r.stderr
+    assert "did not release it within 2 s" in r.stderr, r.stderr
     # cache_optional: mounts without the cache, says so.
-    m = mount_factory(f"cache_dir={cache_dir},cache_optional")
+    m = mount_factory(f"cache_dir={cache_dir},cache_optional,mount_timeout=2")
     (m.path / "optional").write_bytes(b"ok")
     assert "running without the SSD cache" in m.log_text()
     r = subprocess.run([CTL, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
@@ -227,3 +230,26 @@ def test_online_drop_flush_detach(mount_factory, cache_dir, tmp_path):
     # The directory is free again: another mount can take it.
     m2 = mount_factory(f"cache_dir={cache_dir},cache_size=16M")
     assert cache_stats(m2)["state"] == "healthy"
+
+
+@pytest.mark.parametrize("plant", ["mode-0777", "data-symlink"])
+def test_a_cache_dir_others_could_tamper_with_is_refused(bed, tmp_path, plant):
+    """A cache directory other users can write to, or with a link planted
+    where a cache file goes, is refused with a message saying why; the
+    link's target is not touched and nothing is created in the directory."""
+    cache = tmp_path / "untrusted"
+    cache.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    if plant == "mode-0777":
+        os.chmod(cache, 0o777)
+        want = "writable by other users (mode 0777"
+    else:
+        (cache / "data").symlink_to(victim)
+        want = "data in it is a symbolic link"
+    before = sorted(p.name for p in cache.iterdir())
+    r, _ = run_mount(tmp_path, f"{SERVER}:{EXPORT}", f"mountport=20048,cache_dir={cache}")
+    assert r.returncode == 32, r.stderr
+    assert want in r.stderr and "refusing it" in r.stderr, r.stderr
+    assert victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in cache.iterdir()) == before

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import EXPORT, SERVER, is_mounted, run_mount, start_mount
+from conftest import EXPORT, SERVER, Mount, is_mounted, run_mount, start_mount
 from test_cache import CTL, cache_stats, direct_read, direct_write
 
 PAGE = 4096
@@ -213,6 +213,43 @@ def test_ownership_record_keeps_other_mounts_out(mount_factory, cache_dir, tmp_p
     assert (m2.path).is_dir()
 
 
+
+def test_two_gateways_started_together_exactly_one_mounts(bed, tmp_path):
+    """Two write-back gateways with different caches start at the same moment on
+    one export, ten times: each time exactly one mounts, and the other exits
+    with the refusal naming the ownership record."""
+    for rnd in range(10):
+        procs, mps, logs = [], [], []
+        for k in range(2):
+            cache = tmp_path / f"cache-{rnd}-{k}"
+            cache.mkdir()
+            mp = tmp_path / f"mp-{rnd}-{k}"
+            mp.mkdir()
+            mps.append(mp)
+        for k in range(2):  # back to back
+            proc, log = start_mount(mps[k], wb_opts(tmp_path / f"cache-{rnd}-{k}"))
+            procs.append(proc)
+            logs.append(log)
+        gateways = [Mount(mps[k], procs[k], logs[k]) for k in range(2)]
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and not all(is_mounted(mp) or p.poll() is not None
+                                                      for mp, p in zip(mps, procs)):
+                time.sleep(0.05)
+            text = "\n".join(g.log_text() for g in gateways)
+            up = [k for k in range(2) if is_mounted(mps[k])]
+            assert len(up) == 1, f"round {rnd}: {len(up)} mounted\n{text}"
+            loser = gateways[1 - up[0]]
+            assert loser.proc.wait(timeout=30) == 32, text
+            refusal = loser.log_text()
+            assert ("owned by the write-back cache" in refusal or
+                    "being claimed by another write-back cache" in refusal), refusal
+        finally:
+            for g in gateways:
+                g.unmount()
+        assert not owner_record(), f"round {rnd}: the winner's unmount frees the export"
+
+
 def test_fsync_server_truncate_and_o_sync(mount_factory, cache_dir):
     m = mount_factory(wb_opts(cache_dir, "wb_fsync=server"))
     f = m.path / "wb-fsync"
@@ -340,3 +377,88 @@ def test_flushes_write_as_the_user_who_wrote(mount_factory, cache_dir, tmp_path)
     r = ctl(m, "cache", "flush")
     assert r.returncode == 0, r.stdout + r.stderr
     assert server_bytes(f"wb-users/{f.name}") == bytes(data)
+
+
+def wait_for_log(m, text, timeout=60):
+    deadline = time.time() + timeout
+    while text not in m.log_text():
+        assert m.proc.poll() is None and time.time() < deadline, m.log_text()
+        time.sleep(0.1)
+
+
+def test_unmount_and_mount_again_at_once(bed, mount_factory, cache_dir):
+    """A script that unmounts and mounts again at once: the unmount returns
+    while the gateway still flushes (a slow link here), and the new mount
+    waits for it to release the cache directory instead of failing."""
+    m = mount_factory(wb_opts(cache_dir))
+    f, data = file_with_dirty_pieces(m, "wb-remount", 8, 14, 16384)
+    assert cache_stats(m)["dirty_bytes"] >= 4 << 20
+    bed.shape(1, "16mbit")
+    again = None
+    try:
+        assert subprocess.run(["fusermount3", "-u", str(m.path)]).returncode == 0
+        assert m.proc.poll() is None, "the gateway should still be flushing"
+        proc, log = start_mount(m.path, wb_opts(cache_dir))
+        again = Mount(m.path, proc, log)
+        deadline = time.time() + 120
+        while not is_mounted(m.path) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert is_mounted(m.path), again.log_text()
+        assert "is in use by another mount" in again.log_text()
+    finally:
+        bed.shape(1, "off")
+        if again:
+            again.unmount()
+    assert m.proc.wait(timeout=60) == 0
+    assert server_bytes(f.name) == bytes(data)
+
+
+def test_sigterm_ends_a_flush_to_a_server_that_is_gone(bed, mount_factory, cache_dir):
+    """At unmount the gateway flushes; with the server unreachable a hard
+    mount would wait for ever. SIGTERM ends it at once, the unflushed writes
+    stay in the cache, and the next mount flushes them."""
+    m = mount_factory(wb_opts(cache_dir))
+    f, data = file_with_dirty_pieces(m, "wb-sigterm", 2, 15, 65536)
+    assert cache_stats(m)["dirty_bytes"] > 0
+    bed.link("down", 1)
+    try:
+        r = subprocess.run(["fusermount3", "-u", str(m.path)], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(m.path)], check=True)
+        wait_for_log(m, "flushing")  # now stuck: the server is gone
+        os.kill(m.pid, signal.SIGTERM)
+        try:
+            m.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the gateway ignored SIGTERM while flushing:\n" + m.log_text())
+        assert "stay in" in m.log_text(), m.log_text()
+    finally:
+        bed.link("up", 1)
+    assert owner_record()  # still claimed: the cache holds unflushed writes
+    assert server_bytes(f.name) != bytes(data)
+    m2 = mount_factory(wb_opts(cache_dir))
+    assert "left by an earlier mount" in m2.log_text()
+    assert server_bytes(f.name) == bytes(data)
+
+
+@pytest.mark.parametrize("mode", [0o4777, 0o2777])
+def test_a_users_write_clears_setuid_and_setgid_at_once(mount_factory, cache_dir, mode):
+    """As on a local filesystem, a write by a user other than root clears the
+    setuid and setgid bits when it is taken, not when the cache is flushed
+    (pjdfstest chmod/12.t), even over unflushed writes of root's."""
+    m = mount_factory(wb_opts(cache_dir, "allow_other"))
+    d = m.path / "wb-suid"
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o777)
+    f = d / f"prog-{mode:o}"
+    f.write_bytes(b"\0" * 8192)  # in the cache, unflushed
+    os.chmod(f, mode)
+    assert os.stat(f).st_mode & 0o7777 == mode
+    script = f"import os; fd = os.open({str(f)!r}, os.O_WRONLY); os.pwrite(fd, b'u' * 100, 4000)"
+    r = subprocess.run(["setpriv", "--reuid=20002", "--regid=20002", "--clear-groups",
+                        sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert os.stat(f).st_mode & 0o7777 == 0o777
+    assert os.stat(os.path.join(EXPORT, "wb-suid", f.name)).st_mode & 0o7777 == 0o777
+    assert f.read_bytes() == b"\0" * 4000 + b"u" * 100 + b"\0" * 4092
+
