@@ -46,6 +46,14 @@ def mount_options(mode, cache_dir):
     return ",".join(opts)
 
 
+def is_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return re.search(r"^State:\s+Z", f.read(), re.M) is not None
+    except OSError:
+        return False
+
+
 class Postgres:
     """One PostgreSQL cluster in `top`/data, run as the postgres user, its
     socket and server log in a private directory in /tmp."""
@@ -125,15 +133,21 @@ class Postgres:
                 self.pid = int(r.stdout.strip()) if r.returncode == 0 else None
             except (subprocess.TimeoutExpired, ValueError):
                 pass
-        if self.pid is None or not self.is_ours(self.pid):
-            self.pid = None
+        if self.pid is None:
             return
-        os.kill(self.pid, signal.SIGQUIT)
-        deadline = time.time() + 30
-        while self.is_ours(self.pid) and time.time() < deadline:
-            time.sleep(0.1)
         if self.is_ours(self.pid):
-            os.kill(self.pid, signal.SIGKILL)  # its children follow the postmaster's death
+            os.kill(self.pid, signal.SIGQUIT)
+            deadline = time.time() + 30
+            while self.is_ours(self.pid) and time.time() < deadline:
+                time.sleep(0.1)
+            if self.is_ours(self.pid):
+                os.kill(self.pid, signal.SIGKILL)  # its children follow the postmaster's death
+        # Until it is reaped (by init, which may take a second here): a
+        # postmaster.pid it could not remove (its mount died) names it, and the
+        # next start refuses to run while kill(PID, 0) finds the zombie.
+        deadline = time.time() + 30
+        while is_zombie(self.pid) and time.time() < deadline:
+            time.sleep(0.1)
         self.pid = None
 
 
