@@ -357,6 +357,16 @@ def check_on_the_server(pg, m, mount_factory, state):
     pg.pid = None
 
 
+# A known bug, reported with issue 10 and left to the rewrite of
+# src/cache/block_cache.cc. It makes writeback-server-restart lose data in
+# about one run of four, so that case cannot be a strict xfail.
+FLUSH_RACE = (
+    "known write-back bug: BlockCache::CollectDirty can return both the copy-on-write "
+    "source slot of a block (still dirty while WriterWb syncs the data file unlocked) and "
+    "its new copy; the flusher sends both WRITEs at once, the older may land last, and "
+    "Flushed() marks the block clean: an acknowledged write is lost on the server")
+
+
 def skip_unselected(mode):
     if SELECTED is not None and mode not in SELECTED.split(","):
         pytest.skip(f"not in MPNFS_IT_PG_MODES={SELECTED}")
