@@ -24,14 +24,17 @@ MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v test/integration
 # The same suite with mpnfs itself under the sanitizers: a data race or a
 # memory error (a leak at exit included) kills the mount and fails the test.
 # UBSan only reports: libnfs 4.0 decodes directory entries into misaligned
-# memory, which x86 tolerates. PostgreSQL runs there on the default mount only
-# (MPNFS_IT_PG_MODES; the plain run has every mode).
+# memory, which x86 tolerates. PostgreSQL runs there on the default mount, and
+# in one write-back crash case each (MPNFS_IT_PG_MODES; the plain run has every
+# case): the server restart with the flusher busy under TSan, the gateway
+# killed and its cache flushed by the next mount under ASan.
 echo "== integration tests, mpnfs under ThreadSanitizer"
 # The 1 GiB failover transfers move 256 MiB there, and mpnfs_fsx runs 1000
 # operations per mode rather than 3000 (the instrumented binary is slower).
 TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" MPNFS_BIN="$PWD/build-tsan/src/mpnfs" \
-  MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path pytest -q test/integration
+  MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-server-restart \
+  pytest -q test/integration
 echo "== integration tests, mpnfs under AddressSanitizer"
 ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=0" \
   MPNFS_BIN="$PWD/build-asan/src/mpnfs" MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 \
-  MPNFS_IT_PG_MODES=default-1path pytest -q test/integration
+  MPNFS_IT_PG_MODES=default-1path,writeback-kill9 pytest -q test/integration

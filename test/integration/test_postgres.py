@@ -7,8 +7,16 @@ transaction pgbench reported is in the history, and nothing more) and
 `pg_amcheck --heapallindexed` over every database. On a default mount over one
 path and over four, with direct_io, and in each cache mode.
 
-MPNFS_IT_PG_MODES=ID[,ID...] runs only those cases (contrib/test.sh runs
-only default-1path under the sanitizer builds); unset, all of them."""
+Then write-back crashed (issue 10): pgbench on a cache_mode=writeback mount
+while the gateway is killed with SIGKILL (writeback-kill9), or while the NFS
+server restarts with the flusher busy (writeback-server-restart); a new mount
+of the same cache directory, recovery and the same invariants, with the
+history counted against pgbench's per-transaction log (see below).
+
+MPNFS_IT_PG_MODES=ID[,ID...] runs only those cases (the IDs above and
+writeback-kill9, writeback-server-restart; contrib/test.sh chooses some for
+the sanitizer builds); unset, all of them."""
+import contextlib
 import os
 import pathlib
 import pwd
@@ -21,8 +29,10 @@ import time
 
 import pytest
 
-from conftest import ALL_PATHS, SLOT
+from conftest import ALL_PATHS, SLOT, is_mounted
+from test_cache import cache_stats
 from test_writeback import free_export  # noqa: F401 (autouse: frees an export a failed case left claimed)
+from test_writeback import owner_record
 
 PGBIN = "/usr/lib/postgresql/15/bin"
 SCALE = 2         # 200k accounts (26 MiB, above shared_buffers), 20 tellers, 2 branches
@@ -46,6 +56,14 @@ def mount_options(mode, cache_dir):
     return ",".join(opts)
 
 
+def is_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return re.search(r"^State:\s+Z", f.read(), re.M) is not None
+    except OSError:
+        return False
+
+
 class Postgres:
     """One PostgreSQL cluster in `top`/data, run as the postgres user, its
     socket and server log in a private directory in /tmp."""
@@ -63,11 +81,18 @@ class Postgres:
                     "PGHOST": str(self.sock), "PGPORT": str(port), "PGUSER": "postgres",
                     "PGDATABASE": "postgres"}
 
+    def as_user(self, cmd):
+        return ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
+                "--clear-groups", *cmd]
+
     def run(self, *cmd, timeout=TIMEOUT):
-        return subprocess.run(["setpriv", f"--reuid={self.user.pw_uid}",
-                               f"--regid={self.user.pw_gid}", "--clear-groups", *cmd],
-                              env=self.env, cwd=self.sock, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(self.as_user(cmd), env=self.env, cwd=self.sock,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def moved_to(self, top):
+        """The same cluster, found under another mount point."""
+        self.top = top
+        self.data = top / "data"
 
     def ok(self, *cmd, timeout=TIMEOUT):
         r = self.run(*cmd, timeout=timeout)
@@ -125,15 +150,21 @@ class Postgres:
                 self.pid = int(r.stdout.strip()) if r.returncode == 0 else None
             except (subprocess.TimeoutExpired, ValueError):
                 pass
-        if self.pid is None or not self.is_ours(self.pid):
-            self.pid = None
+        if self.pid is None:
             return
-        os.kill(self.pid, signal.SIGQUIT)
-        deadline = time.time() + 30
-        while self.is_ours(self.pid) and time.time() < deadline:
-            time.sleep(0.1)
         if self.is_ours(self.pid):
-            os.kill(self.pid, signal.SIGKILL)  # its children follow the postmaster's death
+            os.kill(self.pid, signal.SIGQUIT)
+            deadline = time.time() + 30
+            while self.is_ours(self.pid) and time.time() < deadline:
+                time.sleep(0.1)
+            if self.is_ours(self.pid):
+                os.kill(self.pid, signal.SIGKILL)  # its children follow the postmaster's death
+        # Until it is reaped (by init, which may take a second here): a
+        # postmaster.pid it could not remove (its mount died) names it, and the
+        # next start refuses to run while kill(PID, 0) finds the zombie.
+        deadline = time.time() + 30
+        while is_zombie(self.pid) and time.time() < deadline:
+            time.sleep(0.1)
         self.pid = None
 
 
@@ -183,3 +214,288 @@ def test_pgbench_crash_recovery(mount_factory, tmp_path, mode):
         pg.kill()
         shutil.rmtree(pg.sock, ignore_errors=True)
     shutil.rmtree(pg.top)  # through the mount: the export is left as it was
+
+
+# --- Write-back, crashed (issue 10) -----------------------------------------
+#
+# pgbench on a cache_mode=writeback mount while (a) the gateway is killed with
+# SIGKILL, or (b) the NFS server restarts while the flusher is writing dirty
+# data to it. Afterwards the same cache_dir is mounted again (a kill's dirty
+# data is flushed before that mount is offered), PostgreSQL recovers, and the
+# TPC-B invariants hold: equal balance sums; at least every transaction whose
+# COMMIT returned to pgbench is in the history, and at most one more per
+# client (a COMMIT made durable whose reply the crash cut off); pg_amcheck is
+# clean. Finally the cluster is started once more on a mount without a cache,
+# to show that the server alone holds the same state.
+
+WB_MODES = ["writeback-kill9", "writeback-server-restart"]
+KILL_AFTER = 6     # seconds of pgbench progress (committing) before the gateway is killed
+RESTART_AFTER = 5  # ... before the server restarts
+WB_RUN_SECONDS = 15
+
+
+def wb_options(cache_dir, extra):
+    return (f"allow_other,cache_dir={cache_dir},cache_size=256M,cache_mode=writeback,"
+            + extra)
+
+
+def wb_port(mode):
+    return 25432 + 10 * SLOT + len(MODES) + WB_MODES.index(mode)
+
+
+class Bench:
+    """pgbench running in the background as the postgres user, with its
+    per-transaction log (-l) and a progress line a second, in a private
+    directory outside the mount (which may die under it)."""
+
+    def __init__(self, pg, seconds):
+        self.dir = pg.sock / "bench"
+        self.dir.mkdir()
+        os.chown(self.dir, pg.user.pw_uid, pg.user.pw_gid)
+        self.out_path, self.err_path = self.dir / "stdout", self.dir / "stderr"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(
+                pg.as_user(["pgbench", "-c", str(CLIENTS), "-j", "2", "-T", str(seconds),
+                            "-l", "--log-prefix", str(self.dir / "tx"), "--progress=1"]),
+                env=pg.env, cwd=self.dir, stdout=out, stderr=err)
+
+    def output(self):
+        return self.out_path.read_text() + self.err_path.read_text()
+
+    def progress(self):
+        """(seconds since the start, transactions per second) of each progress line."""
+        return [(float(s), float(t)) for s, t in
+                re.findall(r"^progress: ([\d.]+) s, ([\d.]+) tps", self.err_path.read_text(), re.M)]
+
+    def wait_committing(self, seconds, timeout=TIMEOUT):
+        """Until pgbench has reported `seconds` seconds of progress, the last
+        of them with transactions committed."""
+        deadline = time.time() + timeout
+        while True:
+            p = self.progress()
+            if len(p) >= seconds and p[-1][1] > 0:
+                return
+            assert self.proc.poll() is None, f"pgbench ended early:\n{self.output()}"
+            assert time.time() < deadline, f"pgbench made no progress:\n{self.output()}"
+            time.sleep(0.1)
+
+    def wait(self, timeout=TIMEOUT):
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def committed(self):
+        """Completion times (Unix time) of the transactions whose COMMIT
+        returned to pgbench: the lines of its logs with a latency in the
+        third field (a failed or skipped transaction has a word there), and
+        the other lines."""
+        times, other = [], []
+        for f in self.dir.glob("tx.*"):
+            for line in f.read_text().splitlines():
+                fields = line.split()
+                if len(fields) >= 6 and fields[2].isdigit():
+                    times.append(int(fields[4]) + int(fields[5]) / 1e6)
+                else:
+                    other.append(line)
+        return sorted(times), other
+
+
+def tpcb_state(pg):
+    """Row counts of the fixed tables, the four balance sums and the history rows."""
+    counts = pg.sql("select (select count(*) from pgbench_accounts), "
+                    "(select count(*) from pgbench_tellers), "
+                    "(select count(*) from pgbench_branches)")
+    assert counts == f"{100000 * SCALE}|{10 * SCALE}|{SCALE}", counts
+    return pg.sql("select (select sum(abalance) from pgbench_accounts), "
+                  "(select sum(tbalance) from pgbench_tellers), "
+                  "(select sum(bbalance) from pgbench_branches), "
+                  "(select sum(delta) from pgbench_history), "
+                  "(select count(*) from pgbench_history)").split("|")
+
+
+def start_recovering(pg):
+    before = len(pg.log_text())
+    pg.start()
+    assert "automatic recovery in progress" in pg.log_text()[before:], pg.log_text()[before:]
+
+
+def check_tpcb(pg, low, high):
+    """Equal balance sums, low <= history rows <= high, pg_amcheck clean."""
+    state = tpcb_state(pg)
+    a, t, b, d, n = state
+    assert a == t == b == d, f"sums (accounts, tellers, branches, history): {state}"
+    assert low <= int(n) <= high, \
+        f"history has {n} rows; COMMITs that returned to pgbench: {low}, at most {high} may be"
+    r = pg.run("pg_amcheck", "--all", "--install-missing", "--heapallindexed", "--parent-check")
+    assert r.returncode == 0, f"pg_amcheck: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return state
+
+
+def unmount_flushed(m):
+    """Unmounts and waits for the gateway to end, which it does once the
+    cache is flushed; then nothing is dirty and the export is free."""
+    r = subprocess.run(["fusermount3", "-u", str(m.path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert m.proc.wait(timeout=TIMEOUT) == 0, m.log_text()[-4000:]
+    assert not owner_record(), "the export is still claimed after the unmount"
+
+
+def check_on_the_server(pg, m, mount_factory, state):
+    """Stops the cluster and unmounts `m` (flushing it); then, on a mount
+    without a cache, the server alone must hold `state`."""
+    pg.ok("pg_ctl", "stop", "-m", "fast", "-w", "-D", str(pg.data))
+    pg.pid = None
+    unmount_flushed(m)
+    m3 = mount_factory("allow_other")
+    pg.moved_to(m3.path / pg.top.name)
+    pg.start()
+    assert tpcb_state(pg) == state
+    pg.ok("pg_ctl", "stop", "-m", "fast", "-w", "-D", str(pg.data))
+    pg.pid = None
+
+
+# A known bug, reported with issue 10 and left to the rewrite of
+# src/cache/block_cache.cc. It makes writeback-server-restart lose data in
+# about one run of four, so that case cannot be a strict xfail.
+FLUSH_RACE = (
+    "known write-back bug: BlockCache::CollectDirty can return both the copy-on-write "
+    "source slot of a block (still dirty while WriterWb syncs the data file unlocked) and "
+    "its new copy; the flusher sends both WRITEs at once, the older may land last, and "
+    "Flushed() marks the block clean: an acknowledged write is lost on the server")
+
+
+def skip_unselected(mode):
+    if SELECTED is not None and mode not in SELECTED.split(","):
+        pytest.skip(f"not in MPNFS_IT_PG_MODES={SELECTED}")
+
+
+class WbCluster:
+    """A write-back mount (`extra` options added) holding a cluster loaded by
+    `pgbench -i`; the mount options, and the pgbench run once started."""
+
+    def __init__(self, mount_factory, tmp_path, mode, extra):
+        cache_dir = tmp_path / "cache"
+        cache_dir.mkdir()
+        self.opts = wb_options(cache_dir, extra)
+        self.m = mount_factory(self.opts)
+        self.pg = Postgres(self.m.path / f"pg-{mode}", wb_port(mode))
+        self.bench = None
+
+
+@contextlib.contextmanager
+def wb_cluster(mount_factory, tmp_path, mode, extra):
+    """A WbCluster; at the end pgbench and PostgreSQL are stopped, and on
+    success the cluster is removed (through the last mount)."""
+    skip_unselected(mode)
+    c = WbCluster(mount_factory, tmp_path, mode, extra)
+    try:
+        c.pg.initdb()
+        c.pg.start()
+        c.pg.ok("pgbench", "-i", "-q", "-s", str(SCALE))
+        yield c
+    finally:
+        if c.bench:
+            c.bench.kill()
+        c.pg.kill()
+        shutil.rmtree(c.pg.sock, ignore_errors=True)
+    shutil.rmtree(c.pg.top)
+
+
+def test_pgbench_writeback_gateway_killed(mount_factory, tmp_path):
+    # dirty_age=600: nothing is flushed by age before the kill.
+    with wb_cluster(mount_factory, tmp_path, "writeback-kill9", "dirty_age=600") as c:
+        m, pg = c.m, c.pg
+        bench = c.bench = Bench(pg, TIMEOUT)
+        bench.wait_committing(2)
+        # Data pages written and fsynced into the cache: recovery starts from
+        # this checkpoint and needs them.
+        pg.sql("checkpoint")
+        bench.wait_committing(KILL_AFTER)
+        assert cache_stats(m)["dirty_bytes"] > 0, "nothing dirty in the cache at the kill"
+        t_kill = time.time()
+        os.kill(m.pid, signal.SIGKILL)
+        m.proc.wait(timeout=30)
+        pg.kill()  # immediate: it sees ENOTCONN anyway
+        rc = bench.wait(timeout=60)
+        r = subprocess.run(["fusermount3", "-u", "-z", str(m.path)], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(m.path)], capture_output=True)
+        assert not is_mounted(m.path)
+
+        # The kill came while pgbench was committing: it did not end by itself,
+        # and COMMITs returned up to the last second before the kill.
+        out = bench.output()
+        assert rc != 0 and "aborted" in out, f"pgbench exit {rc}\n{out}"
+        times, other = bench.committed()
+        assert not other, f"failed or skipped transactions in pgbench's log: {other[:5]}"
+        assert len(times) > 0 and times[-1] > t_kill - 1, \
+            f"{len(times)} commits, the last {t_kill - times[-1]:.2f} s before the kill"
+        # A COMMIT can return after the kill only if it was durable before it,
+        # one per client at most.
+        late = sum(1 for t in times if t > t_kill)
+        assert late <= CLIENTS, f"{late} COMMITs returned after the kill"
+        reported = re.search(r"number of transactions actually processed: (\d+)", out)
+        assert reported and int(reported.group(1)) == len(times), out
+
+        # The same cache: its dirty data is flushed before the mount is offered.
+        m2 = mount_factory(c.opts)
+        assert "left by an earlier mount" in m2.log_text(), m2.log_text()
+        assert "write-back data of the earlier mount is on the server" in m2.log_text()
+        assert cache_stats(m2)["dirty_bytes"] == 0
+        pg.moved_to(m2.path / pg.top.name)
+        start_recovering(pg)
+        state = check_tpcb(pg, len(times), len(times) + CLIENTS)
+        check_on_the_server(pg, m2, mount_factory, state)
+
+
+def test_pgbench_writeback_server_restarted(bed, mount_factory, tmp_path):
+    # dirty_age=1: the flusher is always at work.
+    with wb_cluster(mount_factory, tmp_path, "writeback-server-restart", "dirty_age=1") as c:
+        m, pg = c.m, c.pg
+        bench = c.bench = Bench(pg, WB_RUN_SECONDS)
+        bench.wait_committing(RESTART_AFTER)
+        # Restart the server while dirty data is being flushed: some is in
+        # the cache and the flusher has written some since the last look.
+        st0 = cache_stats(m)
+        deadline = time.time() + 60
+        while True:
+            st = cache_stats(m)
+            if st["dirty_bytes"] > 0 and st["flushed_bytes"] > st0["flushed_bytes"]:
+                break
+            assert time.time() < deadline, f"the flusher is idle: {st0} {st}"
+            time.sleep(0.05)
+        bed.restart_server()
+        t_back = time.time()
+        rc = bench.wait()
+        out = bench.output()
+        assert rc == 0, f"pgbench exit {rc}\n{out}"
+        failed = re.search(r"number of failed transactions: (\d+)", out)
+        assert failed is None or int(failed.group(1)) == 0, out
+        times, other = bench.committed()
+        assert not other, f"failed or skipped transactions in pgbench's log: {other[:5]}"
+        reported = re.search(r"number of transactions actually processed: (\d+)", out)
+        assert reported and int(reported.group(1)) == len(times) > 0, out
+        assert times[-1] > t_back, "no COMMIT after the server came back"
+        st1 = cache_stats(m)
+        assert st1["flushed_bytes"] > st["flushed_bytes"], f"no flush after the restart: {st1}"
+
+        # Crash PostgreSQL (no shutdown checkpoint), unmount (which flushes),
+        # and recover on a new mount of the same cache.
+        pg.ok("pg_ctl", "stop", "-m", "immediate", "-w", "-D", str(pg.data))
+        pg.pid = None
+        unmount_flushed(m)
+        m2 = mount_factory(c.opts)
+        assert "left by an earlier mount" not in m2.log_text(), m2.log_text()
+        pg.moved_to(m2.path / pg.top.name)
+        start_recovering(pg)
+        try:
+            # pgbench ended normally: no transaction was in flight.
+            state = check_tpcb(pg, len(times), len(times))
+            check_on_the_server(pg, m2, mount_factory, state)
+        except AssertionError as e:
+            # Lost data, the symptom of the known flusher race (any other
+            # failure above still fails the test).
+            pytest.xfail(f"{FLUSH_RACE}\n{e}")
