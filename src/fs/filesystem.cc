@@ -248,9 +248,12 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
 void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
-  if (auto cache = cache_.load(); sa.size && cache && cache->SizeFloor(inode->fh()) > 0) {
+  const bool flush_first = sa.size || sa.mode || sa.uid || sa.gid;
+  if (auto cache = cache_.load(); flush_first && cache && cache->SizeFloor(inode->fh()) > 0) {
     // Write-back: the file's unflushed writes reach the server before the
-    // truncate, which then cuts what it cuts (the cache forgets the file).
+    // truncate, which then cuts what it cuts (the cache forgets the file);
+    // and before a change of mode or owner, which a later flushed write
+    // would otherwise undo (the server clears setuid/setgid on a write).
     return FlushFile(inode, [this, c, ino, sa, cb = std::move(cb)](Result<Ok> r) mutable {
       if (!r) return cb(r.error());
       SetattrNow(c, ino, sa, std::move(cb));

@@ -1110,6 +1110,28 @@ TEST_F(WriteBackTest, ANonRootWriteClearsSetuidAndSetgidWhenItIsTaken) {
   EXPECT_EQ(Dirty(), 0u);
 }
 
+TEST_F(WriteBackTest, AChmodAfterCachedWritesIsNotUndoneByTheirFlush) {
+  // `cc -o prog; chmod u+s prog` by a user: the chmod must not be undone
+  // when the cached writes reach the server later (it clears setuid then).
+  OpenFile* f = CreateWith("prog", Pattern(8192, 5));  // cred_: uid 1000
+  ASSERT_NE(f, nullptr);
+  ASSERT_GT(Dirty(), 0u);
+  const uint64_t ino = f->inode->ino();
+  Close(f);
+  nfs::SetAttr sa;
+  sa.mode = 04755;
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Setattr(cred_, ino, sa, cb); });
+  ASSERT_TRUE(a.ok()) << a.error().what;
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(Dirty(), 0u);
+  EXPECT_EQ(ContentsOf("prog"), Pattern(8192, 5));
+  auto fh = nfs_.FhOf("prog");
+  ASSERT_TRUE(fh);
+  auto back = Wait<nfs::Attr>([&](auto cb) { nfs_.Getattr(*fh, cred_, cb); });
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->mode & 07777, 04755u) << std::oct << back->mode;
+}
+
 TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {
   const uint64_t ino = SetuidFile(*fs_, "suid", 04755);
   const Cred root{0, 0, {}};

@@ -48,8 +48,14 @@ Result<std::optional<OwnerRecord>> ReadOwner(nfs::Client& nfs, const nfs::Fh& ro
 }
 
 uint64_t OwnerVerifier(const std::string& id) {
+  // The host too: a cache directory copied to another machine (a cloned
+  // image, a restored snapshot) has the same id, and its CREATE must not be
+  // taken by the server for a retransmission of the original's.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string key = id + "@" + host;
   uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : id) {
+  for (unsigned char ch : key) {
     h ^= ch;
     h *= 1099511628211ull;
   }
@@ -89,7 +95,10 @@ Result<std::optional<OwnerRecord>> ClaimOwner(nfs::Client& nfs, const nfs::Fh& r
     auto found = ReadOwner(nfs, root);
     if (!found) return found.error();
     if (!*found) continue;
-    if (!made && (*found)->cache_id != id) return found;  // another cache's
+    // Another cache's, or this cache's id on another host (a copy of it).
+    if (!made && ((*found)->cache_id != id || (!(*found)->host.empty() && (*found)->host != host))) {
+      return found;
+    }
     fh = (*found)->fh;
   }
   if (!fh) return Error::Errno(EAGAIN, std::string(kOwnerName) + " keeps appearing and disappearing");

@@ -46,7 +46,7 @@ Result<std::optional<OwnerRecord>> ReadOwner(nfs::Client& nfs, const nfs::Fh& ro
 // the record of the cache that holds the export (refuse: OwnerRefusal).
 Result<std::optional<OwnerRecord>> ClaimOwner(nfs::Client& nfs, const nfs::Fh& root,
                                               const std::string& cache_dir, const std::string& id);
-// The EXCLUSIVE CREATE verifier of the cache `id`'s claims.
+// The EXCLUSIVE CREATE verifier of the cache `id`'s claims from this host.
 uint64_t OwnerVerifier(const std::string& id);
 Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root);
 // Why a mount must not go on while `r` exists.

@@ -90,6 +90,28 @@ TEST(OwnerTest, AClaimCutShortBeforeItsContentIsFinishedByTheSameCacheOnly) {
   EXPECT_EQ(now->cache_id, kA);
 }
 
+TEST(OwnerTest, ACopyOfTheCacheOnAnotherHostIsRefused) {
+  // A cache directory cloned to another machine has the same id; the record
+  // names the host that claimed it, and only that host takes it over.
+  FakeNfs nfs;
+  auto made = nfs::Wait<nfs::NewObject>([&](nfs::Cb<nfs::NewObject> cb) {
+    nfs.Create(nfs.root(), kOwnerName, nfs::CreateMode::kUnchecked, {}, 0, {}, cb);
+  });
+  ASSERT_TRUE(made.ok() && made->fh);
+  const std::string text = "host: some-other-host.invalid\ncache_dir: /ca\ncache_id: " + kA + "\n";
+  auto bytes = std::make_shared<nfs::Bytes>(text.size());
+  std::copy(text.begin(), text.end(), bytes->data());
+  auto w = nfs::Wait<nfs::WriteReply>([&](nfs::Cb<nfs::WriteReply> cb) {
+    nfs.Write(*made->fh, 0, bytes, 0, text.size(), true, {}, cb);
+  });
+  ASSERT_TRUE(w.ok());
+  auto copy = ClaimOwner(nfs, nfs.root(), "/ca", kA);
+  ASSERT_TRUE(copy.ok()) << copy.error().what;
+  ASSERT_TRUE(copy->has_value()) << "the same id from another host must not take the export";
+  EXPECT_EQ((*copy)->host, "some-other-host.invalid");
+  EXPECT_EQ(nfs.Contents(*made->fh), text) << "the record is left as it was";
+}
+
 TEST(OwnerTest, AReleasedExportIsClaimedByTheNextCache) {
   FakeNfs nfs;
   ASSERT_TRUE(ClaimOwner(nfs, nfs.root(), "/ca", kA).ok());
