@@ -24,6 +24,7 @@
 #include "cli/control.h"
 #include "cli/mpnfstab.h"
 #include "cli/options.h"
+#include "cli/help.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "nfs/local_bind.h"
@@ -459,7 +460,7 @@ int main(int argc, char** argv) {
   }
   cli::MountOptions m = std::move(parsed).value();
   if (m.help) {
-    printf("%s", cli::UsageText().c_str());
+    printf("%s", cli::HelpText().c_str());
     return 0;
   }
   if (m.version) {

@@ -2,6 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "cli/help.h"
+
 namespace mpnfs::cli {
 namespace {
 
@@ -196,6 +203,86 @@ TEST(OptionsTest, HelpAndVersionNeedNoSource) {
   m = Parse({"--version"});
   ASSERT_TRUE(m.ok());
   EXPECT_TRUE(m->version);
+}
+
+
+// The names of the options the man page's OPTIONS section documents (the
+// bold words of each item's tag line: "timeo=", "cto", "nocto", ...).
+std::set<std::string> ManPageOptions() {
+  std::ifstream in(std::string(MPNFS_SOURCE_ROOT) + "/man/mpnfs.8");
+  EXPECT_TRUE(in.good()) << "man/mpnfs.8 not found";
+  std::set<std::string> names;
+  std::string line;
+  bool in_options = false, skip = false, tag_next = false;
+  while (std::getline(in, line)) {
+    if (line.rfind(".SH ", 0) == 0) in_options = line == ".SH OPTIONS";
+    // The FUSE and fstab options passed through or ignored are listed in
+    // running text there, and summarised in one line of --help.
+    if (line.rfind(".SS ", 0) == 0) skip = line == ".SS Generic mount options" || line == ".SS Options for /etc/fstab";
+    if (!in_options || skip) continue;
+    if (line == ".TP") {
+      tag_next = true;
+      continue;
+    }
+    if (!tag_next) continue;
+    tag_next = false;
+    // Split the macro's arguments (quotes group), keep the bold ones.
+    std::vector<std::string> args;
+    std::string macro, cur;
+    std::istringstream words(line);
+    words >> macro;
+    bool quoted = false;
+    for (char ch : line.substr(macro.size())) {
+      if (ch == '"') {
+        quoted = !quoted;
+      } else if (ch == ' ' && !quoted) {
+        if (!cur.empty()) args.push_back(cur);
+        cur.clear();
+      } else {
+        cur += ch;
+      }
+    }
+    if (!cur.empty()) args.push_back(cur);
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (macro != ".B" && i % 2 == 1) continue;  // .BI / .BR alternate bold and not
+      const std::string bold = std::regex_replace(args[i], std::regex(R"(\\f.|\\-)"), "");
+      static const std::regex word(R"([a-z_]+=?)");
+      for (auto it = std::sregex_iterator(bold.begin(), bold.end(), word); it != std::sregex_iterator(); ++it) {
+        names.insert(it->str());
+      }
+    }
+  }
+  return names;
+}
+
+TEST(HelpTest, EveryOptionOfTheManPageIsInTheHelp) {
+  const auto names = ManPageOptions();
+  ASSERT_GE(names.size(), 40u) << "the man page parser found too few options";
+  const std::string help = HelpText();
+  for (const auto& n : names) {
+    // As a word of its own: "cto" must not be satisfied by "nocto".
+    const std::regex in_help("(^|[ ,|])" + n + (n.back() == '=' ? "" : "($|[ ,|\n])"));
+    EXPECT_TRUE(std::regex_search(help, in_help)) << n << " is in mpnfs(8) but not in --help";
+  }
+}
+
+TEST(HelpTest, EveryOptionOfTheHelpIsInTheManPageAndParses) {
+  const auto names = ManPageOptions();
+  for (const auto& o : OptionHelpTable()) {
+    static const std::regex word(R"([a-z_]+=?)");
+    const std::string syntax = o.syntax;
+    auto first = std::sregex_iterator(syntax.begin(), syntax.end(), word);
+    ASSERT_NE(first, std::sregex_iterator()) << syntax;
+    EXPECT_TRUE(names.count(first->str())) << o.syntax << " is in --help but not in mpnfs(8)";
+    auto m = ParseMountArgs({"srv:/exp", "/mnt", "-o", o.example});
+    EXPECT_TRUE(m.ok()) << o.example << ": " << (m.ok() ? "" : m.error().what);
+  }
+}
+
+TEST(HelpTest, HelpFitsATerminal) {
+  std::istringstream in(HelpText());
+  std::string line;
+  while (std::getline(in, line)) EXPECT_LE(line.size(), 100u) << line;
 }
 
 }  // namespace
