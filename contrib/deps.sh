@@ -1,10 +1,13 @@
 #!/bin/bash
 # Installs (apt, Debian 12) what building, testing and the demo need, and
-# only what is missing. Safe to run repeatedly.
+# only what is missing. Safe to run repeatedly. contrib/deps.sh --bench adds
+# what contrib/bench/ needs.
 set -euo pipefail
 PKGS=(meson ninja-build g++ pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind fio python3 python3-pytest iproute2 attr
       acl psmisc util-linux procps zlib1g-dev postgresql-15 postgresql-client-15)
+# --bench: what the benchmark scripts need besides (the charts' plotting library).
+[ "${1:-}" = "--bench" ] && PKGS+=(python3-matplotlib)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

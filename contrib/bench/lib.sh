@@ -14,7 +14,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-contrib/deps.sh
+contrib/deps.sh --bench
 contrib/build.sh build >/dev/null
 
 now() { date +%s.%N; }

@@ -131,4 +131,4 @@ contrib/testbed.sh link up 3
 umount_mpnfs
 echo '```' >> "$REPORT"
 
-if [ -n "$OUT" ]; then cp "$REPORT" "$OUT"; echo "written to $OUT"; fi
+if [ -n "$OUT" ]; then cp "$REPORT" "$OUT"; echo "written to $OUT"; /usr/bin/python3 contrib/bench/plot.py; fi
