@@ -58,14 +58,7 @@ shape() { contrib/testbed.sh shape 1 "$1" >/dev/null; }
 } > "$REPORT"
 cat "$REPORT"
 
-contrib/testbed.sh down >/dev/null 2>&1 || true
-rm -rf "$MPNFS_TB" "$SRC"
-contrib/testbed.sh up 1 >/dev/null
-mkdir -p "$SRC"
-mount_mpnfs
-dd if=/dev/urandom of="$MNT/db.bin" bs=1M count="$DATA" conv=fsync status=none
-dd if=/dev/urandom of="$MNT/scan.bin" bs=1M count=$((DATA * 6 / 10)) conv=fsync status=none
-umount_mpnfs
+fresh_bed_with_data "$DATA" $((DATA * 6 / 10))
 
 run() {  # LABEL CACHE_MIB(0 = none) MIX DIST [scan] [MODE] [MORE_OPTIONS]
   local label=$1 size=$2 mix=$3 dist=$4 scan=${5:-} mode=${6:-writethrough} more=${7:-} opts=""

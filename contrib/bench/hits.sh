@@ -35,13 +35,7 @@ ZONED="zoned:80/10:15/20:5/70"
 } > "$REPORT"
 cat "$REPORT"
 
-contrib/testbed.sh down >/dev/null 2>&1 || true
-rm -rf "$MPNFS_TB" "$SRC"
-contrib/testbed.sh up 1 >/dev/null
-mkdir -p "$SRC"
-mount_mpnfs
-dd if=/dev/urandom of="$MNT/db.bin" bs=1M count="$DATA" conv=fsync status=none
-umount_mpnfs
+fresh_bed_with_data "$DATA"
 
 series() {  # LABEL CACHE_MIB [MORE_OPTIONS]
   rm -rf "$SRC/c"; mkdir -p "$SRC/c"

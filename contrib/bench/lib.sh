@@ -33,3 +33,14 @@ mount_mpnfs() {  # [OPTIONS]
   echo "mount failed" >&2; cat "$MPNFS_TB/mpnfs.log" >&2; exit 1
 }
 umount_mpnfs() { fusermount3 -u "$MNT"; wait "$PID" || true; PID=; }
+
+fresh_bed_with_data() {  # MIB [SCAN_MIB]: a new one-path bed holding db.bin (and scan.bin)
+  contrib/testbed.sh down >/dev/null 2>&1 || true
+  rm -rf "$MPNFS_TB" "$SRC"
+  contrib/testbed.sh up 1 >/dev/null
+  mkdir -p "$SRC"
+  mount_mpnfs
+  dd if=/dev/urandom of="$MNT/db.bin" bs=1M count="$1" conv=fsync status=none
+  [ -z "${2:-}" ] || dd if=/dev/urandom of="$MNT/scan.bin" bs=1M count="$2" conv=fsync status=none
+  umount_mpnfs
+}

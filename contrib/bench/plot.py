@@ -71,6 +71,17 @@ def save(fig, name):
     print(f"plot: wrote {os.path.relpath(path, os.path.dirname(os.path.dirname(HERE)))}")
 
 
+def finish(fig, ax, title, text, name, xlabel, ylabel, **legend):
+    """The common dressing of a chart, and saving it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(**legend)
+    ax.set_title(title + "\n" + recorded(text), fontsize=9)
+    fig.tight_layout()
+    save(fig, name)
+
+
 def scaling():
     text = report("MULTIPATH.md")
     if text is None:
@@ -89,15 +100,10 @@ def scaling():
     ax.plot(n, [rows[0][1] * k for k in n], "k:", label="ideal (n x one path)")
     ax.plot(n, [r[1] for r in rows], "o-", label="sequential write")
     ax.plot(n, [r[2] for r in rows], "s-", label="sequential read (one dd)")
-    ax.set_xlabel(f"paths ({rate.group(1) if rate else '?'} mbit each)")
-    ax.set_ylabel("MB/s")
     ax.set_xticks(n)
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("Scaling over paths\n" + recorded(text), fontsize=9)
-    fig.tight_layout()
-    save(fig, "multipath-scaling.svg")
+    finish(fig, ax, "Scaling over paths", text, "multipath-scaling.svg",
+           f"paths ({rate.group(1) if rate else '?'} mbit each)", "MB/s")
 
 
 def failover():
@@ -116,14 +122,9 @@ def failover():
                 label=f"{r['mode']}: stall {r['stall_s']} s, {r['before_mbs']} -> {r['after_mbs']} MB/s")
     down = runs[0]["down_at"]
     ax.axvline(down, color="red", linestyle="--", label="path taken down")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("MB/s (per half second)")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("A path fails during a transfer (4 paths)\n" + recorded(text), fontsize=9)
-    fig.tight_layout()
-    save(fig, "failover.svg")
+    finish(fig, ax, "A path fails during a transfer (4 paths)", text, "failover.svg",
+           "seconds", "MB/s (per half second)", fontsize=8)
 
 
 def cache_hits():
@@ -139,14 +140,9 @@ def cache_hits():
         y = [None if v is None else 100 * v for v in r["per_second"]]
         x = list(range(1, len(y) + 1))
         ax.plot(x, y, label=f"{r['label']} (last 10 s: {100 * r['last_10s_hit_ratio']:.1f}%)")
-    ax.set_xlabel("seconds from a cold cache")
-    ax.set_ylabel("read hit ratio, each second (%)")
     ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("SSD cache read hits over time (OLTP-like reads)\n" + recorded(text), fontsize=9)
-    fig.tight_layout()
-    save(fig, "cache-hits.svg")
+    finish(fig, ax, "SSD cache read hits over time (OLTP-like reads)", text, "cache-hits.svg",
+           "seconds from a cold cache", "read hit ratio, each second (%)", fontsize=8, loc="lower right")
 
 
 if __name__ == "__main__":
