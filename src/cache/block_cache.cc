@@ -64,8 +64,12 @@ Result<std::unique_ptr<BlockCache>> BlockCache::Open(const CacheOptions& opts) {
 }
 
 Result<bool> BlockCache::Init() {
+  // From here on the cache lives at the path the check resolved (see
+  // CheckCacheDir); messages name it too.
+  auto trusted = CheckCacheDir(opts_.dir);
+  if (!trusted) return trusted.error();
+  opts_.dir = *trusted;
   const std::string& dir = opts_.dir;
-  if (auto trusted = CheckCacheDir(dir); !trusted) return trusted.error();
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return Error::Errno(EACCES, "cache_dir " + dir + ": not writable");
   }

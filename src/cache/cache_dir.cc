@@ -59,7 +59,7 @@ std::string Holder(long pid) {
 
 }  // namespace
 
-Result<Ok> CheckCacheDir(const std::string& dir) {
+Result<std::string> CheckCacheDir(const std::string& dir) {
   char real[PATH_MAX];
   if (realpath(dir.c_str(), real) == nullptr) return Sys(errno, "cache_dir " + dir + ": not a directory");
   struct stat st {};
@@ -100,7 +100,7 @@ Result<Ok> CheckCacheDir(const std::string& dir) {
       return Untrusted(dir, std::string(name) + " in it " + why);
     }
   }
-  return Ok{};
+  return std::string(real);
 }
 
 Result<int> OpenCacheFile(const std::string& dir, const std::string& name, int flags, mode_t mode) {

@@ -39,9 +39,13 @@ namespace mpnfs::cache {
 // The names the cache keeps in its directory.
 inline constexpr const char* kCacheFiles[] = {"lock", "data", "index", "index.tmp", "meta", "id", "id.tmp", "probe"};
 
-// Ok if `dir` may hold a cache (see above); else an error naming the
-// reason: ENOTDIR, ENOENT, EPERM (owner, permissions, a link).
-Result<Ok> CheckCacheDir(const std::string& dir);
+// The directory `dir` names, with every symbolic link of its path resolved,
+// if it may hold a cache (see above); else an error naming the reason:
+// ENOTDIR, ENOENT, EPERM (owner, permissions, a link). The checks hold for
+// that resolved path, so the caller opens everything under it, never under
+// `dir` again: a link on the way to `dir` may sit in a directory others can
+// write to, and be swapped after the check.
+Result<std::string> CheckCacheDir(const std::string& dir);
 
 // Opens `dir`/`name` with open(2) `flags` (O_NOFOLLOW and O_CLOEXEC added;
 // `mode` for O_CREAT). Refuses a symbolic link (ELOOP), or anything that is

@@ -51,6 +51,16 @@ TEST_F(CacheDirTest, AcceptsADirectoryOnlyItsOwnerCanWrite) {
   EXPECT_TRUE(r.ok()) << r.error().what;
 }
 
+TEST_F(CacheDirTest, ACheckedPathIsTheResolvedDirectory) {
+  // A link on the way to the cache, in a directory others could write to,
+  // could be swapped after the check: the check hands back where it points.
+  const std::string link = top_ + "/link";
+  ASSERT_EQ(symlink(dir_.c_str(), link.c_str()), 0);
+  auto r = CheckCacheDir(link + "/");
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_EQ(*r, stdfs::canonical(dir_).string());
+}
+
 TEST_F(CacheDirTest, RefusesADirectoryOtherUsersCanWrite) {
   for (mode_t m : {0777, 0775, 0757, 01777}) {
     ASSERT_EQ(chmod(dir_.c_str(), m), 0);
