@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BIN, EXPORT, SERVER, SERVER2
+from conftest import BIN, EXPORT, LINK, SERVER, SERVER2
 
 CTL = os.path.join(os.path.dirname(BIN), "mpnfsctl")
 RING_MIB = 96     # the writer rewrites a file of this size over and over
@@ -219,6 +219,30 @@ def test_a_path_added_carries_traffic_and_is_removed(bed, mount_factory, traffic
     r = subprocess.run(["ss", "-Htn", "state", "established", "dst", SERVER2],
                        capture_output=True, text=True, check=True)
     assert f"{SERVER2}:2049" not in r.stdout, r.stdout
+
+
+def tx_bytes(k):
+    with open(f"/sys/class/net/{LINK}c{k}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def test_an_added_path_takes_its_local_binding(mount_factory):
+    """path 2's address, reached through path 3's interface, added live: its
+    traffic leaves by that interface."""
+    m = mount_factory(f"path={SERVER}")
+    r = ctl("path", "add", m.path, f"{SERVER2}:2049", f"local={LINK}c3")
+    assert r.returncode == 0, r.stderr
+    wait_for("the added path up", lambda: paths(m)[SERVER2]["STATE"] == "up", 15)
+    assert paths(m)[SERVER2]["LOCAL"] == f"{LINK}c3"
+    before = tx_bytes(3)
+    base = int(paths(m)[SERVER2]["BYTES_OUT"])
+    i = 0
+    while int(paths(m)[SERVER2]["BYTES_OUT"]) < base + (16 << 20):
+        (m.path / f"bound{i % 2}").write_bytes(os.urandom(8 << 20))
+        os.sync()
+        i += 1
+        assert i < 100, paths(m)
+    assert tx_bytes(3) - before > 16 << 20
 
 
 def test_refusals(mount_factory):
