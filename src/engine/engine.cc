@@ -285,7 +285,7 @@ Result<std::string> Engine::EnablePath(const std::string& addr) {
   return "path " + name + " enabled\n";
 }
 
-Status Engine::Connect(PathEntry& p, bool started) {
+Status Engine::StartConnections(PathEntry& p) {
   const int per = std::max(1, opts_.conns_per_path);
   // Free slots first (those of removed connections), then new ones.
   std::vector<size_t> free;
@@ -315,12 +315,10 @@ Status Engine::Connect(PathEntry& p, bool started) {
       slots_[i].store(c, std::memory_order_release);
       nslots_.store(i + 1, std::memory_order_release);
     }
-    if (started) {
-      loop->Run([loop, c] {
-        loop->Add(c);
-        c->Connect();
-      });
-    }
+    loop->Run([loop, c] {
+      loop->Add(c);
+      c->Connect();
+    });
   }
   return Ok{};
 }
@@ -339,7 +337,7 @@ Result<std::string> Engine::AddPath(const Endpoint& ep) {
     return Error::Errno(ENOSPC, fmt::format("a mount has at most {} paths", kMaxPaths));
   }
   paths_.push_back(PathEntry{ep, {}, false, false});
-  if (auto st = Connect(paths_.back(), true); !st) {
+  if (auto st = StartConnections(paths_.back()); !st) {
     paths_.pop_back();
     return st.error();
   }

@@ -226,8 +226,9 @@ class Engine {
   Result<PathEntry*> Find(const std::string& addr) REQUIRES(admin_mu_);
   int EnabledPaths() const REQUIRES(admin_mu_);
   std::string Names() const REQUIRES(admin_mu_);
-  // Builds, publishes and starts conns_per_path connections for `p`.
-  Status Connect(PathEntry& p, bool started) REQUIRES(admin_mu_);
+  // Builds, publishes and starts conns_per_path connections for `p`
+  // (REQUIRES: started), each on the loop with the fewest connections.
+  Status StartConnections(PathEntry& p) REQUIRES(admin_mu_);
   // Sets the disabled flag of every connection of `p` and has their loops
   // move what is queued on them.
   void SetDisabled(PathEntry& p, bool disabled, bool removed) REQUIRES(admin_mu_);
