@@ -1,6 +1,7 @@
 // ControlSocket: a unix socket beside each mount that answers one command
 // per connection: "stats" (a JSON snapshot of the mount's statistics),
-// "cache drop", "cache detach", "cache flush". `mpnfsctl` speaks it; so can
+// "cache drop", "cache detach", "cache flush", "path ..." (cli/path_control.h).
+// `mpnfsctl` speaks it; so can
 // any script (printf 'stats\n' | nc -U SOCKET). The socket lives at
 // /run/mpnfs/<mountpoint with '/' as %2F>.sock.
 //

@@ -25,6 +25,7 @@
 #include "cli/mpnfstab.h"
 #include "cli/options.h"
 #include "cli/help.h"
+#include "cli/path_control.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "nfs/local_bind.h"
@@ -50,6 +51,7 @@ std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng
     const auto k = cache->Stats();
     return cli::StatsJson(source, mp, eng.Stats(), &k);
   }
+  if (cmd == "path" || cmd.rfind("path ", 0) == 0) return cli::PathCommand(cmd, privileged, eng);
   if (cmd.rfind("cache ", 0) != 0) return "error: unknown command '" + cmd + "'\n";
   if (!privileged) return "error: only root may change the cache\n";
   if (!cache) return "error: this mount has no SSD cache\n";

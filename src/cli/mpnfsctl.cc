@@ -1,6 +1,9 @@
 // mpnfsctl: talks to a mounted mpnfs filesystem over its control socket.
 //   mpnfsctl stats MOUNTPOINT                      statistics (JSON)
 //   mpnfsctl cache drop|detach|flush MOUNTPOINT    online cache operations (root)
+//   mpnfsctl path list MOUNTPOINT                  the paths and their state
+//   mpnfsctl path disable|enable|remove MOUNTPOINT ADDR
+//   mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=L]   online path maintenance (root)
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,7 +20,10 @@ namespace {
 int Usage() {
   fprintf(stderr,
           "usage: mpnfsctl stats MOUNTPOINT\n"
-          "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n");
+          "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n"
+          "       mpnfsctl path list MOUNTPOINT\n"
+          "       mpnfsctl path disable|enable|remove MOUNTPOINT ADDR[:PORT]\n"
+          "       mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=IFACE|LOCALADDR]\n");
   return 1;
 }
 
@@ -33,6 +39,20 @@ int main(int argc, char** argv) {
     if (op != "drop" && op != "detach" && op != "flush") return Usage();
     cmd = "cache " + op;
     mountpoint = argv[3];
+  } else if (argc >= 4 && std::string(argv[1]) == "path") {
+    const std::string op = argv[2];
+    mountpoint = argv[3];
+    const bool ok = (op == "list" && argc == 4) ||
+                    ((op == "disable" || op == "enable" || op == "remove") && argc == 5) ||
+                    (op == "add" && (argc == 5 || argc == 6));
+    if (!ok) return Usage();
+    cmd = "path " + op;
+    for (int i = 4; i < argc; ++i) {
+      const std::string arg = argv[i];
+      // One line, words split by blanks, on the socket.
+      if (arg.empty() || arg.find_first_of(" \t\n") != std::string::npos) return Usage();
+      cmd += " " + arg;
+    }
   } else {
     return Usage();
   }

@@ -147,6 +147,14 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "shutdown"});
     return;
   }
+  if (disabled()) {
+    // Picked just before its path was disabled or removed.
+    if (Connection* other = engine_->PickElsewhere(this, r->cost)) {
+      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+      other->Deliver(std::move(r));
+      return;
+    }
+  }
   if (state_ == State::kDown) {
     // Picked just before this connection went down: another one takes it.
     if (Connection* other = engine_->PickConnection(this, r->cost)) {
@@ -161,6 +169,10 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
 }
 
 void Connection::Pump() {
+  if (disabled()) {
+    MovePending();
+    MaybeClose();
+  }
   if (state_ != State::kUp) return;
   auto now = Clock::now();
   while (!pending_.empty() &&
@@ -414,6 +426,19 @@ void Connection::Fail(const std::string& why) {
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
   }
 
+  if (disabled()) {
+    // Out of the balancing: what it held goes to the enabled paths (up or
+    // not), and it stays down, quietly, until its path is enabled.
+    MovePending();
+    reconnect_at_ = Clock::time_point::max();
+    if (was_up) {
+      stats_.reconnects.fetch_add(1, std::memory_order_relaxed);
+      log_->info("connection {} of a {} path closed: {}; {} calls moved to other paths", name_,
+                 removed() ? "removed" : "disabled", why, rescued.size());
+    }
+    return;
+  }
+
   if (was_up) {
     stats_.reconnects.fetch_add(1, std::memory_order_relaxed);
     log_->warn("connection {} lost: {}; {} calls will be resent; reconnecting", name_, why,
@@ -432,7 +457,7 @@ void Connection::Fail(const std::string& why) {
 
 void Connection::OnTimer(Clock::time_point now) {
   next_check_ = Clock::time_point::max();
-  if (state_ == State::kDown) {
+  if (state_ == State::kDown && !disabled()) {
     if (now >= reconnect_at_) {
       reconnect_at_ = Clock::time_point::max();
       Connect();
@@ -497,6 +522,64 @@ void Connection::OnTimer(Clock::time_point now) {
     }
     if (r->give_up != Clock::time_point::max()) NoteDeadline(r->give_up);
     ++it;
+  }
+  Pump();
+}
+
+void Connection::MovePending() {
+  while (!pending_.empty()) {
+    Connection* other = engine_->PickElsewhere(this, pending_.front()->cost);
+    if (other == nullptr) return;  // no enabled connection at all: keep them
+    auto r = std::move(pending_.front());
+    pending_.pop_front();
+    stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+    other->Deliver(std::move(r));
+  }
+}
+
+void Connection::MaybeClose() {
+  if (!removed() || closed_for_good_ || shut_down_ || !pending_.empty() ||
+      stats_.inflight.load(std::memory_order_relaxed) > 0) {
+    return;
+  }
+  closed_for_good_ = true;
+  const bool was_up = state_ == State::kUp;
+  // Nothing is in flight: what the transport still holds are probes and
+  // transmissions of calls finished before (their replies are dropped).
+  closing_ = true;
+  if (t_) t_->Close();
+  t_.reset();
+  closing_ = false;
+  rescued_.clear();
+  probe_ = nullptr;
+  state_ = State::kDown;
+  state_pub_ = 0;
+  up_ = false;
+  suspect_ = false;
+  reconnect_at_ = Clock::time_point::max();
+  registered_fd = -1;
+  registered_events = 0;
+  log_->info("connection {} of a removed path closed{}", name_, was_up ? "" : " (it was down)");
+  // Not from inside the loop's walk over its connections: as a task.
+  Loop* loop = loop_;
+  loop->Run([this, loop] {
+    loop->Remove(this);
+    engine_->Retire(this);
+  });
+}
+
+void Connection::AdminChanged() {
+  if (shut_down_) return;
+  if (disabled()) {
+    MovePending();
+    MaybeClose();
+    return;
+  }
+  if (state_ == State::kDown) {
+    // Enabled again: reconnect now rather than after the backoff.
+    backoff_.Reset();
+    reconnect_at_ = Clock::time_point::max();
+    Connect();
   }
   Pump();
 }

@@ -64,7 +64,20 @@ class Connection : public TransportSink {
     return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
   }
   Loop* loop() const { return loop_; }
+  const Endpoint& endpoint() const { return ep_; }
   ConnectionStats Snapshot() const;
+
+  // Online path maintenance (see engine.h). Out of the balancing: its path
+  // is disabled or removed. The picker skips such a connection.
+  bool disabled() const {
+    return disabled_.load(std::memory_order_relaxed) || removed_.load(std::memory_order_relaxed);
+  }
+  bool removed() const { return removed_.load(std::memory_order_relaxed); }
+  // Any thread: sets the flags; the engine then runs AdminChanged() on the loop.
+  void SetAdmin(bool disabled, bool removed) {
+    disabled_.store(disabled, std::memory_order_relaxed);
+    if (removed) removed_.store(true, std::memory_order_relaxed);
+  }
 
   // Any thread: hand `r` to this connection through its loop's mailbox. The
   // call counts as queued from now on, so the picker sees it at once.
@@ -84,6 +97,10 @@ class Connection : public TransportSink {
   void Shutdown();
   // Sends a NULL probe unless one is out or the server was just heard.
   void ProbeNow();
+  // After SetAdmin(): a disabled connection hands its queue to enabled ones,
+  // a removed one closes once nothing is in flight, an enabled one that is
+  // down reconnects now.
+  void AdminChanged();
   int fd() const;
   int events() const;
 
@@ -118,6 +135,10 @@ class Connection : public TransportSink {
   void Finish(std::shared_ptr<Request> r, const CallOutcome& o);
   // `r` is finished: its Attempts still here stop counting in flight.
   void Release(Request& r);
+  // Disabled: every queued call goes to an enabled connection.
+  void MovePending();
+  // Removed and nothing left in flight or queued: close and retire.
+  void MaybeClose();
   void NoteDeadline(Clock::time_point t) {
     if (t < next_check_) next_check_ = t;
   }
@@ -166,6 +187,10 @@ class Connection : public TransportSink {
   std::atomic<bool> suspect_{false};
   RateLimit down_log_{std::chrono::seconds(60)};
   AtomicStats stats_;
+  // Online path maintenance: written by the engine (any thread), read anywhere.
+  std::atomic<bool> disabled_{false};
+  std::atomic<bool> removed_{false};
+  bool closed_for_good_ = false;  // loop thread: removed and closed
 };
 
 }  // namespace mpnfs::engine

@@ -1,5 +1,9 @@
 #include "engine/engine.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <random>
 #include <thread>
 
@@ -9,7 +13,12 @@
 namespace mpnfs::engine {
 
 Engine::Engine(EngineOptions opts, TransportFactory factory)
-    : opts_(std::move(opts)), factory_(std::move(factory)), xid_(std::random_device{}()) {}
+    : opts_(std::move(opts)),
+      factory_(std::move(factory)),
+      slots_(new std::atomic<Connection*>[kMaxConnections]),
+      xid_(std::random_device{}()) {
+  for (int i = 0; i < kMaxConnections; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
+}
 
 Engine::~Engine() { Stop(); }
 
@@ -19,20 +28,26 @@ void Engine::Start() {
                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   nloops = std::max(1, std::min(nloops, nconns));
   for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i));
-  int index = 0;
-  for (int k = 0; k < std::max(1, opts_.conns_per_path); ++k) {
-    for (const auto& ep : opts_.paths) {
-      Loop* loop = loops_[index % nloops].get();
-      conns_.push_back(std::make_unique<Connection>(this, loop, ep, index, opts_, factory_));
-      loop->Add(conns_.back().get());
-      ++index;
+  std::lock_guard lock(admin_mu_);
+  for (const auto& ep : opts_.paths) paths_.push_back(PathEntry{ep, {}, false, false});
+  // Connection k of every path before connection k+1 of any: the loops get
+  // the paths in turn.
+  const int per = std::max(1, opts_.conns_per_path);
+  for (int k = 0; k < per; ++k) {
+    for (auto& p : paths_) {
+      Loop* loop = loops_[next_index_ % nloops].get();
+      owned_.push_back(std::make_unique<Connection>(this, loop, p.ep, next_index_, opts_, factory_));
+      Connection* c = owned_.back().get();
+      ++next_index_;
+      p.conns.push_back(c);
+      loop->Add(c);
+      const size_t i = nslots_.load(std::memory_order_relaxed);
+      slots_[i].store(c, std::memory_order_release);
+      nslots_.store(i + 1, std::memory_order_release);
     }
   }
   for (auto& l : loops_) l->Start();
-  for (auto& c : conns_) {
-    Connection* conn = c.get();
-    conn->loop()->Run([conn] { conn->Connect(); });
-  }
+  ForEach([](Connection* conn) { conn->loop()->Run([conn] { conn->Connect(); }); });
   started_ = true;
 }
 
@@ -43,21 +58,26 @@ void Engine::Stop() {
 }
 
 Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
-  const size_t n = conns_.size();
+  const size_t n = nslots_.load(std::memory_order_acquire);
   if (n == 0) return nullptr;
   // A connection not measured yet is assumed as fast as the fastest one
   // measured, so it gets traffic and thereby a measurement.
   const auto now = Clock::now();
   constexpr auto kFresh = std::chrono::seconds(2);
   uint64_t fastest = 0;
-  for (const auto& c : conns_) fastest = std::max(fastest, c->rate(now, kFresh));
+  ForEach([&](Connection* c) {
+    if (!c->disabled()) fastest = std::max(fastest, c->rate(now, kFresh));
+  });
   const double unknown = fastest > 0 ? static_cast<double>(fastest) : 100e6;
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
+  Connection* fallback = nullptr;  // an enabled one, up or not
   double best_score = 0;
   for (size_t i = 0; i < n; ++i) {
-    Connection* c = conns_[(start + i) % n].get();
-    if (c == avoid || !c->up()) continue;
+    Connection* c = slots_[(start + i) % n].load(std::memory_order_acquire);
+    if (c == nullptr || c == avoid || c->disabled()) continue;
+    if (fallback == nullptr) fallback = c;
+    if (!c->up()) continue;
     const uint64_t rate = c->rate(now, kFresh);
     // Expected seconds until this call is done there.
     double score = static_cast<double>(c->outstanding_bytes() + cost) /
@@ -68,28 +88,41 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
       best_score = score;
     }
   }
-  if (best == nullptr && avoid == nullptr) best = conns_[start].get();
+  if (best == nullptr && avoid == nullptr) best = fallback;
   return best;
 }
 
+Connection* Engine::PickElsewhere(const Connection* self, int64_t cost) {
+  if (Connection* c = PickConnection(self, cost)) return c;
+  Connection* any = nullptr;
+  ForEach([&](Connection* c) {
+    if (any == nullptr && c != self && !c->disabled()) any = c;
+  });
+  return any;
+}
+
 bool Engine::AnotherHeardSince(const Connection* self, Clock::time_point since) const {
-  for (const auto& c : conns_) {
-    if (c.get() != self && c->up() && c->last_heard() >= since) return true;
-  }
-  return false;
+  bool heard = false;
+  ForEach([&](Connection* c) {
+    if (c != self && c->up() && c->last_heard() >= since) heard = true;
+  });
+  return heard;
 }
 
 void Engine::ProbeOthers(const Connection* self) {
-  for (const auto& c : conns_) {
-    Connection* conn = c.get();
-    if (conn != self && conn->up()) conn->loop()->Run([conn] { conn->ProbeNow(); });
-  }
+  ForEach([&](Connection* conn) {
+    if (conn != self && conn->up() && !conn->disabled()) {
+      conn->loop()->Run([conn] { conn->ProbeNow(); });
+    }
+  });
 }
 
 int Engine::IdleConnections() const {
   constexpr int64_t kIdle = 64 << 10;
   int n = 0;
-  for (const auto& c : conns_) n += c->up() && c->outstanding_bytes() < kIdle ? 1 : 0;
+  ForEach([&](Connection* c) {
+    n += c->up() && !c->disabled() && c->outstanding_bytes() < kIdle ? 1 : 0;
+  });
   return n;
 }
 
@@ -127,8 +160,222 @@ void Engine::SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCal
 
 std::vector<ConnectionStats> Engine::Stats() const {
   std::vector<ConnectionStats> out;
-  for (const auto& c : conns_) out.push_back(c->Snapshot());
+  ForEach([&](Connection* c) { out.push_back(c->Snapshot()); });
   return out;
+}
+
+// --- online path maintenance ---
+
+namespace {
+
+std::string Name(const Endpoint& ep) { return fmt::format("{}:{}", ep.host, ep.port); }
+
+}  // namespace
+
+std::string Engine::Names() const {
+  std::string out;
+  for (const auto& p : paths_) out += (out.empty() ? "" : ", ") + Name(p.ep);
+  return out;
+}
+
+int Engine::EnabledPaths() const {
+  int n = 0;
+  for (const auto& p : paths_) n += !p.disabled && !p.removing ? 1 : 0;
+  return n;
+}
+
+Result<Engine::PathEntry*> Engine::Find(const std::string& addr) {
+  std::string host = addr;
+  int port = 0;
+  if (auto colon = addr.rfind(':'); colon != std::string::npos) {
+    host = addr.substr(0, colon);
+    try {
+      size_t used = 0;
+      port = std::stoi(addr.substr(colon + 1), &used);
+      if (used != addr.size() - colon - 1 || port <= 0 || port > 65535) port = -1;
+    } catch (...) {
+      port = -1;
+    }
+    if (port < 0) return Error::Errno(EINVAL, "bad port in '" + addr + "'");
+  }
+  std::vector<PathEntry*> found;
+  for (auto& p : paths_) {
+    if (p.ep.host == host && (port == 0 || p.ep.port == port)) found.push_back(&p);
+  }
+  if (found.size() == 1) return found[0];
+  if (found.empty()) {
+    return Error::Errno(ENOENT, "no path " + addr + " on this mount; paths are: " + Names());
+  }
+  return Error::Errno(EINVAL, addr + " names " + std::to_string(found.size()) +
+                                  " paths (give HOST:PORT); paths are: " + Names());
+}
+
+void Engine::SetDisabled(PathEntry& p, bool disabled, bool removed) {
+  for (Connection* c : p.conns) {
+    c->SetAdmin(disabled, removed);
+    c->loop()->Run([c] { c->AdminChanged(); });
+  }
+}
+
+std::vector<PathInfo> Engine::Paths() const {
+  std::lock_guard lock(admin_mu_);
+  std::vector<PathInfo> out;
+  for (const auto& p : paths_) {
+    PathInfo info;
+    info.endpoint = p.ep;
+    int connecting = 0;
+    for (Connection* c : p.conns) {
+      const ConnectionStats s = c->Snapshot();
+      info.connections++;
+      info.connections_up += s.state == "up" ? 1 : 0;
+      connecting += s.state == "connecting" || s.state == "probing" ? 1 : 0;
+      info.inflight += s.inflight;
+      info.queued += s.queued;
+      info.calls += s.calls;
+      info.bytes_out += s.bytes_out;
+      info.bytes_in += s.bytes_in;
+    }
+    if (info.connections_up == info.connections && info.connections > 0) {
+      info.state = "up";
+    } else if (info.connections_up > 0) {
+      info.state = "degraded";
+    } else {
+      info.state = connecting > 0 ? "connecting" : "down";
+    }
+    if (p.removing) {
+      info.admin = "removing";
+    } else if (p.disabled) {
+      info.admin = info.inflight + info.queued > 0 ? "draining" : "disabled";
+    } else {
+      info.admin = "enabled";
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Result<std::string> Engine::DisablePath(const std::string& addr) {
+  std::lock_guard lock(admin_mu_);
+  auto p = Find(addr);
+  if (!p) return p.error();
+  PathEntry& path = **p;
+  const std::string name = Name(path.ep);
+  if (path.removing) return Error::Errno(ENOENT, "path " + name + " is being removed");
+  if (path.disabled) return "path " + name + " is already disabled\n";
+  if (EnabledPaths() <= 1) {
+    return Error::Errno(EBUSY, "path " + name + " is the last enabled path of this mount; "
+                                   "enable or add another path first");
+  }
+  path.disabled = true;
+  SetDisabled(path, true, false);
+  return "path " + name + " disabled: it takes no new calls; calls queued there moved to the "
+         "other paths, calls in flight there finish there\n";
+}
+
+Result<std::string> Engine::EnablePath(const std::string& addr) {
+  std::lock_guard lock(admin_mu_);
+  auto p = Find(addr);
+  if (!p) return p.error();
+  PathEntry& path = **p;
+  const std::string name = Name(path.ep);
+  if (path.removing) return Error::Errno(ENOENT, "path " + name + " is being removed");
+  if (!path.disabled) return "path " + name + " is already enabled\n";
+  path.disabled = false;
+  SetDisabled(path, false, false);
+  return "path " + name + " enabled\n";
+}
+
+Status Engine::StartConnections(PathEntry& p) {
+  const int per = std::max(1, opts_.conns_per_path);
+  // Free slots first (those of removed connections), then new ones.
+  std::vector<size_t> free;
+  const size_t n = nslots_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < n && free.size() < static_cast<size_t>(per); ++i) {
+    if (slots_[i].load(std::memory_order_relaxed) == nullptr) free.push_back(i);
+  }
+  if (free.size() + (kMaxConnections - n) < static_cast<size_t>(per)) {
+    return Error::Errno(ENOSPC, fmt::format("a mount has at most {} connections", kMaxConnections));
+  }
+  for (int k = 0; k < per; ++k) {
+    // The loop with the fewest connections.
+    std::vector<int> load(loops_.size(), 0);
+    ForEach([&](Connection* c) {
+      for (size_t l = 0; l < loops_.size(); ++l) load[l] += loops_[l].get() == c->loop() ? 1 : 0;
+    });
+    const size_t l = std::min_element(load.begin(), load.end()) - load.begin();
+    Loop* loop = loops_[l].get();
+    owned_.push_back(std::make_unique<Connection>(this, loop, p.ep, next_index_++, opts_, factory_));
+    Connection* c = owned_.back().get();
+    p.conns.push_back(c);
+    if (!free.empty()) {
+      slots_[free.front()].store(c, std::memory_order_release);
+      free.erase(free.begin());
+    } else {
+      const size_t i = nslots_.load(std::memory_order_relaxed);
+      slots_[i].store(c, std::memory_order_release);
+      nslots_.store(i + 1, std::memory_order_release);
+    }
+    loop->Run([loop, c] {
+      loop->Add(c);
+      c->Connect();
+    });
+  }
+  return Ok{};
+}
+
+Result<std::string> Engine::AddPath(const Endpoint& ep) {
+  std::lock_guard lock(admin_mu_);
+  if (!started_ || stopped_) return Error::Errno(ESHUTDOWN, "the engine is not running");
+  for (const auto& p : paths_) {
+    if (p.ep.host == ep.host && p.ep.port == ep.port) {
+      return Error::Errno(EEXIST, "path " + Name(ep) + (p.removing ? " is still being removed; "
+                                                                      "add it once it is gone"
+                                                                    : " is already on this mount"));
+    }
+  }
+  if (paths_.size() >= static_cast<size_t>(kMaxPaths)) {
+    return Error::Errno(ENOSPC, fmt::format("a mount has at most {} paths", kMaxPaths));
+  }
+  paths_.push_back(PathEntry{ep, {}, false, false});
+  if (auto st = StartConnections(paths_.back()); !st) {
+    paths_.pop_back();
+    return st.error();
+  }
+  return fmt::format("path {} added: {} connection(s) joining the balancing once up\n", Name(ep),
+                     paths_.back().conns.size());
+}
+
+Result<std::string> Engine::RemovePath(const std::string& addr) {
+  std::lock_guard lock(admin_mu_);
+  auto p = Find(addr);
+  if (!p) return p.error();
+  PathEntry& path = **p;
+  const std::string name = Name(path.ep);
+  if (path.removing) return "path " + name + " is already being removed\n";
+  if (!path.disabled && EnabledPaths() <= 1) {
+    return Error::Errno(EBUSY, "path " + name + " is the last enabled path of this mount; "
+                                   "enable or add another path first");
+  }
+  path.disabled = true;
+  path.removing = true;
+  SetDisabled(path, true, true);
+  return "path " + name + " removed: it takes no new calls; its connections close once the "
+         "calls in flight there are done (`path list` shows it as removing until then)\n";
+}
+
+void Engine::Retire(Connection* c) {
+  std::lock_guard lock(admin_mu_);
+  const size_t n = nslots_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < n; ++i) {
+    if (slots_[i].load(std::memory_order_relaxed) == c) slots_[i].store(nullptr, std::memory_order_release);
+  }
+  for (auto it = paths_.begin(); it != paths_.end(); ++it) {
+    if (std::erase(it->conns, c) > 0 && it->removing && it->conns.empty()) {
+      paths_.erase(it);
+      break;
+    }
+  }
+  // The object stays in owned_: a picker may still hold it.
 }
 
 }  // namespace mpnfs::engine

@@ -36,22 +36,58 @@
 // path is silent the server, not a path, is the problem: calls wait (hard)
 // or time out (soft) as on one path.
 //
-// Thread safety: Submit() and Stats() are thread safe; Start()/Stop() are
-// called by the owner thread only.
+// Online path maintenance. The set of paths can change while mounted
+// (mpnfsctl path ...). A path is disabled (taken out of the balancing),
+// enabled again, added or removed:
+//  - Disable: the picker sends it no new call from the moment DisablePath()
+//    returns. Calls queued on its connections (not yet sent) move to the
+//    enabled paths at once, in their order (to a connection that is down if
+//    no enabled one is up; they wait there as any queued call would). Calls
+//    in flight on it finish there: a timeout retransmits there (same XID),
+//    and if the path dies meanwhile (TCP error, path_timeout while another
+//    path answers) they are rescued to the enabled paths as for any dead
+//    path. No call fails because of a disable. A disabled connection sends
+//    no NULL probes once idle, and one that goes down stays down quietly
+//    (no reconnect attempts, no warnings) until the path is enabled.
+//  - Enable: the path is a candidate again at once; a connection of it that
+//    is down reconnects now (backoff reset) and is used once it is up.
+//  - Add: conns_per_path new connections, on the loops with the fewest
+//    connections, connect and join the balancing once up.
+//  - Remove: a disable, then each connection closes once nothing is in
+//    flight on it any more (answered, or rescued elsewhere); the path is
+//    listed as "removing" until then.
+// The last enabled path can be neither disabled nor removed.
+//
+// Connection set. Pickers run on any thread without a lock, so connections
+// live in a fixed array of kMaxConnections atomic slots; a slot's pointer is
+// published (release) after the connection is built, and a removed
+// connection's slot is cleared once it has closed. A Connection object is
+// never freed before the engine is destroyed (a picker may still hold a
+// pointer it loaded just before the slot was cleared; a call delivered to a
+// removed connection is passed on to an enabled one). So every remove costs
+// the memory of its (closed) connections until unmount.
+//
+// Thread safety: Submit(), Stats(), Paths() and the path operations are
+// thread safe (path operations are serialised by admin_mu_, which is never
+// held while waiting for a loop; a loop thread takes it only to retire a
+// connection); Start()/Stop() are called by the owner thread only.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "engine/cred.h"
 #include "engine/request.h"
 #include "engine/rpc_call.h"
 #include "engine/transport.h"
+#include "mpnfs/result.h"
 
 namespace mpnfs::engine {
 
@@ -91,6 +127,20 @@ struct ConnectionStats {
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
 };
 
+// One path as `mpnfsctl path list` shows it.
+struct PathInfo {
+  Endpoint endpoint;
+  // enabled, draining (disabled, calls still queued or in flight on it),
+  // disabled, removing (removed, connections not all closed yet).
+  std::string admin;
+  // up (every connection), degraded (some), connecting (none up, some
+  // connecting or probing), down.
+  std::string state;
+  int connections = 0, connections_up = 0;
+  int64_t inflight = 0, queued = 0;
+  uint64_t calls = 0, bytes_out = 0, bytes_in = 0;
+};
+
 struct SubmitOptions {
   // Give up (kTimedOut) after this long even on a hard mount; used at mount time.
   std::optional<std::chrono::milliseconds> deadline;
@@ -119,6 +169,19 @@ class Engine {
   std::vector<ConnectionStats> Stats() const;
   const EngineOptions& options() const { return opts_; }
 
+  // --- online path maintenance (see the top of this file); any thread,
+  // REQUIRES: started. `addr` is "HOST" or "HOST:PORT" (numeric); an error
+  // says what is wrong (no such path, the last enabled one, ...). On
+  // success the message says what was done.
+  std::vector<PathInfo> Paths() const;
+  Result<std::string> DisablePath(const std::string& addr);
+  Result<std::string> EnablePath(const std::string& addr);
+  Result<std::string> AddPath(const Endpoint& ep);
+  Result<std::string> RemovePath(const std::string& addr);
+  // Most connections alive at once (and most paths, at most kMaxPaths).
+  static constexpr int kMaxConnections = 256;
+  static constexpr int kMaxPaths = 16;
+
   // Connections that are up and have (almost) nothing outstanding: how many
   // ways a large request can usefully be split now. Splitting costs a copy
   // when the pieces of a read are put together, so it is done only when a
@@ -135,12 +198,49 @@ class Engine {
   bool AnotherHeardSince(const Connection* self, Clock::time_point since) const;
   // Asks every other up connection to send a NULL probe now.
   void ProbeOthers(const Connection* self);
+  // Where a call leaving `self` (disabled or removed) goes: the best up
+  // enabled connection, else any enabled one (it waits there for the
+  // reconnect); null only if no other enabled connection exists.
+  Connection* PickElsewhere(const Connection* self, int64_t cost);
+  // Loop thread of `c`: a removed connection has closed; its slot is freed.
+  void Retire(Connection* c);
 
  private:
   const EngineOptions opts_;
   TransportFactory factory_;
   std::vector<std::unique_ptr<Loop>> loops_;
-  std::vector<std::unique_ptr<Connection>> conns_;
+  struct PathEntry {
+    Endpoint ep;
+    std::vector<Connection*> conns;
+    bool disabled = false;
+    bool removing = false;
+  };
+  template <class F>
+  void ForEach(F f) const {
+    const size_t n = nslots_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; ++i) {
+      if (Connection* c = slots_[i].load(std::memory_order_acquire)) f(c);
+    }
+  }
+  // REQUIRES: admin_mu_ held. The path `addr` names, or an error listing them.
+  Result<PathEntry*> Find(const std::string& addr) REQUIRES(admin_mu_);
+  int EnabledPaths() const REQUIRES(admin_mu_);
+  std::string Names() const REQUIRES(admin_mu_);
+  // Builds, publishes and starts conns_per_path connections for `p`
+  // (REQUIRES: started), each on the loop with the fewest connections.
+  Status StartConnections(PathEntry& p) REQUIRES(admin_mu_);
+  // Sets the disabled flag of every connection of `p` and has their loops
+  // move what is queued on them.
+  void SetDisabled(PathEntry& p, bool disabled, bool removed) REQUIRES(admin_mu_);
+
+  // The live connection set: slots_[0, nslots_) hold connections or null
+  // (a freed slot, reused by a later add).
+  std::unique_ptr<std::atomic<Connection*>[]> slots_;
+  std::atomic<size_t> nslots_{0};
+  mutable std::mutex admin_mu_;
+  std::vector<std::unique_ptr<Connection>> owned_ GUARDED_BY(admin_mu_);  // all ever made
+  std::vector<PathEntry> paths_ GUARDED_BY(admin_mu_);
+  int next_index_ GUARDED_BY(admin_mu_) = 0;  // names connections host:port#index
   std::atomic<uint32_t> xid_;
   std::atomic<uint32_t> rr_{0};
   std::atomic<bool> started_{false};

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <future>
+#include <random>
 #include <thread>
 
 #include "engine/event_loop.h"
@@ -496,6 +497,261 @@ TEST_F(EngineTest, WhenEveryPathIsSilentNothingFailsOver) {
   }
   net_.Unblackhole();
   EXPECT_EQ(AwaitAllOk(calls), 0);
+}
+
+
+// --- online path maintenance ---
+
+// Stats of the connections of path `host` (one per connection).
+std::vector<ConnectionStats> Of(const std::vector<ConnectionStats>& st, const std::string& host) {
+  std::vector<ConnectionStats> out;
+  for (const auto& s : st) {
+    if (s.endpoint.rfind(host + ":", 0) == 0) out.push_back(s);
+  }
+  return out;
+}
+
+const PathInfo* FindPath(const std::vector<PathInfo>& paths, const std::string& host) {
+  for (const auto& p : paths) {
+    if (p.endpoint.host == host) return &p;
+  }
+  return nullptr;
+}
+
+class PathsTest : public EngineTest {
+ protected:
+  static constexpr const char* kA = "10.0.0.1";
+  static constexpr const char* kB = "10.0.1.1";
+  // Waits (up to 5 s) until pred holds for the engine's stats.
+  static bool WaitStats(Engine& e, const std::function<bool(const std::vector<ConnectionStats>&)>& pred) {
+    for (int i = 0; i < 5000; ++i) {
+      if (pred(e.Stats())) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+};
+
+TEST_F(PathsTest, ADisabledPathGetsNoNewCallsWhileTheOthersDo) {
+  auto o = TwoPaths(1000ms);
+  o.conns_per_path = 2;
+  auto e = Started(o);
+  auto before = SubmitN(*e, 20);
+  EXPECT_EQ(AwaitAllOk(before), 0);
+  ASSERT_TRUE(e->DisablePath(kB));
+  const auto at_disable = e->Stats();
+  uint64_t b_calls = 0;
+  for (const auto& s : Of(at_disable, kB)) b_calls += s.calls;
+  auto calls = SubmitN(*e, 200, 64 << 10);
+  EXPECT_EQ(AwaitAllOk(calls), 0);
+  const auto st = e->Stats();
+  uint64_t b_after = 0, a_gain = 0;
+  for (const auto& s : Of(st, kB)) b_after += s.calls;
+  for (const auto& s : Of(st, kA)) a_gain += s.calls;
+  for (const auto& s : Of(at_disable, kA)) a_gain -= s.calls;
+  EXPECT_EQ(b_after, b_calls);
+  EXPECT_EQ(a_gain, 200u);
+  EXPECT_EQ(FindPath(e->Paths(), kB)->admin, "disabled");
+  // Enabled again, it carries calls again.
+  ASSERT_TRUE(e->EnablePath(kB));
+  EXPECT_EQ(FindPath(e->Paths(), kB)->admin, "enabled");
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto more = SubmitN(*e, 40);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() >= 260; }));
+  uint64_t b_again = 0;
+  for (const auto& s : Of(WaitInflight(*e, 40), kB)) b_again += s.calls;
+  EXPECT_GT(b_again, b_calls);
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  EXPECT_EQ(AwaitAllOk(more), 0);
+}
+
+TEST_F(PathsTest, QueuedCallsMoveAtOnceAndCallsInFlightFinishThere) {
+  auto o = TwoPaths(0ms);
+  o.max_inflight = 2;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  auto calls = SubmitN(*e, 20);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 4; }));
+  ASSERT_TRUE(WaitStats(*e, [](auto& st) { return st[0].queued + st[1].queued == 16; }));
+  const auto b0 = Of(e->Stats(), kB).at(0);
+  ASSERT_GT(b0.queued, 0);
+  ASSERT_EQ(b0.inflight, 2);
+  ASSERT_TRUE(e->DisablePath(kB));
+  // Its queue moves to A without anything being answered...
+  ASSERT_TRUE(WaitStats(*e, [](auto& st) { return Of(st, kB).at(0).queued == 0; }))
+      << "the queue of the disabled path did not move";
+  auto st = e->Stats();
+  EXPECT_EQ(Of(st, kA).at(0).queued, 16 - 0);  // all that waits, waits on A
+  EXPECT_EQ(Of(st, kB).at(0).inflight, 2);     // its calls in flight stay
+  EXPECT_EQ(FindPath(e->Paths(), kB)->admin, "draining");
+  // ...and once answered, everything completes, nothing resent.
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  EXPECT_EQ(AwaitAllOk(calls), 0);
+  st = WaitInflight(*e, 0);
+  EXPECT_EQ(Of(st, kB).at(0).calls, 2u);
+  EXPECT_EQ(Of(st, kB).at(0).replies, 2u);
+  EXPECT_EQ(Of(st, kA).at(0).calls, 18u);
+  EXPECT_EQ(FindPath(e->Paths(), kB)->admin, "disabled");
+  for (const auto& c : calls) EXPECT_EQ(c->completions.load(), 1);
+}
+
+TEST_F(PathsTest, CallsInFlightOnADisabledPathThatDiesAreRescued) {
+  auto o = TwoPaths(200ms);
+  o.loops = 1;  // connections connect in index order: A is transport 0, B 1
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  auto calls = SubmitN(*e, 10, 64 << 10);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 10; }));
+  ASSERT_GT(Of(WaitInflight(*e, 10), kB).at(0).inflight, 0);
+  ASSERT_TRUE(e->DisablePath(kB));
+  ASSERT_TRUE(net_.Blackhole(1));                 // B's link goes down...
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();                                // ...while A answers
+  EXPECT_GT(AwaitAllOk(calls), 0);                // B's calls were resent on A
+  const auto b = Of(e->Stats(), kB).at(0);
+  EXPECT_EQ(b.failovers, 1u);
+  EXPECT_EQ(b.state, "down");
+  // Down while disabled, it does not try to reconnect...
+  int attempts;
+  {
+    std::lock_guard lock(net_.mu);
+    attempts = net_.connect_attempts;
+  }
+  std::this_thread::sleep_for(400ms);  // several backoff periods (20 to 100 ms)
+  {
+    std::lock_guard lock(net_.mu);
+    EXPECT_EQ(net_.connect_attempts, attempts);
+  }
+  EXPECT_EQ(Of(e->Stats(), kB).at(0).state, "down");
+  // ...until it is enabled.
+  net_.Unblackhole();
+  ASSERT_TRUE(e->EnablePath(kB));
+  WaitAllUp(*e);
+}
+
+TEST_F(PathsTest, TheLastEnabledPathCanBeNeitherDisabledNorRemoved) {
+  auto e = Started(TwoPaths(1000ms));
+  auto r = e->DisablePath("10.9.9.9");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().what, "no path 10.9.9.9 on this mount; paths are: 10.0.0.1:2049, 10.0.1.1:2049");
+  ASSERT_TRUE(e->DisablePath(kA));
+  r = e->DisablePath(kB);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what.find("last enabled path"), std::string::npos) << r.error().what;
+  r = e->RemovePath(std::string(kB) + ":2049");
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what.find("last enabled path"), std::string::npos) << r.error().what;
+  EXPECT_FALSE(e->RemovePath(std::string(kB) + ":2050"));  // no such port
+  // A disabled path may go.
+  ASSERT_TRUE(e->RemovePath(kA));
+  // Calls still complete, over B.
+  EXPECT_EQ(AwaitAllOk(SubmitN(*e, 10)), 0);
+  for (int i = 0; i < 500 && e->Paths().size() != 1; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(e->Paths().size(), 1u);
+  EXPECT_EQ(e->Stats().size(), 1u);
+  EXPECT_FALSE(e->EnablePath(kA));  // gone
+  // A mount of one path: it cannot go either.
+  auto one = Started(Opts());
+  EXPECT_FALSE(one->DisablePath("127.0.0.1"));
+  EXPECT_FALSE(one->RemovePath("127.0.0.1"));
+}
+
+TEST_F(PathsTest, AnAddedPathReceivesCalls) {
+  auto e = Started(Opts());
+  ASSERT_FALSE(e->AddPath(Endpoint{"127.0.0.1", 2049, {}}));  // already there
+  ASSERT_TRUE(e->AddPath(Endpoint{"10.0.7.1", 2049, {}}));
+  WaitAllUp(*e);
+  ASSERT_EQ(e->Stats().size(), 2u);
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto calls = SubmitN(*e, 20);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 20; }));
+  const auto added = Of(WaitInflight(*e, 20), "10.0.7.1");
+  ASSERT_EQ(added.size(), 1u);
+  EXPECT_EQ(added[0].endpoint, "10.0.7.1:2049#1");
+  EXPECT_GE(added[0].inflight, 5);
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  EXPECT_EQ(AwaitAllOk(calls), 0);
+}
+
+TEST_F(PathsTest, ARemovedPathClosesOnceItsCallsInFlightAreAnswered) {
+  auto o = TwoPaths(0ms);
+  o.conns_per_path = 2;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  auto calls = SubmitN(*e, 20);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 20; }));
+  int64_t b_inflight = 0;
+  for (const auto& s : Of(WaitInflight(*e, 20), kB)) b_inflight += s.inflight;
+  ASSERT_GT(b_inflight, 0);
+  ASSERT_TRUE(e->RemovePath(kB));
+  EXPECT_FALSE(e->AddPath(Endpoint{kB, 2049, {}}));  // still being removed
+  auto later = SubmitN(*e, 10);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 30; }));
+  auto p = e->Paths();
+  ASSERT_NE(FindPath(p, kB), nullptr);
+  EXPECT_EQ(FindPath(p, kB)->admin, "removing");
+  EXPECT_EQ(FindPath(p, kB)->inflight, b_inflight);  // the later calls went to A
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  EXPECT_EQ(AwaitAllOk(calls), 0);
+  EXPECT_EQ(AwaitAllOk(later), 0);
+  for (int i = 0; i < 500 && e->Paths().size() != 1; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(e->Paths().size(), 1u);
+  EXPECT_EQ(e->Stats().size(), 2u);  // A's two
+  // It can come back, in the freed slots, with new names.
+  ASSERT_TRUE(e->AddPath(Endpoint{kB, 2049, {}}));
+  WaitAllUp(*e);
+  auto st = e->Stats();
+  ASSERT_EQ(Of(st, kB).size(), 2u);
+  EXPECT_EQ(Of(st, kB)[0].endpoint.substr(Of(st, kB)[0].endpoint.find('#')), "#4");
+  EXPECT_EQ(AwaitAllOk(SubmitN(*e, 10)), 0);
+}
+
+TEST_F(PathsTest, NoCallIsLostOrFailedAcrossPathChangesUnderLoad) {
+  auto o = Opts();
+  o.paths = {Endpoint{"10.0.0.1", 2049, {}}, Endpoint{"10.0.1.1", 2049, {}},
+             Endpoint{"10.0.2.1", 2049, {}}};
+  o.conns_per_path = 2;
+  o.max_inflight = 4;
+  o.path_timeout = 0ms;
+  auto e = Started(o);
+  std::vector<std::shared_ptr<ProbeCall>> calls;
+  std::atomic<bool> go{true};
+  std::thread submitter([&] {
+    for (int i = 0; i < 20000 && go; ++i) {
+      calls.push_back(std::make_shared<ProbeCall>(i % 7 == 0 ? 256 << 10 : 0));
+      e->Submit(calls.back(), Cred{});
+    }
+  });
+  std::mt19937 rng(20261201);
+  const std::vector<std::string> hosts = {"10.0.0.1", "10.0.1.1", "10.0.2.1"};
+  int done[4] = {0, 0, 0, 0};  // disable, enable, remove, add: how many were accepted
+  for (int round = 0; round < 300; ++round) {
+    const std::string& h = hosts[rng() % hosts.size()];
+    switch (rng() % 6) {
+      case 0: case 1: done[0] += static_cast<bool>(e->DisablePath(h)); break;
+      case 2: case 3: done[1] += static_cast<bool>(e->EnablePath(h)); break;
+      case 4: done[2] += static_cast<bool>(e->RemovePath(h)); break;
+      default: done[3] += static_cast<bool>(e->AddPath(Endpoint{h, 2049, {}})); break;
+    }
+    if (rng() % 10 == 0) net_.ResetOne();
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+  }
+  go = false;
+  submitter.join();
+  for (int k = 0; k < 4; ++k) EXPECT_GE(done[k], 5) << "operation " << k << " was hardly exercised";
+  EXPECT_GT(calls.size(), 1000u);
+  // Every call completed exactly once, and none failed.
+  for (const auto& c : calls) {
+    auto f = c->done.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "a call was lost";
+    EXPECT_EQ(f.get().first, CallStatus::kOk);
+  }
+  e->Stop();
+  for (const auto& c : calls) EXPECT_EQ(c->completions.load(), 1);
 }
 
 }  // namespace

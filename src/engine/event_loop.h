@@ -28,8 +28,12 @@ class Loop {
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
 
-  // REQUIRES: before Start().
+  // REQUIRES: before Start(), or on the loop thread outside the loop's walk
+  // over its connections (in a Run() task).
   void Add(Connection* c) { conns_.push_back(c); }
+  // The loop drives `c` no more. REQUIRES: as Add(); `c` has no socket
+  // registered (closed). Mail for `c` is still delivered to it.
+  void Remove(Connection* c) { std::erase(conns_, c); }
   void Start();
   // Shuts the connections down on the loop thread and joins it.
   void Stop();

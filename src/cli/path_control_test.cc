@@ -1,0 +1,67 @@
+#include "cli/path_control.h"
+
+#include <gtest/gtest.h>
+
+#include "test/fakes/fake_transport.h"
+
+namespace mpnfs::cli {
+namespace {
+
+using namespace std::chrono_literals;
+
+class PathControlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine::EngineOptions o;
+    o.paths = {engine::Endpoint{"10.0.0.1", 2049, {}}, engine::Endpoint{"10.0.1.1", 2049, {}}};
+    o.backoff_initial = 20ms;
+    o.backoff_max = 100ms;
+    eng_ = std::make_unique<engine::Engine>(o, [this](engine::TransportSink* sink) {
+      return std::make_unique<testing::FakeTransport>(&net_, sink);
+    });
+    eng_->Start();
+  }
+  std::string Run(const std::string& cmd, bool privileged = true) {
+    return PathCommand(cmd, privileged, *eng_);
+  }
+  testing::FakeNet net_;
+  std::unique_ptr<engine::Engine> eng_;
+};
+
+TEST_F(PathControlTest, AnyoneListsOnlyRootChanges) {
+  const std::string list = Run("path list", false);
+  EXPECT_EQ(list.rfind("PATH ", 0), 0u) << list;
+  EXPECT_NE(list.find("\n10.0.0.1:2049 "), std::string::npos) << list;
+  EXPECT_NE(list.find("\n10.0.1.1:2049 "), std::string::npos) << list;
+  for (const char* cmd : {"path disable 10.0.1.1", "path enable 10.0.1.1", "path remove 10.0.1.1",
+                          "path add 10.0.2.1"}) {
+    EXPECT_EQ(Run(cmd, false), "error: only root may change the paths of a mount\n") << cmd;
+  }
+  EXPECT_EQ(eng_->Paths().size(), 2u);
+  EXPECT_EQ(eng_->Paths()[1].admin, "enabled");
+}
+
+TEST_F(PathControlTest, SaysWhatIsWrong) {
+  EXPECT_EQ(Run("path disable 10.9.9.9"),
+            "error: no path 10.9.9.9 on this mount; paths are: 10.0.0.1:2049, 10.0.1.1:2049\n");
+  EXPECT_EQ(Run("path frob").rfind("error: usage: path list", 0), 0u);
+  EXPECT_EQ(Run("path disable").rfind("error: usage:", 0), 0u);
+  EXPECT_EQ(Run("path add 10.0.2.1:99999"), "error: path add: bad port '99999' (1 to 65535)\n");
+  EXPECT_NE(Run("path add 10.0.2.1 local=nosuch0").find("no such interface"), std::string::npos);
+  EXPECT_NE(Run("path add 10.0.0.1").find("already on this mount"), std::string::npos);
+  EXPECT_EQ(Run("path disable 10.0.0.1").rfind("path 10.0.0.1:2049 disabled", 0), 0u);
+  EXPECT_NE(Run("path remove 10.0.1.1").find("last enabled path"), std::string::npos);
+  EXPECT_NE(Run("path list").find("10.0.0.1:2049          disabled"), std::string::npos)
+      << Run("path list");
+}
+
+TEST_F(PathControlTest, AddsAPathOnAnotherPort) {
+  EXPECT_EQ(Run("path add 10.0.2.1:2050").rfind("path 10.0.2.1:2050 added", 0), 0u);
+  ASSERT_EQ(eng_->Paths().size(), 3u);
+  EXPECT_EQ(eng_->Paths()[2].endpoint.port, 2050);
+  EXPECT_NE(Run("path list").find("\n10.0.2.1:2050 "), std::string::npos);
+  EXPECT_EQ(Run("path enable 10.0.2.1:2050"), "path 10.0.2.1:2050 is already enabled\n");
+}
+
+}  // namespace
+}  // namespace mpnfs::cli
