@@ -56,9 +56,8 @@ EngineOptions Opts() {
 class EngineStatsTest : public ::testing::Test {
  protected:
   std::unique_ptr<Engine> Started(EngineOptions o) {
-    auto e = std::make_unique<Engine>(o, [this](TransportSink* sink) {
-      return std::make_unique<FakeTransport>(&net_, sink);
-    });
+    auto e = std::make_unique<Engine>(
+        o, [this](TransportSink* sink) { return std::make_unique<FakeTransport>(&net_, sink); });
     e->Start();
     for (int i = 0; i < 500; ++i) {
       auto st = e->Stats();
