@@ -101,6 +101,7 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
   r->xid = NextXid();
   r->cost = static_cast<int64_t>(r->call->BytesOut() + r->call->BytesIn()) + 512;
   r->proc = r->call->Procedure();
+  if (static_cast<int>(r->proc) >= kProcCount) r->proc = Proc::kOther;  // indexes the statistics
   auto now = Clock::now();
   r->submitted = now;
   if (so.deadline) {
