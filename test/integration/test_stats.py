@@ -107,6 +107,39 @@ def test_stats_count_each_procedure_per_path_and_in_total(mount_factory):
     assert s["uptime_s"] > 0
 
 
+def test_history_says_why_a_path_went_down_and_that_it_came_back(bed, mount_factory):
+    m = mount_factory(f"path={SERVER}+{SERVER2}")
+    wait_all_up(m)
+    second = lambda: next(c for c in stats(m)["connections"] if c["endpoint"].startswith(SERVER2 + ":"))
+    w = start_writer(m.path / "h", 4)
+    bed.link("down", 2)
+    try:
+        deadline = time.time() + 20
+        while second()["state"] == "up":
+            assert time.time() < deadline, second()
+            time.sleep(0.05)
+    finally:
+        bed.link("up", 2)
+    _, err = w.communicate(timeout=120)
+    assert w.returncode == 0, err
+    deadline = time.time() + 20
+    while second()["state"] != "up":
+        assert time.time() < deadline, second()
+        time.sleep(0.05)
+    c = second()
+    h = c["history"]
+    lost = [e for e in h if (e["from"], e["to"]) == ("up", "down")]
+    assert len(lost) == 1, h
+    assert lost[0]["reason"].startswith("connection lost: "), lost
+    if c["failovers"] == 1:  # silent with work outstanding: declared dead
+        assert "path declared dead" in lost[0]["reason"], lost
+    after = h[h.index(lost[0]) + 1:]
+    assert after[0]["to"] == "connecting" and after[0]["reason"] == "reconnecting", h
+    assert after[-1]["to"] == "up", h
+    assert c["transitions"] >= 6
+    assert lost[0]["time"] <= after[-1]["time"]  # ISO 8601 UTC: compares as text
+
+
 def test_stats_prometheus_passes_promtool(mount_factory):
     m = mount_factory(f"path={SERVER}+{SERVER2}")
     wait_all_up(m)
