@@ -5,7 +5,8 @@
 set -euo pipefail
 PKGS=(meson ninja-build g++ pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind fio python3 python3-pytest iproute2 attr
-      acl psmisc util-linux procps zlib1g-dev postgresql-15 postgresql-client-15)
+      acl psmisc util-linux procps zlib1g-dev postgresql-15 postgresql-client-15
+      prometheus-cpp-dev nlohmann-json3-dev prometheus)
 # --bench: what the benchmark scripts need besides (the charts' plotting library).
 [ "${1:-}" = "--bench" ] && PKGS+=(python3-matplotlib)
 missing=()
@@ -30,6 +31,14 @@ if command -v systemctl >/dev/null && systemctl is-active --quiet postgresql 2>/
   systemctl disable --quiet postgresql 2>/dev/null || true
 elif command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q '^15 main .* online '; then
   pg_ctlcluster 15 main stop || true
+fi
+# The prometheus package is here for promtool (the statistics tests check the
+# metrics with it); its server is not wanted.
+if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+  systemctl stop prometheus || true
+  systemctl disable --quiet prometheus 2>/dev/null || true
+elif [ -x /etc/init.d/prometheus ] && /etc/init.d/prometheus status >/dev/null 2>&1; then
+  /etc/init.d/prometheus stop || true
 fi
 [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
 [ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing (FUSE not available)" >&2; exit 1; }

@@ -16,6 +16,13 @@
 namespace mpnfs::cache {
 namespace {
 
+// Whole seconds of the monotonic clock (the flush rate's window).
+int64_t NowSec() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 constexpr uint32_t kMinSlots = 16;
 constexpr int kOutAfterErrors = 8;
 
@@ -1684,6 +1691,7 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
     if (it == index_.end()) continue;
     Slot& slot = slots_[it->second];
     stats_.flushed_bytes += run.data.size();
+    flush_window_.Add(NowSec(), run.data.size());
     if (slot.wgen != run.wgen) continue;  // written again meanwhile: still dirty
     PageBits pages{};
     for (uint32_t p = run.first_page; p < run.first_page + run.npages; ++p) {
@@ -1745,9 +1753,14 @@ CacheStats BlockCache::Stats() const {
   s.slots_used = policy_->in_use();
   s.used_bytes = used_pages_ * kPage;
   s.dirty_blocks = dirty_slots_;
+  const auto now = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration oldest{};
   for (uint32_t k : dirty_set_) {
     for (auto w : slots_[k].dirty) s.dirty_bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+    oldest = std::max(oldest, now - slots_[k].dirty_since);
   }
+  s.dirty_age_s = std::chrono::duration<double>(oldest).count();
+  s.flush_rate_bps = flush_window_.PerSecond(NowSec());
   return s;
 }
 

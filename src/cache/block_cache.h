@@ -127,6 +127,7 @@
 #include "cache/format.h"
 #include "cache/index.h"
 #include "cache/policy.h"
+#include "cache/rate_window.h"
 #include "common/thread_annotations.h"
 #include "mpnfs/result.h"
 
@@ -166,6 +167,8 @@ struct CacheStats {
   uint64_t dirty_bytes = 0, dirty_blocks = 0, flushed_bytes = 0, flush_errors = 0;
   uint64_t copies = 0;       // copy-on-write of a block with dirty pages
   uint64_t wb_arounds = 0;   // writes sent to the server: no room or device trouble
+  double dirty_age_s = 0;        // age of the oldest unflushed write (0: none)
+  uint64_t flush_rate_bps = 0;   // bytes flushed per second over the last 10 s
 };
 
 // What became of a write-back write.
@@ -501,6 +504,7 @@ class BlockCache {
   std::set<uint32_t> dirty_set_ GUARDED_BY(mu_);
   std::string id_;
   CacheStats stats_ GUARDED_BY(mu_);
+  RateWindow flush_window_ GUARDED_BY(mu_);
   std::thread writer_;
   std::shared_ptr<Reader> reader_ = std::make_shared<Reader>();
   std::thread reader_thread_;

@@ -460,6 +460,7 @@ TEST_F(WriteBackTest, ATruncateNeverDropsUnflushedWrites) {
 
 TEST_F(WriteBackTest, AFlushMarksCleanOnlyWhatWasNotWrittenAgain) {
   auto c = OpenWb();
+  EXPECT_EQ(c->Stats().dirty_age_s, 0.0);  // nothing dirty
   c->Observe("fh1", kV1);
   ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
   ASSERT_EQ(Wb(*c, "fh1", kBlock, Pattern(8192, 'b')).kind, WbOutcome::kStored);
@@ -471,8 +472,24 @@ TEST_F(WriteBackTest, AFlushMarksCleanOnlyWhatWasNotWrittenAgain) {
   EXPECT_EQ(c->Dirty().blocks, 1u);  // block 0 clean, block 1 written again
   EXPECT_EQ(Collected(*c, "fh1", kBlock, 4096), Pattern(4096, 'n'));
   EXPECT_EQ(c->Stats().flushed_bytes, 16384u);
+  EXPECT_EQ(c->Stats().flush_rate_bps, 16384u / RateWindow::kSeconds);  // within the window
+  EXPECT_GT(c->Stats().dirty_age_s, 0.0);  // block 1 is still dirty
   // Clean pages are still cached.
   EXPECT_TRUE(c->Read("fh1", 0, 8192).has_value());
+}
+
+TEST(RateWindowTest, AveragesWhatWasAddedInTheLastTenSeconds) {
+  RateWindow w;
+  EXPECT_EQ(w.PerSecond(100), 0u);
+  w.Add(100, 5000);
+  w.Add(100, 5000);
+  w.Add(105, 20000);
+  EXPECT_EQ(w.PerSecond(105), 3000u);
+  EXPECT_EQ(w.PerSecond(109), 3000u);
+  EXPECT_EQ(w.PerSecond(110), 2000u);  // second 100 has left the window
+  EXPECT_EQ(w.PerSecond(115), 0u);
+  w.Add(120, 1000);  // reuses second 100's and 110's slot
+  EXPECT_EQ(w.PerSecond(120), 100u);
 }
 
 TEST_F(WriteBackTest, DirtyBlocksAreNeverEvicted) {

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <ctime>
 #include <cstdlib>
 #include <cstring>
 
@@ -52,13 +53,68 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
+std::string IsoTime(std::chrono::system_clock::time_point t) {
+  using std::chrono::milliseconds;
+  const auto ms = std::chrono::duration_cast<milliseconds>(t.time_since_epoch()).count();
+  const time_t sec = static_cast<time_t>(ms / 1000);
+  struct tm tm {};
+  gmtime_r(&sec, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms % 1000);
+}
+
+// The procedures called so far, each an object (see mpnfs(8)).
+std::string OpsJson(const std::array<engine::OpStats, engine::kProcCount>& ops,
+                    const std::array<engine::StabilityStats, engine::kStabilityCount>& stab) {
+  std::string out = "{";
+  bool first = true;
+  for (int p = 0; p < engine::kProcCount; ++p) {
+    const auto& o = ops[p];
+    if (o.ops == 0 && o.transmissions == 0) continue;
+    out += fmt::format(
+        "{}\"{}\": {{\"ops\": {}, \"transmissions\": {}, \"retransmits\": {}, \"errors\": {}, "
+        "\"nfs_errors\": {}, \"bytes_out\": {}, \"bytes_in\": {}, \"rtt_count\": {}, "
+        "\"rtt_total_us\": {}, \"rtt_mean_us\": {}, \"rtt_p50_us\": {}, \"rtt_p99_us\": {}, "
+        "\"exe_total_us\": {}, \"exe_mean_us\": {}",
+        first ? "" : ", ", engine::ProcName(static_cast<engine::Proc>(p)), o.ops, o.transmissions,
+        o.retransmits, o.errors, o.nfs_errors, o.bytes_out, o.bytes_in, o.rtt.count, o.rtt.sum_us,
+        o.rtt.MeanUs(), o.rtt.PercentileUs(50), o.rtt.PercentileUs(99), o.exe_us,
+        o.ops == 0 ? 0 : o.exe_us / o.ops);
+    if (p == static_cast<int>(engine::Proc::kWrite)) {
+      out += fmt::format(
+          ", \"unstable_ops\": {}, \"unstable_bytes\": {}, \"data_sync_ops\": {}, "
+          "\"data_sync_bytes\": {}, \"file_sync_ops\": {}, \"file_sync_bytes\": {}",
+          stab[0].ops, stab[0].bytes, stab[1].ops, stab[1].bytes, stab[2].ops, stab[2].bytes);
+    }
+    out += "}";
+    first = false;
+  }
+  return out + "}";
+}
+
+std::string HistoryJson(const std::vector<engine::StateChange>& h) {
+  std::string out = "[";
+  for (size_t i = 0; i < h.size(); ++i) {
+    const auto& c = h[i];
+    out += fmt::format(
+        "{}\n    {{\"time\": \"{}\", \"from\": \"{}\", \"to\": \"{}\", \"reason\": {}, "
+        "\"count\": {}, \"last\": \"{}\"}}",
+        i == 0 ? "" : ",", IsoTime(c.time), c.from, c.to, JsonString(c.reason), c.count,
+        IsoTime(c.last));
+  }
+  return out + "]";
+}
+
 }  // namespace
 
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
-                      const cache::CacheStats* cache) {
-  std::string out = fmt::format("{{\"source\": {}, \"mountpoint\": {}, \"connections\": [",
-                                JsonString(source), JsonString(mountpoint));
+                      const cache::CacheStats* cache, double uptime_s) {
+  std::string out = fmt::format(
+      "{{\"source\": {}, \"mountpoint\": {}, \"uptime_s\": {:.3f}, \"connections\": [",
+      JsonString(source), JsonString(mountpoint), uptime_s);
+  std::array<engine::OpStats, engine::kProcCount> total{};
+  std::array<engine::StabilityStats, engine::kStabilityCount> total_stab{};
   for (size_t i = 0; i < conns.size(); ++i) {
     const auto& c = conns[i];
     out += fmt::format(
@@ -67,12 +123,21 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         "\"failovers\": {}, \"probes\": {}, "
         "\"bytes_out\": {}, \"bytes_in\": {}, \"inflight\": {}, \"queued\": {}, "
         "\"outstanding_bytes\": {}, \"rate_bps\": {}, "
+        "\"transitions\": {}, \"latency_p50_us\": {},\n   \"ops\": {},\n   \"history\": {},\n   "
         "\"latency_mean_us\": {}, \"latency_p99_us\": {}}}",
         i == 0 ? "" : ",", JsonString(c.endpoint), c.state, c.calls, c.replies, c.errors, c.retransmits,
         c.reissues, c.reconnects, c.failovers, c.probes, c.bytes_out, c.bytes_in, c.inflight,
-        c.queued, c.outstanding_bytes, c.rate_bps, c.latency_mean_us, c.latency_p99_us);
+        c.queued, c.outstanding_bytes, c.rate_bps, c.transitions, c.latency_p50_us,
+        OpsJson(c.ops, c.write_stability), HistoryJson(c.history), c.latency_mean_us,
+        c.latency_p99_us);
+    for (int p = 0; p < engine::kProcCount; ++p) total[p].Merge(c.ops[p]);
+    for (int k = 0; k < engine::kStabilityCount; ++k) {
+      total_stab[k].ops += c.write_stability[k].ops;
+      total_stab[k].bytes += c.write_stability[k].bytes;
+    }
   }
   out += "\n]";
+  out += ",\n\"ops\": " + OpsJson(total, total_stab);
   if (cache != nullptr) {
     const auto& k = *cache;
     auto ratio = [](uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / b; };
@@ -84,13 +149,13 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         "\"pages_filled\": {}, \"evictions\": {}, \"invalidations\": {}, \"files_dropped\": {}, "
         "\"checksum_failures\": {}, \"device_errors\": {}, \"dirty_bytes\": {}, "
         "\"dirty_blocks\": {}, \"flushed_bytes\": {}, \"flush_errors\": {}, \"copies\": {}, "
-        "\"writes_around\": {}}}",
+        "\"writes_around\": {}, \"dirty_age_s\": {:.3f}, \"flush_rate_bps\": {}}}",
         k.mode, k.state, k.capacity_bytes, k.used_bytes, k.slots, k.slots_used, k.read_hits,
         k.read_misses, k.read_bypasses, ratio(k.read_hits, k.read_hits + k.read_misses), k.writes,
         k.write_hits, k.write_bypasses, ratio(k.write_hits, k.writes - k.write_bypasses),
         k.pages_filled, k.evictions, k.invalidations, k.files_dropped, k.checksum_failures,
         k.device_errors, k.dirty_bytes, k.dirty_blocks, k.flushed_bytes, k.flush_errors, k.copies,
-        k.wb_arounds);
+        k.wb_arounds, k.dirty_age_s, k.flush_rate_bps);
   }
   out += "}\n";
   return out;

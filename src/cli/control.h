@@ -1,5 +1,6 @@
 // ControlSocket: a unix socket beside each mount that answers one command
 // per connection: "stats" (a JSON snapshot of the mount's statistics),
+// "stats prometheus" (the same in the Prometheus text format, cli/metrics.h),
 // "cache drop", "cache detach", "cache flush", "path ..." (cli/path_control.h).
 // `mpnfsctl` speaks it; so can
 // any script (printf 'stats\n' | nc -U SOCKET). The socket lives at
@@ -22,10 +23,11 @@ namespace mpnfs::cli {
 Result<std::string> ControlPathFor(const std::string& mountpoint);
 
 // The statistics document (documented in mpnfs(8), STATISTICS).
-// `cache` is null for a mount without the SSD cache.
+// `cache` is null for a mount without the SSD cache; `uptime_s` is the time
+// since the mount started (what the counters cover).
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
-                      const cache::CacheStats* cache = nullptr);
+                      const cache::CacheStats* cache = nullptr, double uptime_s = 0);
 
 // The control channel of one mount: a unix socket. A client connects,
 // writes one command line ("stats", "cache drop", ...) and reads the answer

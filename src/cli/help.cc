@@ -52,6 +52,7 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"Access control", "nodefault_permissions", "nodefault_permissions", "only the server checks permissions"},
       {"Logging", "log_level=LEVEL", "log_level=debug", "trace, debug, info, warn, error, critical, off (info)"},
       {"Logging", "debug", "debug", "foreground, debug logging and FUSE tracing"},
+      {"Statistics", "metrics=PORT|ADDR:PORT", "metrics=9100", "serve Prometheus metrics over HTTP (off; PORT: loopback)"},
   };
   return table;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/control.h"
+#include "cli/metrics.h"
 #include "cli/mpnfstab.h"
 #include "cli/options.h"
 #include "cli/help.h"
@@ -41,17 +42,31 @@
 namespace mpnfs {
 namespace {
 
+// The mount's statistics now (any thread).
+cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
+                            const std::string& source, const std::string& mp,
+                            std::chrono::steady_clock::time_point started) {
+  cli::MountSnapshot s;
+  s.source = source;
+  s.mountpoint = mp;
+  s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  s.conns = eng.Stats();
+  if (auto cache = filesystem.cache()) s.cache = cache->Stats();
+  return s;
+}
+
 // Answers one control-socket command (see cli/control.h, mpnfs(8) STATISTICS).
 std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng,
                     fs::Filesystem& filesystem, nfs::Nfs3& nfs, const nfs::Fh& root,
-                    const std::string& source, const std::string& mp) {
-  auto cache = filesystem.cache();
+                    const cli::SnapshotFn& snapshot) {
   if (cmd == "stats") {
-    if (!cache) return cli::StatsJson(source, mp, eng.Stats());
-    const auto k = cache->Stats();
-    return cli::StatsJson(source, mp, eng.Stats(), &k);
+    const cli::MountSnapshot s = snapshot();
+    return cli::StatsJson(s.source, s.mountpoint, s.conns, s.cache ? &*s.cache : nullptr,
+                          s.uptime_s);
   }
   if (cmd == "path" || cmd.rfind("path ", 0) == 0) return cli::PathCommand(cmd, privileged, eng);
+  if (cmd == "stats prometheus") return cli::PrometheusText(snapshot());
+  auto cache = filesystem.cache();
   if (cmd.rfind("cache ", 0) != 0) return "error: unknown command '" + cmd + "'\n";
   if (!privileged) return "error: only root may change the cache\n";
   if (!cache) return "error: this mount has no SSD cache\n";
@@ -304,6 +319,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     return std::make_unique<nfs::LibnfsTransport>(sink, tcp_to);
   });
   eng.Start();
+  const auto started = std::chrono::steady_clock::now();  // what the statistics cover
   nfs::Nfs3 nfs(eng);
   engine::SubmitOptions so{std::chrono::milliseconds(timeout)};
   auto info = Wait<nfs::FsInfo>([&](nfs::Cb<nfs::FsInfo> cb) { nfs.Fsinfo(*root, {}, cb, so); });
@@ -393,6 +409,22 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   char real[PATH_MAX];
   const std::string mp_real = realpath(m.mountpoint.c_str(), real) != nullptr ? real : m.mountpoint;
   auto cpath = cli::ControlPathFor(m.mountpoint);
+  const cli::SnapshotFn snapshot = [&eng, &filesystem, source = m.server + ":" + m.export_path,
+                                    mp = mp_real, started]() {
+    return Snapshot(eng, filesystem, source, mp, started);
+  };
+  // -o metrics=: asked for, so a port that cannot be had fails the mount.
+  std::unique_ptr<cli::MetricsServer> metrics;
+  if (!m.metrics.empty()) {
+    auto ms = cli::MetricsServer::Start(m.metrics, snapshot);
+    if (!ms) {
+      fuse_session_destroy(se);
+      rep.Done(kExitMountFailed, "mpnfs: " + ms.error().what);
+      return kExitMountFailed;
+    }
+    metrics = std::move(ms).value();
+    log->info("Prometheus metrics on http://{}/metrics", m.metrics);
+  }
   if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, m.mountpoint.c_str()) != 0) {
     fuse_session_destroy(se);
     rep.Done(kExitMountFailed, "mpnfs: cannot mount on " + m.mountpoint +
@@ -403,12 +435,10 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   // Statistics for `mpnfsctl stats MOUNTPOINT`; the mount works without them.
   std::unique_ptr<cli::ControlSocket> control;
   if (cpath) {
-    const std::string source = m.server + ":" + m.export_path;
-    const std::string mp = mp_real;
     control = std::make_unique<cli::ControlSocket>(
-        *cpath, [&eng, &filesystem, &nfs, root = *root, source, mp](const std::string& cmd,
-                                                                        bool privileged) {
-          return Control(cmd, privileged, eng, filesystem, nfs, root, source, mp);
+        *cpath, [&eng, &filesystem, &nfs, root = *root, snapshot](const std::string& cmd,
+                                                                      bool privileged) {
+          return Control(cmd, privileged, eng, filesystem, nfs, root, snapshot);
         });
     if (auto st = control->Start(); !st) {
       log->warn("no statistics socket: {}", st.error().what);
@@ -433,6 +463,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   fuse_loop_cfg_set_idle_threads(cfg, 8);
   int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
+  metrics.reset();
   control.reset();
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);

@@ -1,25 +1,32 @@
 // mpnfsctl: talks to a mounted mpnfs filesystem over its control socket.
-//   mpnfsctl stats MOUNTPOINT                      statistics (JSON)
-//   mpnfsctl cache drop|detach|flush MOUNTPOINT    online cache operations (root)
-//   mpnfsctl path list MOUNTPOINT                  the paths and their state
+//   mpnfsctl stats [--prometheus] MOUNTPOINT         statistics (JSON, or Prometheus text)
+//   mpnfsctl iostat MOUNTPOINT [INTERVAL [COUNT]]    per-second rates, as nfsiostat(8)
+//   mpnfsctl cache drop|detach|flush MOUNTPOINT      online cache operations (root)
+//   mpnfsctl path list MOUNTPOINT                    the paths and their state
 //   mpnfsctl path disable|enable|remove MOUNTPOINT ADDR
 //   mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=L]   online path maintenance (root)
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "cli/control.h"
+#include "cli/iostat.h"
 
 namespace {
 
 int Usage() {
   fprintf(stderr,
-          "usage: mpnfsctl stats MOUNTPOINT\n"
+          "usage: mpnfsctl stats [--prometheus] MOUNTPOINT\n"
+          "       mpnfsctl iostat MOUNTPOINT [INTERVAL [COUNT]]\n"
           "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n"
           "       mpnfsctl path list MOUNTPOINT\n"
           "       mpnfsctl path disable|enable|remove MOUNTPOINT ADDR[:PORT]\n"
@@ -27,19 +34,110 @@ int Usage() {
   return 1;
 }
 
+// Sends one command to the mount at `mountpoint` and returns the answer;
+// prints why and returns nothing if that fails.
+std::optional<std::string> Ask(const std::string& mountpoint, const std::string& cmd) {
+  auto path = mpnfs::cli::ControlPathFor(mountpoint);
+  if (!path) {
+    fprintf(stderr, "mpnfsctl: %s\n", path.error().what.c_str());
+    return std::nullopt;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path->c_str(), sizeof(addr.sun_path) - 1);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    fprintf(stderr, "mpnfsctl: %s: %s (is an mpnfs filesystem mounted there?)\n", path->c_str(),
+            strerror(errno));
+    if (fd >= 0) close(fd);
+    return std::nullopt;
+  }
+  const std::string line = cmd + "\n";
+  if (send(fd, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+    fprintf(stderr, "mpnfsctl: %s: %s\n", path->c_str(), strerror(errno));
+    close(fd);
+    return std::nullopt;
+  }
+  shutdown(fd, SHUT_WR);
+  std::string answer;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) answer.append(buf, static_cast<size_t>(n));
+  close(fd);
+  if (n < 0) return std::nullopt;
+  if (answer.rfind("error:", 0) == 0) {
+    fprintf(stderr, "mpnfsctl: %s", answer.c_str() + 7);
+    return std::nullopt;
+  }
+  return answer;
+}
+
+bool ToNumber(const char* s, double lo, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = strtod(s, &end);
+  if (errno != 0 || end == s || *end != '\0' || !std::isfinite(v) || v < lo) return false;
+  *out = v;
+  return true;
+}
+
+// nfsiostat's manner: no INTERVAL, one report since the mount; with one,
+// a report every INTERVAL seconds (the first since the mount), COUNT times
+// or until interrupted.
+int Iostat(const std::string& mountpoint, double interval, long count) {
+  std::optional<mpnfs::cli::IostatSample> prev;
+  for (long i = 0; count <= 0 || i < count; ++i) {
+    if (i > 0) {
+      timespec ts{static_cast<time_t>(interval),
+                  static_cast<long>((interval - std::floor(interval)) * 1e9)};
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+      }
+    }
+    auto answer = Ask(mountpoint, "stats");
+    if (!answer) return 1;
+    auto sample = mpnfs::cli::ParseIostatSample(*answer);
+    if (!sample) {
+      fprintf(stderr, "mpnfsctl: %s\n", sample.error().what.c_str());
+      return 1;
+    }
+    const std::string report = mpnfs::cli::IostatReport(prev ? &*prev : nullptr, *sample);
+    printf("%s%s", i > 0 ? "\n" : "", report.c_str());
+    fflush(stdout);
+    prev = std::move(sample).value();
+    if (interval <= 0) break;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string cmd, mountpoint;
-  if (argc == 3 && std::string(argv[1]) == "stats") {
+  const std::string verb = argc > 1 ? argv[1] : "";
+  if (verb == "stats" && argc == 3) {
     cmd = "stats";
     mountpoint = argv[2];
-  } else if (argc == 4 && std::string(argv[1]) == "cache") {
+  } else if (verb == "stats" && argc == 4 &&
+             (std::string(argv[2]) == "--prometheus" || std::string(argv[3]) == "--prometheus")) {
+    cmd = "stats prometheus";
+    mountpoint = std::string(argv[2]) == "--prometheus" ? argv[3] : argv[2];
+  } else if (verb == "iostat" && argc >= 3 && argc <= 5) {
+    double interval = 0, count = 0;
+    if (argc >= 4 && (!ToNumber(argv[3], 0, &interval) || interval <= 0)) {
+      fprintf(stderr, "mpnfsctl: INTERVAL must be a number of seconds above 0\n");
+      return Usage();
+    }
+    if (argc == 5 && (!ToNumber(argv[4], 1, &count) || count != std::floor(count))) {
+      fprintf(stderr, "mpnfsctl: COUNT must be a whole number from 1\n");
+      return Usage();
+    }
+    return Iostat(argv[2], interval, static_cast<long>(count));
+  } else if (verb == "cache" && argc == 4) {
     const std::string op = argv[2];
     if (op != "drop" && op != "detach" && op != "flush") return Usage();
     cmd = "cache " + op;
     mountpoint = argv[3];
-  } else if (argc >= 4 && std::string(argv[1]) == "path") {
+  } else if (verb == "path" && argc >= 4) {
     const std::string op = argv[2];
     mountpoint = argv[3];
     const bool ok = (op == "list" && argc == 4) ||
@@ -56,36 +154,8 @@ int main(int argc, char** argv) {
   } else {
     return Usage();
   }
-  auto path = mpnfs::cli::ControlPathFor(mountpoint);
-  if (!path) {
-    fprintf(stderr, "mpnfsctl: %s\n", path.error().what.c_str());
-    return 1;
-  }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path->c_str(), sizeof(addr.sun_path) - 1);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    fprintf(stderr, "mpnfsctl: %s: %s (is an mpnfs filesystem mounted there?)\n", path->c_str(),
-            strerror(errno));
-    return 1;
-  }
-  const std::string line = cmd + "\n";
-  if (send(fd, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
-    fprintf(stderr, "mpnfsctl: %s: %s\n", path->c_str(), strerror(errno));
-    return 1;
-  }
-  shutdown(fd, SHUT_WR);
-  std::string answer;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) answer.append(buf, static_cast<size_t>(n));
-  close(fd);
-  if (n < 0) return 1;
-  if (answer.rfind("error:", 0) == 0) {
-    fprintf(stderr, "mpnfsctl: %s", answer.c_str() + 7);
-    return 1;
-  }
-  fwrite(answer.data(), 1, answer.size(), stdout);
+  auto answer = Ask(mountpoint, cmd);
+  if (!answer) return 1;
+  fwrite(answer->data(), 1, answer->size(), stdout);
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "cli/options.h"
 
+#include <arpa/inet.h>
+
 #include <cctype>
 #include <charconv>
 #include <functional>
@@ -50,6 +52,29 @@ std::string UsageText() {
   return "usage: mpnfs SERVER:/EXPORT MOUNTPOINT [-f] [-d] [-o OPTION[,OPTION...]]\n"
          "       mpnfs -h | --help | -V | --version\n"
          "Mounts an NFSv3 export through FUSE. Options: see mpnfs(8).\n";
+}
+
+Result<std::string> ParseMetricsAddress(const std::string& value) {
+  const std::string what = "metrics= needs PORT, ADDR:PORT or [IPv6]:PORT (numeric addresses), not '" +
+                           value + "'";
+  std::string addr = "127.0.0.1", port = value;
+  if (!value.empty() && value[0] == '[') {
+    const auto close = value.find("]:");
+    if (close == std::string::npos) return Bad(what);
+    addr = value.substr(1, close - 1);
+    port = value.substr(close + 2);
+    in6_addr a6;
+    if (inet_pton(AF_INET6, addr.c_str(), &a6) != 1) return Bad(what);
+    addr = "[" + addr + "]";
+  } else if (const auto colon = value.rfind(':'); colon != std::string::npos) {
+    addr = value.substr(0, colon);
+    port = value.substr(colon + 1);
+    in_addr a4;
+    if (inet_pton(AF_INET, addr.c_str(), &a4) != 1) return Bad(what);
+  }
+  long p = 0;
+  if (!ToInt(port, 1, 65535, &p)) return Bad(what);
+  return addr + ":" + std::to_string(p);
 }
 
 Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
@@ -229,6 +254,10 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       } else if (key == "admit") {
         if (val != "first" && val != "second") return Bad("admit= must be first or second");
         m.cache.admit_second = val == "second";
+      } else if (key == "metrics") {
+        auto a = ParseMetricsAddress(val);
+        if (!a) return a.error();
+        m.metrics = *a;
       } else if (key == "tab") {
         if (val.empty()) return Bad("tab= needs a file name");
         m.tab = val;

@@ -50,6 +50,9 @@ struct MountOptions {
   cache::CacheOptions cache;
   bool cache_optional = false;  // run uncached if the cache cannot be opened
   std::vector<std::string> fuse_opts;  // passed to the kernel mount via FUSE
+  // metrics=: where to serve Prometheus metrics over HTTP ("127.0.0.1:9100");
+  // empty: nowhere (the default).
+  std::string metrics;
 };
 
 Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
@@ -58,5 +61,11 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
 bool SplitSource(const std::string& src, std::string* server, std::string* export_path);
 
 std::string UsageText();
+
+// metrics= value: "PORT" means 127.0.0.1:PORT (loopback unless told
+// otherwise); "ADDR:PORT" with a numeric IPv4 address, or "[IPv6]:PORT".
+// Returns the listening address ("127.0.0.1:9100", "[::1]:9100") or an
+// error naming what is wrong.
+Result<std::string> ParseMetricsAddress(const std::string& value);
 
 }  // namespace mpnfs::cli

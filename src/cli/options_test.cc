@@ -41,6 +41,27 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->log_level, "info");
   EXPECT_EQ(m->read_ahead_kb, 4096);
   EXPECT_EQ(m->max_background, 512);
+  EXPECT_EQ(m->metrics, "");  // no HTTP endpoint unless asked
+}
+
+TEST(OptionsTest, MetricsListensOnLoopbackUnlessTheAddressSaysOtherwise) {
+  auto m = Parse({"s:/e", "/m", "-o", "metrics=9100"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->metrics, "127.0.0.1:9100");
+  m = Parse({"s:/e", "/m", "-o", "metrics=0.0.0.0:9100"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->metrics, "0.0.0.0:9100");
+  m = Parse({"s:/e", "/m", "-o", "metrics=[::1]:9101"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->metrics, "[::1]:9101");
+  for (const char* bad : {"metrics=", "metrics=0", "metrics=65536", "metrics=http", "metrics=localhost:9100",
+                          "metrics=10.0.0.300:9100", "metrics=:9100", "metrics=[::1]", "metrics=::1:9100",
+                          "metrics=1.2.3.4:"}) {
+    m = Parse({"s:/e", "/m", "-o", bad});
+    ASSERT_FALSE(m.ok()) << bad;
+    EXPECT_NE(m.error().what.find("metrics= needs PORT, ADDR:PORT or [IPv6]:PORT"), std::string::npos)
+        << m.error().what;
+  }
 }
 
 TEST(OptionsTest, ParsesNfsOptions) {

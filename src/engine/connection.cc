@@ -31,6 +31,34 @@ const char* Connection::StateName() const {
   }
 }
 
+const char* Connection::StateName(State s) {
+  switch (s) {
+    case State::kProbing: return "probing";
+    case State::kUp: return "up";
+    case State::kConnecting: return "connecting";
+    default: return "down";
+  }
+}
+
+void Connection::SetState(State to, std::string reason) {
+  const State from = state_;
+  state_ = to;
+  state_pub_ = to == State::kDown ? 0 : to == State::kConnecting ? 1 : to == State::kUp ? 2 : 3;
+  const auto now = std::chrono::system_clock::now();
+  std::lock_guard lock(history_mu_);
+  ++transitions_;
+  if (!history_.empty()) {
+    StateChange& last = history_.back();
+    if (last.from == StateName(from) && last.to == StateName(to) && last.reason == reason) {
+      ++last.count;
+      last.last = now;
+      return;
+    }
+  }
+  if (history_.size() == kHistory) history_.pop_front();
+  history_.push_back(StateChange{now, now, StateName(from), StateName(to), std::move(reason), 1});
+}
+
 ConnectionStats Connection::Snapshot() const {
   ConnectionStats s;
   s.endpoint = name_;
@@ -49,8 +77,30 @@ ConnectionStats Connection::Snapshot() const {
   s.bytes_in = stats_.bytes_in;
   s.inflight = stats_.inflight;
   s.queued = stats_.queued;
-  s.latency_mean_us = stats_.latency.MeanUs();
-  s.latency_p99_us = stats_.latency.PercentileUs(99);
+  const LatencySnapshot lat = stats_.latency.Snapshot();
+  s.latency_mean_us = lat.MeanUs();
+  s.latency_p50_us = lat.PercentileUs(50);
+  s.latency_p99_us = lat.PercentileUs(99);
+  for (int i = 0; i < kProcCount; ++i) {
+    const auto& a = stats_.op[i];
+    OpStats& o = s.ops[i];
+    o.ops = a.ops.load(std::memory_order_relaxed);
+    o.transmissions = a.transmissions.load(std::memory_order_relaxed);
+    o.retransmits = a.retransmits.load(std::memory_order_relaxed);
+    o.errors = a.errors.load(std::memory_order_relaxed);
+    o.nfs_errors = a.nfs_errors.load(std::memory_order_relaxed);
+    o.bytes_out = a.bytes_out.load(std::memory_order_relaxed);
+    o.bytes_in = a.bytes_in.load(std::memory_order_relaxed);
+    o.exe_us = a.exe_us.load(std::memory_order_relaxed);
+    o.rtt = a.rtt.Snapshot();
+  }
+  for (int k = 0; k < kStabilityCount; ++k) {
+    s.write_stability[k].ops = stats_.write_ops[k].load(std::memory_order_relaxed);
+    s.write_stability[k].bytes = stats_.write_bytes[k].load(std::memory_order_relaxed);
+  }
+  std::lock_guard lock(history_mu_);
+  s.transitions = transitions_;
+  s.history.assign(history_.begin(), history_.end());
   return s;
 }
 
@@ -61,8 +111,15 @@ void Connection::Connect() {
   if (state_ != State::kDown) return;
   connect_failed_ = false;
   t_ = factory_(this);
-  state_ = State::kConnecting;
-  state_pub_ = 1;
+  if (failed_connects_ == 0) {
+    SetState(State::kConnecting, ever_up_ ? "reconnecting" : "first connect");
+  } else {
+    // A retry after failed attempts: counted, not recorded (the failures are).
+    state_ = State::kConnecting;
+    state_pub_ = 1;
+    std::lock_guard lock(history_mu_);
+    ++transitions_;
+  }
   // A path that was up before is being re-probed: give up on an attempt
   // sooner, so a path that comes back is found within seconds.
   Millis limit = opts_.connect_timeout;
@@ -84,13 +141,14 @@ void Connection::OnConnected(bool ok, const std::string& error) {
     return;
   }
   // TCP is up; the connection is used once the server answers a NULL call.
-  state_ = State::kProbing;
-  state_pub_ = 3;
+  SetState(State::kProbing, "TCP connected; waiting for the answer to an NFS NULL call");
 }
 
 void Connection::BecomeUp() {
-  state_ = State::kUp;
-  state_pub_ = 2;
+  SetState(State::kUp, failed_connects_ > 0
+                           ? fmt::format("NFS NULL call answered (after {} failed attempts)",
+                                         failed_connects_)
+                           : std::string("NFS NULL call answered"));
   up_ = true;
   backoff_.Reset();
   // A new connection starts unmeasured (so it is tried at once).
@@ -209,9 +267,13 @@ void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
     return;
   }
   r->unanswered++;
+  const size_t out = r->call->BytesOut();
   stats_.inflight.fetch_add(1, std::memory_order_relaxed);
   stats_.calls.fetch_add(1, std::memory_order_relaxed);
-  stats_.bytes_out.fetch_add(r->call->BytesOut(), std::memory_order_relaxed);
+  stats_.bytes_out.fetch_add(out, std::memory_order_relaxed);
+  auto& op = stats_.op[static_cast<int>(r->proc)];
+  op.transmissions.fetch_add(1, std::memory_order_relaxed);
+  op.bytes_out.fetch_add(out, std::memory_order_relaxed);
 }
 
 void Connection::SendProbe(Clock::time_point now) {
@@ -309,6 +371,21 @@ void Connection::Finish(std::shared_ptr<Request> r, const CallOutcome& o) {
   Uncharge(*r);
   Release(*r);
   if (o.status != CallStatus::kOk) stats_.errors.fetch_add(1, std::memory_order_relaxed);
+  if (o.status != CallStatus::kShutdown) {
+    // Per procedure; a call ended by the engine stopping is not counted
+    // (that may happen off the loop thread, which alone writes these).
+    auto& op = stats_.op[static_cast<int>(r->proc)];
+    op.ops.fetch_add(1, std::memory_order_relaxed);
+    if (o.status != CallStatus::kOk) op.errors.fetch_add(1, std::memory_order_relaxed);
+    const auto exe = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->submitted);
+    op.exe_us.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, exe.count())),
+                        std::memory_order_relaxed);
+    if (r->proc == Proc::kWrite) {
+      const int k = std::min(static_cast<int>(r->call->WriteStability()), kStabilityCount - 1);
+      stats_.write_ops[k].fetch_add(1, std::memory_order_relaxed);
+      stats_.write_bytes[k].fetch_add(r->call->BytesOut(), std::memory_order_relaxed);
+    }
+  }
   r->call->Complete(o);
 }
 
@@ -350,9 +427,16 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
   const auto now = Clock::now();
   Heard(now);
   Account(now, r->cost);
+  const ReplySummary sum = r->call->Summarize(result);
+  const uint64_t in = sum.data_bytes >= 0 ? static_cast<uint64_t>(sum.data_bytes) : r->call->BytesIn();
+  const auto rtt = std::chrono::duration_cast<std::chrono::microseconds>(now - sent);
   stats_.replies.fetch_add(1, std::memory_order_relaxed);
-  stats_.bytes_in.fetch_add(r->call->BytesIn(), std::memory_order_relaxed);
-  stats_.latency.Record(std::chrono::duration_cast<std::chrono::microseconds>(now - sent));
+  stats_.bytes_in.fetch_add(in, std::memory_order_relaxed);
+  stats_.latency.Record(rtt);
+  auto& op = stats_.op[static_cast<int>(r->proc)];
+  op.bytes_in.fetch_add(in, std::memory_order_relaxed);
+  op.rtt.Record(rtt);
+  if (sum.nfs_status != 0) op.nfs_errors.fetch_add(1, std::memory_order_relaxed);
   Finish(r, CallOutcome{CallStatus::kOk, result, r->reissued, {}});
 }
 
@@ -384,8 +468,7 @@ void Connection::OnEvents(int revents) {
 void Connection::Fail(const std::string& why) {
   if (state_ == State::kDown) return;
   const bool was_up = state_ == State::kUp;
-  state_ = State::kDown;
-  state_pub_ = 0;
+  SetState(State::kDown, (was_up ? "connection lost: " : "connect failed: ") + why);
   up_ = false;
   suspect_ = false;
   asked_others_ = false;
@@ -491,6 +574,7 @@ void Connection::OnTimer(Clock::time_point now) {
       if (a.req->transmissions <= opts_.retrans) {
         a.superseded = true;
         stats_.retransmits.fetch_add(1, std::memory_order_relaxed);
+        stats_.op[static_cast<int>(a.req->proc)].retransmits.fetch_add(1, std::memory_order_relaxed);
         Send(a.req, now);  // appends; std::list iterators stay valid
         if (state_ != State::kUp) break;
       } else if (opts_.soft) {
@@ -552,8 +636,7 @@ void Connection::MaybeClose() {
   closing_ = false;
   rescued_.clear();
   probe_ = nullptr;
-  state_ = State::kDown;
-  state_pub_ = 0;
+  if (state_ != State::kDown) SetState(State::kDown, "path removed");
   up_ = false;
   suspect_ = false;
   reconnect_at_ = Clock::time_point::max();
@@ -590,8 +673,7 @@ void Connection::Shutdown() {
   if (t_) t_->Close();
   t_.reset();
   closing_ = false;
-  state_ = State::kDown;
-  state_pub_ = 0;
+  if (state_ != State::kDown) SetState(State::kDown, "engine stopped");
   up_ = false;
   auto rescued = std::move(rescued_);
   for (auto& r : rescued) Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "shutdown"});

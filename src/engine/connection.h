@@ -18,8 +18,12 @@
 // exponential backoff (the circuit breaker: a dead path costs one connect
 // attempt every few seconds, and one log line a minute).
 //
-// Thread safety: everything but the atomics in `stats_` and `up_` is owned by
-// the loop thread; the picker in Engine reads only the atomics.
+// Every state change is recorded with its reason in a ring of the last
+// kHistory (see SetState()), for the statistics.
+//
+// Thread safety: everything but the atomics in `stats_` and `up_`, and the
+// history under `history_mu_`, is owned by the loop thread; the picker in
+// Engine reads only the atomics.
 #pragma once
 
 #include <atomic>
@@ -27,10 +31,12 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "engine/backoff.h"
 #include "engine/latency.h"
 #include "engine/engine.h"
@@ -44,6 +50,7 @@ class Loop;
 class Connection : public TransportSink {
  public:
   enum class State { kDown, kConnecting, kProbing, kUp };
+  static constexpr size_t kHistory = 32;  // state changes kept for the statistics
 
   Connection(Engine* engine, Loop* loop, Endpoint ep, int index, const EngineOptions& opts,
              TransportFactory& factory);
@@ -117,7 +124,18 @@ class Connection : public TransportSink {
         reconnects{0}, failovers{0}, probes{0}, bytes_out{0}, bytes_in{0};
     std::atomic<int64_t> inflight{0}, queued{0};
     LatencyHistogram latency;  // send to reply, first reply of each call
+    // Per procedure (see OpStats in engine.h). Written by the loop thread.
+    struct Op {
+      std::atomic<uint64_t> ops{0}, transmissions{0}, retransmits{0}, errors{0}, nfs_errors{0},
+          bytes_out{0}, bytes_in{0}, exe_us{0};
+      LatencyHistogram rtt;
+    };
+    std::array<Op, kProcCount> op;
+    std::array<std::atomic<uint64_t>, kStabilityCount> write_ops{}, write_bytes{};
   };
+
+  // Moves to `to`, publishes it and records the change (loop thread).
+  void SetState(State to, std::string reason);
 
   void Send(std::shared_ptr<Request> r, Clock::time_point now);
   void SendProbe(Clock::time_point now);
@@ -143,6 +161,7 @@ class Connection : public TransportSink {
     if (t < next_check_) next_check_ = t;
   }
   const char* StateName() const;
+  static const char* StateName(State s);
 
   Engine* const engine_;
   Loop* const loop_;
@@ -191,6 +210,9 @@ class Connection : public TransportSink {
   std::atomic<bool> disabled_{false};
   std::atomic<bool> removed_{false};
   bool closed_for_good_ = false;  // loop thread: removed and closed
+  mutable std::mutex history_mu_;
+  std::deque<StateChange> history_ GUARDED_BY(history_mu_);
+  uint64_t transitions_ GUARDED_BY(history_mu_) = 0;
 };
 
 }  // namespace mpnfs::engine

@@ -133,7 +133,10 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
   if (r->cred.groups.size() > Cred::kMaxGroups) r->cred.groups.resize(Cred::kMaxGroups);
   r->xid = NextXid();
   r->cost = static_cast<int64_t>(r->call->BytesOut() + r->call->BytesIn()) + 512;
+  r->proc = r->call->Procedure();
+  if (static_cast<int>(r->proc) >= kProcCount) r->proc = Proc::kOther;  // indexes the statistics
   auto now = Clock::now();
+  r->submitted = now;
   if (so.deadline) {
     r->give_up = now + *so.deadline;
   } else if (opts_.soft) {

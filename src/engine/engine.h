@@ -67,12 +67,20 @@
 // removed connection is passed on to an enabled one). So every remove costs
 // the memory of its (closed) connections until unmount.
 //
+// Statistics. Each connection counts, per NFS procedure (the call's
+// Procedure()), in fixed arrays of relaxed atomics written by its loop
+// thread only: no lock and no allocation per call. Stats() copies them; the
+// totals of a mount are the sum over its connections (OpStats::Merge). Each
+// connection also keeps its last kHistory state changes with the reason, in
+// a ring under a mutex taken only when the state changes or Stats() runs.
+//
 // Thread safety: Submit(), Stats(), Paths() and the path operations are
 // thread safe (path operations are serialised by admin_mu_, which is never
 // held while waiting for a loop; a loop thread takes it only to retire a
 // connection); Start()/Stop() are called by the owner thread only.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -84,6 +92,7 @@
 
 #include "common/thread_annotations.h"
 #include "engine/cred.h"
+#include "engine/latency.h"
 #include "engine/request.h"
 #include "engine/rpc_call.h"
 #include "engine/transport.h"
@@ -114,6 +123,50 @@ struct EngineOptions {
   std::chrono::milliseconds path_timeout{1000};
 };
 
+// One NFS procedure on one connection, or summed over several (Merge).
+// Counted when: `transmissions`, `bytes_out` at each send (retransmissions
+// included); `retransmits` at each timeo expiry; `rtt`, `nfs_errors`,
+// `bytes_in` at the reply that completes the call; `ops`, `errors`, `exe_us`
+// when the call ends on this connection (a call moved after its connection
+// broke counts where it ends). Calls ended by the engine stopping are not
+// counted. NULL probes of the engine itself are not calls: see `probes`.
+struct OpStats {
+  uint64_t ops = 0;            // calls ended: answered, failed or timed out
+  uint64_t transmissions = 0;  // sends, retransmissions and resends included
+  uint64_t retransmits = 0;    // sends after timeo passed with no answer
+  uint64_t errors = 0;         // ended without a reply: RPC-level failure or soft timeout
+  uint64_t nfs_errors = 0;     // answered with an NFS status other than NFS3_OK (ENOENT, JUKEBOX...)
+  uint64_t bytes_out = 0;      // data sent (WRITE payload), per transmission
+  uint64_t bytes_in = 0;       // data received (READ payload of the replies)
+  uint64_t exe_us = 0;         // sum over `ops` of submit-to-end time (queueing, resends included)
+  LatencySnapshot rtt;         // send to reply of the answered transmission
+
+  void Merge(const OpStats& o) {
+    ops += o.ops;
+    transmissions += o.transmissions;
+    retransmits += o.retransmits;
+    errors += o.errors;
+    nfs_errors += o.nfs_errors;
+    bytes_out += o.bytes_out;
+    bytes_in += o.bytes_in;
+    exe_us += o.exe_us;
+    rtt.Merge(o.rtt);
+  }
+};
+
+// WRITE calls ended (as `ops`) and their data bytes, by stability.
+struct StabilityStats {
+  uint64_t ops = 0, bytes = 0;
+};
+
+// A change of a connection's state. Repeats of the same change (a path that
+// keeps refusing connects) are folded into one entry: `count`, `last`.
+struct StateChange {
+  std::chrono::system_clock::time_point time, last;
+  std::string from, to, reason;
+  uint64_t count = 1;
+};
+
 struct ConnectionStats {
   std::string endpoint;
   std::string state;
@@ -125,6 +178,11 @@ struct ConnectionStats {
   int64_t outstanding_bytes = 0;      // queued + in flight, as weighed by the balancer
   uint64_t rate_bps = 0;              // recent throughput while busy; 0 = not measured yet
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
+  uint64_t latency_p50_us = 0;
+  std::array<OpStats, kProcCount> ops{};                   // indexed by Proc
+  std::array<StabilityStats, kStabilityCount> write_stability{};  // indexed by Stability
+  uint64_t transitions = 0;           // state changes since the start (retries included)
+  std::vector<StateChange> history;   // the last ones, oldest first
 };
 
 // One path as `mpnfsctl path list` shows it.

@@ -4,13 +4,17 @@
 // sent (connection choice, in-flight limit, timeouts, retransmission,
 // reconnect) and tells the call, exactly once, how it ended. The NFS layer
 // (src/nfs/) implements RpcCall; it alone knows the libnfs argument and
-// result types, so the engine compiles without libnfs headers.
+// result types, so the engine compiles without libnfs headers. For the
+// statistics a call says which procedure it is (Procedure(), WRITE's
+// Stability()) and sums up a decoded reply (Summarize()); the engine counts
+// per procedure from that, nothing more.
 //
 // Thread safety: Issue() and Complete() run on the loop thread that owns the
 // connection, never concurrently for one call.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 struct rpc_context;  // libnfs; opaque here
@@ -19,6 +23,35 @@ namespace mpnfs::engine {
 
 // libnfs's rpc_cb signature.
 using NativeCb = void (*)(struct rpc_context* rpc, int status, void* data, void* private_data);
+
+// The NFSv3 procedures (RFC 1813 numbers), plus kOther for a call that does
+// not say. Indexes the engine's per-procedure statistics.
+enum class Proc : uint8_t {
+  kNull = 0, kGetattr, kSetattr, kLookup, kAccess, kReadlink, kRead, kWrite, kCreate, kMkdir,
+  kSymlink, kMknod, kRemove, kRmdir, kRename, kLink, kReaddir, kReaddirplus, kFsstat, kFsinfo,
+  kPathconf, kCommit, kOther,
+};
+inline constexpr int kProcCount = static_cast<int>(Proc::kOther) + 1;
+
+// "READ", "WRITE", ... ("OTHER" for kOther).
+inline const char* ProcName(Proc p) {
+  static constexpr const char* kNames[kProcCount] = {
+      "NULL", "GETATTR", "SETATTR", "LOOKUP", "ACCESS", "READLINK", "READ", "WRITE",
+      "CREATE", "MKDIR", "SYMLINK", "MKNOD", "REMOVE", "RMDIR", "RENAME", "LINK",
+      "READDIR", "READDIRPLUS", "FSSTAT", "FSINFO", "PATHCONF", "COMMIT", "OTHER"};
+  const int i = static_cast<int>(p);
+  return i >= 0 && i < kProcCount ? kNames[i] : "OTHER";
+}
+
+// WRITE's stable_how (RFC 1813 values).
+enum class Stability : uint8_t { kUnstable = 0, kDataSync = 1, kFileSync = 2 };
+inline constexpr int kStabilityCount = 3;
+
+// What the statistics take from a decoded reply.
+struct ReplySummary {
+  int nfs_status = 0;        // nfsstat3; 0 is NFS3_OK
+  int64_t data_bytes = -1;   // READ: bytes the reply carries; -1: take BytesIn()
+};
 
 enum class CallStatus {
   kOk,        // the server replied; `result` is the decoded reply
@@ -39,6 +72,13 @@ class RpcCall {
   virtual ~RpcCall() = default;
 
   virtual const char* Name() const = 0;
+  // The procedure, for the statistics (kOther if not told).
+  virtual Proc Procedure() const { return Proc::kOther; }
+  // WRITE only: how the data is to be committed.
+  virtual Stability WriteStability() const { return Stability::kUnstable; }
+  // The status (and data size) of a decoded reply; `result` as Complete()
+  // will get it, valid for this call only. Must not keep or change it.
+  virtual ReplySummary Summarize(const void* /*result*/) const { return {}; }
   // Data bytes the call sends (WRITE payload) and asks for (READ count).
   virtual size_t BytesOut() const { return 0; }
   virtual size_t BytesIn() const { return 0; }

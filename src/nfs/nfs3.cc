@@ -28,9 +28,28 @@ class Call final : public engine::RpcCall,
   using Fn = int (*)(struct rpc_context*, rpc_cb, Args*, void*);
   using Done = std::function<void(const CallOutcome&, Res*)>;
 
-  Call(const char* name, Fn fn) : name_(name), fn_(fn) { std::memset(&args, 0, sizeof(args)); }
+  Call(engine::Proc proc, Fn fn) : proc_(proc), fn_(fn) { std::memset(&args, 0, sizeof(args)); }
 
-  const char* Name() const override { return name_; }
+  const char* Name() const override { return engine::ProcName(proc_); }
+  engine::Proc Procedure() const override { return proc_; }
+  engine::Stability WriteStability() const override {
+    if constexpr (std::is_same_v<Args, WRITE3args>) {
+      return static_cast<engine::Stability>(args.stable);
+    } else {
+      return engine::Stability::kUnstable;
+    }
+  }
+  engine::ReplySummary Summarize(const void* result) const override {
+    engine::ReplySummary s;
+    if constexpr (!std::is_void_v<Res>) {
+      const auto* r = static_cast<const Res*>(result);
+      s.nfs_status = r->status;
+      if constexpr (std::is_same_v<Res, READ3res>) {
+        s.data_bytes = r->status == NFS3_OK ? r->READ3res_u.resok.count : 0;
+      }
+    }
+    return s;
+  }
   size_t BytesOut() const override { return bytes_out; }
   size_t BytesIn() const override { return bytes_in; }
   int Issue(struct rpc_context* ctx, engine::NativeCb cb, void* token) override {
@@ -60,7 +79,7 @@ class Call final : public engine::RpcCall,
   Done done;
 
  private:
-  const char* name_;
+  engine::Proc proc_;
   Fn fn_;
   engine::Engine* engine_ = nullptr;
   Cred cred_;
@@ -165,9 +184,9 @@ Error StatusError(int nfsstat, const char* op) {
 }
 
 template <class Args, class Res>
-std::shared_ptr<Call<Args, Res>> Make(const char* name,
+std::shared_ptr<Call<Args, Res>> Make(engine::Proc proc,
                                       int (*fn)(struct rpc_context*, rpc_cb, Args*, void*)) {
-  return std::make_shared<Call<Args, Res>>(name, fn);
+  return std::make_shared<Call<Args, Res>>(proc, fn);
 }
 
 // The completion of a call with no special rules: transport failure or NFS
@@ -189,7 +208,7 @@ void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
   auto fn = +[](struct rpc_context* ctx, rpc_cb rcb, NoArgs*, void* tok) {
     return rpc_nfs3_null_async(ctx, rcb, tok);
   };
-  auto call = Make<NoArgs, void>("NULL", fn);
+  auto call = Make<NoArgs, void>(engine::Proc::kNull, fn);
   call->done = [cb = std::move(cb)](const CallOutcome& o, void*) {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "NULL"));
     cb(Ok{});
@@ -198,7 +217,7 @@ void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
 }
 
 void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so) {
-  auto call = Make<GETATTR3args, GETATTR3res>("GETATTR", &rpc_nfs3_getattr_async);
+  auto call = Make<GETATTR3args, GETATTR3res>(engine::Proc::kGetattr, &rpc_nfs3_getattr_async);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->done = Reply<GETATTR3res>("GETATTR", std::move(cb), [](const GETATTR3res& r) {
@@ -208,7 +227,7 @@ void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptio
 }
 
 void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
-  auto call = Make<SETATTR3args, SETATTR3res>("SETATTR", &rpc_nfs3_setattr_async);
+  auto call = Make<SETATTR3args, SETATTR3res>(engine::Proc::kSetattr, &rpc_nfs3_setattr_async);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   ToSattr(sa, &call->args.new_attributes);
@@ -219,7 +238,7 @@ void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
 }
 
 void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb) {
-  auto call = Make<LOOKUP3args, LOOKUP3res>("LOOKUP", &rpc_nfs3_lookup_async);
+  auto call = Make<LOOKUP3args, LOOKUP3res>(engine::Proc::kLookup, &rpc_nfs3_lookup_async);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.what.dir, call->fh1);
@@ -233,7 +252,7 @@ void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<Look
 }
 
 void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb) {
-  auto call = Make<ACCESS3args, ACCESS3res>("ACCESS", &rpc_nfs3_access_async);
+  auto call = Make<ACCESS3args, ACCESS3res>(engine::Proc::kAccess, &rpc_nfs3_access_async);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->args.access = mask;
@@ -245,7 +264,7 @@ void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb
 }
 
 void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
-  auto call = Make<READLINK3args, READLINK3res>("READLINK", &rpc_nfs3_readlink_async);
+  auto call = Make<READLINK3args, READLINK3res>(engine::Proc::kReadlink, &rpc_nfs3_readlink_async);
   call->fh1 = fh;
   SetFh(&call->args.symlink, call->fh1);
   call->done = Reply<READLINK3res>("READLINK", std::move(cb), [](const READLINK3res& r) {
@@ -256,7 +275,7 @@ void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
 }
 
 void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb) {
-  auto call = Make<READ3args, READ3res>("READ", &rpc_nfs3_read_async);
+  auto call = Make<READ3args, READ3res>(engine::Proc::kRead, &rpc_nfs3_read_async);
   call->fh1 = fh;
   SetFh(&call->args.file, call->fh1);
   call->args.offset = off;
@@ -276,7 +295,7 @@ void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<Re
 
 void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
                  const Cred& c, Cb<WriteReply> cb) {
-  auto call = Make<WRITE3args, WRITE3res>("WRITE", &rpc_nfs3_write_async);
+  auto call = Make<WRITE3args, WRITE3res>(engine::Proc::kWrite, &rpc_nfs3_write_async);
   call->fh1 = fh;
   call->data = std::move(buf);
   SetFh(&call->args.file, call->fh1);
@@ -294,7 +313,7 @@ void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t 
 }
 
 void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
-  auto call = Make<COMMIT3args, COMMIT3res>("COMMIT", &rpc_nfs3_commit_async);
+  auto call = Make<COMMIT3args, COMMIT3res>(engine::Proc::kCommit, &rpc_nfs3_commit_async);
   call->fh1 = fh;
   SetFh(&call->args.file, call->fh1);
   call->args.offset = 0;
@@ -348,7 +367,7 @@ std::function<void(const CallOutcome&, Res*)> Nfs3::NewObjectDone(
 
 void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
                   uint64_t verf, const Cred& c, Cb<NewObject> cb) {
-  auto call = Make<CREATE3args, CREATE3res>("CREATE", &rpc_nfs3_create_async);
+  auto call = Make<CREATE3args, CREATE3res>(engine::Proc::kCreate, &rpc_nfs3_create_async);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.where.dir, call->fh1);
@@ -375,7 +394,7 @@ void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const
 
 void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
                  Cb<NewObject> cb) {
-  auto call = Make<MKDIR3args, MKDIR3res>("MKDIR", &rpc_nfs3_mkdir_async);
+  auto call = Make<MKDIR3args, MKDIR3res>(engine::Proc::kMkdir, &rpc_nfs3_mkdir_async);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.where.dir, call->fh1);
@@ -403,7 +422,7 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
                                " bytes is longer than libnfs 4.0 can send (about " +
                                std::to_string(target.size() - (need - 4096)) + " here)"));
   }
-  auto call = Make<SYMLINK3args, SYMLINK3res>("SYMLINK", &rpc_nfs3_symlink_async);
+  auto call = Make<SYMLINK3args, SYMLINK3res>(engine::Proc::kSymlink, &rpc_nfs3_symlink_async);
   call->fh1 = dir;
   call->name1 = name;
   call->name2 = target;
@@ -419,7 +438,7 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
 
 void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
                  uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb) {
-  auto call = Make<MKNOD3args, MKNOD3res>("MKNOD", &rpc_nfs3_mknod_async);
+  auto call = Make<MKNOD3args, MKNOD3res>(engine::Proc::kMknod, &rpc_nfs3_mknod_async);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.where.dir, call->fh1);
@@ -452,7 +471,7 @@ void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAt
 }
 
 void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
-  auto call = Make<REMOVE3args, REMOVE3res>("REMOVE", &rpc_nfs3_remove_async);
+  auto call = Make<REMOVE3args, REMOVE3res>(engine::Proc::kRemove, &rpc_nfs3_remove_async);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.object.dir, call->fh1);
@@ -467,7 +486,7 @@ void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc>
 }
 
 void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
-  auto call = Make<RMDIR3args, RMDIR3res>("RMDIR", &rpc_nfs3_rmdir_async);
+  auto call = Make<RMDIR3args, RMDIR3res>(engine::Proc::kRmdir, &rpc_nfs3_rmdir_async);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.object.dir, call->fh1);
@@ -483,7 +502,7 @@ void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> 
 
 void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
                   const std::string& to, const Cred& c, Cb<RenameReply> cb) {
-  auto call = Make<RENAME3args, RENAME3res>("RENAME", &rpc_nfs3_rename_async);
+  auto call = Make<RENAME3args, RENAME3res>(engine::Proc::kRename, &rpc_nfs3_rename_async);
   call->fh1 = from_dir;
   call->fh2 = to_dir;
   call->name1 = from;
@@ -504,7 +523,7 @@ void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
 
 void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
                 Cb<LinkReply> cb) {
-  auto call = Make<LINK3args, LINK3res>("LINK", &rpc_nfs3_link_async);
+  auto call = Make<LINK3args, LINK3res>(engine::Proc::kLink, &rpc_nfs3_link_async);
   call->fh1 = fh;
   call->fh2 = dir;
   call->name1 = name;
@@ -523,7 +542,7 @@ void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred
 
 void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
                    Cb<DirPage> cb) {
-  auto call = Make<READDIR3args, READDIR3res>("READDIR", &rpc_nfs3_readdir_async);
+  auto call = Make<READDIR3args, READDIR3res>(engine::Proc::kReaddir, &rpc_nfs3_readdir_async);
   call->fh1 = dir;
   SetFh(&call->args.dir, call->fh1);
   call->args.cookie = cookie;
@@ -545,7 +564,7 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
 
 void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
                        uint32_t maxcount, const Cred& c, Cb<DirPage> cb) {
-  auto call = Make<READDIRPLUS3args, READDIRPLUS3res>("READDIRPLUS", &rpc_nfs3_readdirplus_async);
+  auto call = Make<READDIRPLUS3args, READDIRPLUS3res>(engine::Proc::kReaddirplus, &rpc_nfs3_readdirplus_async);
   call->fh1 = dir;
   SetFh(&call->args.dir, call->fh1);
   call->args.cookie = cookie;
@@ -569,7 +588,7 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
 }
 
 void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so) {
-  auto call = Make<FSSTAT3args, FSSTAT3res>("FSSTAT", &rpc_nfs3_fsstat_async);
+  auto call = Make<FSSTAT3args, FSSTAT3res>(engine::Proc::kFsstat, &rpc_nfs3_fsstat_async);
   call->fh1 = fh;
   SetFh(&call->args.fsroot, call->fh1);
   call->done = Reply<FSSTAT3res>("FSSTAT", std::move(cb), [](const FSSTAT3res& r) {
@@ -580,7 +599,7 @@ void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOpti
 }
 
 void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so) {
-  auto call = Make<FSINFO3args, FSINFO3res>("FSINFO", &rpc_nfs3_fsinfo_async);
+  auto call = Make<FSINFO3args, FSINFO3res>(engine::Proc::kFsinfo, &rpc_nfs3_fsinfo_async);
   call->fh1 = fh;
   SetFh(&call->args.fsroot, call->fh1);
   call->done = Reply<FSINFO3res>("FSINFO", std::move(cb), [](const FSINFO3res& r) {
@@ -592,7 +611,7 @@ void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOpti
 }
 
 void Nfs3::Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::SubmitOptions so) {
-  auto call = Make<PATHCONF3args, PATHCONF3res>("PATHCONF", &rpc_nfs3_pathconf_async);
+  auto call = Make<PATHCONF3args, PATHCONF3res>(engine::Proc::kPathconf, &rpc_nfs3_pathconf_async);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->done = Reply<PATHCONF3res>("PATHCONF", std::move(cb), [](const PATHCONF3res& r) {
