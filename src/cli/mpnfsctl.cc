@@ -1,6 +1,10 @@
 // mpnfsctl: talks to a mounted mpnfs filesystem over its control socket.
 //   mpnfsctl stats MOUNTPOINT                      statistics (JSON)
 //   mpnfsctl cache drop|detach|flush MOUNTPOINT    online cache operations (root)
+//   mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]
+//                                                  measure the paths (root)
+// The gateway streams its answer; "progress ..." lines are shown on a
+// terminal as one line rewritten in place, and dropped otherwise.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,7 +21,8 @@ namespace {
 int Usage() {
   fprintf(stderr,
           "usage: mpnfsctl stats MOUNTPOINT\n"
-          "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n");
+          "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n"
+          "       mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]\n");
   return 1;
 }
 
@@ -33,6 +38,14 @@ int main(int argc, char** argv) {
     if (op != "drop" && op != "detach" && op != "flush") return Usage();
     cmd = "cache " + op;
     mountpoint = argv[3];
+  } else if (argc >= 3 && std::string(argv[1]) == "calibrate") {
+    cmd = "calibrate";
+    mountpoint = argv[2];
+    for (int i = 3; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a.empty() || a.find_first_of(" \n") != std::string::npos) return Usage();
+      cmd += " " + a;
+    }
   } else {
     return Usage();
   }
@@ -56,14 +69,46 @@ int main(int argc, char** argv) {
     return 1;
   }
   shutdown(fd, SHUT_WR);
-  std::string answer;
+  // Lines as they come: progress rendered in place on a terminal, the rest
+  // kept; the first other line says whether it is an error.
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  bool progress_shown = false;
+  auto clear_progress = [&] {
+    if (progress_shown) fputs("\r\033[K", stdout);
+    progress_shown = false;
+  };
+  std::string answer, pending;
   char buf[65536];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) answer.append(buf, static_cast<size_t>(n));
+  auto take_line = [&](const std::string& line) {
+    if (answer.empty() && line.rfind("progress ", 0) == 0) {
+      if (tty) {
+        printf("\r%s\033[K", mpnfs::cli::RenderProgress(line).c_str());
+        fflush(stdout);
+        progress_shown = true;
+      }
+      return;
+    }
+    answer += line;
+  };
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    pending.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      take_line(pending.substr(0, nl + 1));
+      pending.erase(0, nl + 1);
+    }
+  }
+  if (!pending.empty()) take_line(pending);
   close(fd);
+  clear_progress();
   if (n < 0) return 1;
   if (answer.rfind("error:", 0) == 0) {
     fprintf(stderr, "mpnfsctl: %s", answer.c_str() + 7);
+    return 1;
+  }
+  if (answer.empty()) {
+    fprintf(stderr, "mpnfsctl: no answer (the mount went away?)\n");
     return 1;
   }
   fwrite(answer.data(), 1, answer.size(), stdout);

@@ -72,6 +72,21 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
   return best;
 }
 
+Connection* Engine::PickOnPath(size_t path, int64_t cost) {
+  // conns_[i] serves paths[i % paths.size()] (see Start()).
+  const size_t np = opts_.paths.size();
+  if (path >= np) return nullptr;
+  Connection* best = nullptr;
+  Connection* any = nullptr;
+  for (size_t i = path; i < conns_.size(); i += np) {
+    Connection* c = conns_[i].get();
+    if (any == nullptr) any = c;
+    if (!c->up()) continue;
+    if (best == nullptr || c->outstanding_bytes() + cost < best->outstanding_bytes() + cost) best = c;
+  }
+  return best != nullptr ? best : any;
+}
+
 bool Engine::AnotherHeardSince(const Connection* self, Clock::time_point since) const {
   for (const auto& c : conns_) {
     if (c.get() != self && c->up() && c->last_heard() >= since) return true;
@@ -113,7 +128,12 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
-  Connection* c = PickConnection(nullptr, r->cost);
+  Connection* c = so.path ? PickOnPath(*so.path, r->cost) : PickConnection(nullptr, r->cost);
+  if (c == nullptr) {
+    r->done = true;
+    r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "no such path"});
+    return;
+  }
   c->Deliver(std::move(r));
 }
 

@@ -94,6 +94,13 @@ struct ConnectionStats {
 struct SubmitOptions {
   // Give up (kTimedOut) after this long even on a hard mount; used at mount time.
   std::optional<std::chrono::milliseconds> deadline;
+  // Pin: only the connections of paths[*path] may take the call (used by
+  // `mpnfsctl calibrate` to measure one path alone). The pin chooses where
+  // the call is first sent; while none of that path's connections is up the
+  // call waits in the queue of one of them (hard) or times out (soft). A
+  // path declared dead still moves its calls elsewhere: failover wins over
+  // the pin. A path index out of range fails the call with kShutdown.
+  std::optional<size_t> path = std::nullopt;
 };
 
 class Engine {
@@ -137,6 +144,9 @@ class Engine {
   void ProbeOthers(const Connection* self);
 
  private:
+  // The least loaded up connection of paths[path] (any of them if none is up).
+  Connection* PickOnPath(size_t path, int64_t cost);
+
   const EngineOptions opts_;
   TransportFactory factory_;
   std::vector<std::unique_ptr<Loop>> loops_;
