@@ -1,6 +1,7 @@
 #include "cli/calibrate.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -147,6 +148,7 @@ std::string RenderTable(const CalibrateResult& r) {
         wb ? Num(wb->iops) : "-", wb ? std::to_string(wb->depth) : "-", Lat(w1), Lat(wb),
         t.seq_read_mbs, t.seq_write_mbs);
   }
+  for (const auto& p : r.skipped) out += "not measured (down at the start): " + p + "\n";
   return out;
 }
 
@@ -163,7 +165,9 @@ std::string RenderJson(const CalibrateResult& r) {
         i == 0 ? "" : ",", JsonStr(t.name), t.seq_read_mbs, t.seq_write_mbs,
         SweepJson(t.rand_read), SweepJson(t.rand_write));
   }
-  return out + "\n]}\n";
+  out += "\n], \"skipped\": [";
+  for (size_t i = 0; i < r.skipped.size(); ++i) out += (i == 0 ? "" : ", ") + JsonStr(r.skipped[i]);
+  return out + "]}\n";
 }
 
 namespace {
@@ -437,14 +441,35 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
   o->size = std::max<uint64_t>(o->size / o->large_io * o->large_io, o->large_io);
 
   const auto& paths = m.engine->options().paths;
+  // A path none of whose connections is up is not measured: its pinned
+  // calls would wait for it (stats()[i] is a connection of paths[i % n]).
+  std::vector<bool> up(paths.size(), false);
+  const auto conns = m.engine->Stats();
+  for (size_t i = 0; i < conns.size(); ++i) {
+    if (conns[i].state == "up") up[i % paths.size()] = true;
+  }
   std::vector<std::unique_ptr<nfs::Nfs3>> pinned;
   std::vector<CalibrateTarget> targets;
+  std::vector<std::string> skipped;
+  bool named_found = false;
   for (size_t k = 0; k < paths.size(); ++k) {
     if (!o->path.empty() && paths[k].host != o->path) continue;
+    named_found = true;
+    if (!up[k]) {
+      skipped.push_back(paths[k].host);
+      continue;
+    }
     engine::SubmitOptions so;
     so.path = k;
+    // A pinned call that a path going down holds up fails after this long
+    // (and the run with it) instead of stalling it.
+    so.deadline = std::chrono::seconds(30);
     pinned.push_back(std::make_unique<nfs::Nfs3>(*m.engine, so));
     targets.push_back(CalibrateTarget{paths[k].host, pinned.back().get()});
+  }
+  if (targets.empty() && named_found) {
+    out.Line("error: no path to measure: down: " + fmt::format("{}", fmt::join(skipped, " ")));
+    return;
   }
   if (targets.empty()) {
     std::string names;
@@ -452,7 +477,7 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
     out.Line("error: no path " + o->path + " in this mount (its paths:" + names + ")");
     return;
   }
-  if (o->path.empty() && targets.size() > 1) targets.push_back(CalibrateTarget{"all", &admin});
+  if (o->path.empty() && paths.size() > 1) targets.push_back(CalibrateTarget{"all", &admin});
   if (!out.Line(fmt::format("progress step=start targets={} file_mib={} estimated_max_s={:.0f}",
                             targets.size(), o->size >> 20, EstimateSeconds(*o, targets.size())))) {
     return;
@@ -464,6 +489,7 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
     out.Line("error: calibrate: " + res.error().what);
     return;
   }
+  res->skipped = skipped;
   out.Text(o->json ? RenderJson(*res) : RenderTable(*res));
 }
 

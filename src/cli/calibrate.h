@@ -73,6 +73,7 @@ struct CalibrateResult {
   uint32_t small_io = 0, large_io = 0;
   double step_s = 0;
   std::vector<TargetResult> targets;
+  std::vector<std::string> skipped;  // paths down at the start: not measured
 };
 
 // The point with the most IOPS (null for an empty sweep).

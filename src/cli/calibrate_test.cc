@@ -88,6 +88,7 @@ CalibrateResult Sample() {
   TargetResult all = a;
   all.name = "all";
   r.targets = {a, all};
+  r.skipped = {"10.0.0.3"};
   return r;
 }
 
@@ -100,6 +101,7 @@ TEST(CalibrateTest, TableHasARowPerTarget) {
   EXPECT_NE(t.find("1950    4        950/2000       2000/4000"), std::string::npos) << t;
   EXPECT_NE(t.find("110.5"), std::string::npos) << t;
   EXPECT_NE(t.find("95.2"), std::string::npos) << t;
+  EXPECT_NE(t.find("not measured (down at the start): 10.0.0.3"), std::string::npos) << t;
 }
 
 TEST(CalibrateTest, JsonHasTheSweepsAndTheBest) {
@@ -110,6 +112,7 @@ TEST(CalibrateTest, JsonHasTheSweepsAndTheBest) {
             std::string::npos) << j;
   EXPECT_NE(j.find(R"("seq_read_mbs": 110.5)"), std::string::npos) << j;
   EXPECT_NE(j.find(R"("random_writes": "unstable+commit")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("skipped": ["10.0.0.3"]})"), std::string::npos) << j;
 }
 
 // The scratch file's name, from the fake's CREATE record.

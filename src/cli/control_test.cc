@@ -58,6 +58,8 @@ int Connect(const std::string& path, const std::string& cmd) {
   const std::string line = cmd + "\n";
   EXPECT_EQ(send(fd, line.data(), line.size(), MSG_NOSIGNAL), static_cast<ssize_t>(line.size()));
   shutdown(fd, SHUT_WR);  // as mpnfsctl does: the client is still there
+  timeval tv{10, 0};       // a test that would wait for ever fails instead
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   return fd;
 }
 

@@ -81,7 +81,8 @@ def test_calibrate_table_and_one_path(bed, mount_factory):
 
 def test_calibrate_interrupted_leaves_nothing_behind(bed, mount_factory):
     m = mount_factory()
-    p = subprocess.Popen([CTL, "calibrate", str(m.path), "--size", "64M", "--time", "3"],
+    # Steps of 10 s: the whole run would take minutes; the file must go at once.
+    p = subprocess.Popen([CTL, "calibrate", str(m.path), "--size", "64M", "--time", "10"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 30
     while not scratch_files(m):
@@ -90,7 +91,7 @@ def test_calibrate_interrupted_leaves_nothing_behind(bed, mount_factory):
     time.sleep(1)
     p.send_signal(signal.SIGINT)
     p.wait(timeout=10)
-    deadline = time.time() + 30
+    deadline = time.time() + 8
     while scratch_files(m):
         assert time.time() < deadline, f"left behind: {scratch_files(m)}"
         time.sleep(0.2)
