@@ -120,6 +120,9 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
     out.Line("error: this mount has no SSD cache");
     return;
   }
+  // Commands run concurrently (cli/control.h); the cache operations one at a time.
+  static std::mutex cache_ops;
+  std::lock_guard cache_lock(cache_ops);
   const bool wb = cache->mode() == cache::CacheMode::kWriteBack;
   if (cmd == "cache drop") {
     const uint64_t n = cache->DropAll();

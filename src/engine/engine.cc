@@ -72,7 +72,7 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
   return best;
 }
 
-Connection* Engine::PickOnPath(size_t path, int64_t cost) {
+Connection* Engine::PickOnPath(size_t path, int64_t /*cost*/) {
   // conns_[i] serves paths[i % paths.size()] (see Start()).
   const size_t np = opts_.paths.size();
   if (path >= np) return nullptr;
@@ -82,7 +82,7 @@ Connection* Engine::PickOnPath(size_t path, int64_t cost) {
     Connection* c = conns_[i].get();
     if (any == nullptr) any = c;
     if (!c->up()) continue;
-    if (best == nullptr || c->outstanding_bytes() + cost < best->outstanding_bytes() + cost) best = c;
+    if (best == nullptr || c->outstanding_bytes() < best->outstanding_bytes()) best = c;
   }
   return best != nullptr ? best : any;
 }

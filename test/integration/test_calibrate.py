@@ -127,3 +127,16 @@ def test_cache_flush_shows_progress_on_a_terminal_only(bed, mount_factory, cache
         bed.shape(1, "off")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("flushed ") and r.stdout.count("\n") == 1, r.stdout
+
+
+def test_an_unmount_that_flushes_logs_its_progress(bed, mount_factory, cache_dir):  # noqa: F811
+    m = mount_factory(wb_opts(cache_dir))
+    file_with_dirty_pieces(m, "unmount-progress", 8, 23, 16384)  # 4 MiB dirty
+    bed.shape(1, "4mbit")  # 0.5 MB/s: some 8 s of flushing
+    try:
+        assert subprocess.run(["fusermount3", "-u", str(m.path)]).returncode == 0
+        assert m.proc.wait(timeout=120) == 0
+    finally:
+        bed.shape(1, "off")
+    log = m.log_text()
+    assert "flush at unmount: " in log and " KiB dirty left, " in log, log
