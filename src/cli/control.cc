@@ -1,6 +1,7 @@
 #include "cli/control.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -161,6 +162,107 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
   return out;
 }
 
+bool Reply::Line(const std::string& line) {
+  if (!line.empty() && line.back() == '\n') return Text(line);
+  return Text(line + "\n");
+}
+
+bool Reply::Text(const std::string& text) {
+  if (gone_) return false;
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = send(fd_, text.data() + off, text.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      gone_ = true;
+      return false;
+    }
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool Reply::Alive() {
+  if (gone_) return false;
+  pollfd p{fd_, 0, 0};
+  // POLLHUP: both directions are shut (the client closed its socket, or the
+  // gateway is stopping); a half close (shutdown SHUT_WR) is not that.
+  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0) gone_ = true;
+  return !gone_;
+}
+
+std::optional<std::string> ProgressField(const std::string& line, const std::string& key) {
+  const std::string k = " " + key + "=";
+  auto at = line.find(k);
+  if (line.rfind("progress ", 0) != 0 || at == std::string::npos) return std::nullopt;
+  at += k.size();
+  return line.substr(at, line.find(' ', at) - at);
+}
+
+namespace {
+
+std::string HumanBytes(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.0f} KiB", b / 1024.0);
+}
+
+}  // namespace
+
+std::string RenderProgress(const std::string& line) {
+  auto num = [&](const char* k) {
+    auto v = ProgressField(line, k);
+    return v ? std::strtoll(v->c_str(), nullptr, 10) : -1;
+  };
+  if (auto dirty = ProgressField(line, "dirty_bytes")) {
+    const long long rate = num("rate_bps"), eta = num("eta_s");
+    std::string out = "flushing: " + HumanBytes(static_cast<double>(num("dirty_bytes"))) + " dirty";
+    out += rate > 0 ? ", " + HumanBytes(static_cast<double>(rate)) + "/s" : ", rate not known yet";
+    if (eta >= 0) out += fmt::format(", {}:{:02} left", eta / 60, eta % 60);
+    return out;
+  }
+  if (auto step = ProgressField(line, "step")) {
+    if (*step == "start") {
+      return fmt::format("calibrate: {} target(s), scratch file {} MiB, at most {} s",
+                         ProgressField(line, "targets").value_or("?"),
+                         ProgressField(line, "file_mib").value_or("?"),
+                         ProgressField(line, "estimated_max_s").value_or("?"));
+    }
+    std::string out = "calibrate: " + *step;
+    if (auto p = ProgressField(line, "path")) out += " path " + *p;
+    if (auto d = ProgressField(line, "depth")) out += " depth " + *d;
+    if (auto v = ProgressField(line, "iops")) out += ": " + *v + " IOPS";
+    if (auto v = ProgressField(line, "mbps")) out += ": " + *v + " MB/s";
+    return out;
+  }
+  return line.substr(std::min<size_t>(line.size(), 9));
+}
+
+void FlushMeter::Sample(double t_s, uint64_t dirty_bytes) {
+  samples_.emplace_back(t_s, dirty_bytes);
+  while (samples_.size() > 2 && samples_.back().first - samples_[1].first >= window_s_) {
+    samples_.erase(samples_.begin());
+  }
+}
+
+uint64_t FlushMeter::rate_bps() const {
+  if (samples_.size() < 2) return 0;
+  const auto& a = samples_.front();
+  const auto& b = samples_.back();
+  if (b.first <= a.first || b.second >= a.second) return 0;
+  return static_cast<uint64_t>(static_cast<double>(a.second - b.second) / (b.first - a.first));
+}
+
+int64_t FlushMeter::eta_s() const {
+  if (dirty() == 0) return 0;
+  const uint64_t r = rate_bps();
+  return r == 0 ? -1 : static_cast<int64_t>((dirty() + r - 1) / r);
+}
+
+std::string FlushMeter::ProgressLine() const {
+  return fmt::format("progress dirty_bytes={} rate_bps={} eta_s={}", dirty(), rate_bps(), eta_s());
+}
+
 ControlSocket::ControlSocket(std::string path, Handler handler)
     : path_(std::move(path)), handler_(std::move(handler)) {}
 
@@ -169,9 +271,32 @@ ControlSocket::~ControlSocket() {
     shutdown(fd_, SHUT_RDWR);  // wakes accept()
   }
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    // Handlers see their client gone and return.
+    for (auto& w : workers_) shutdown(w.fd, SHUT_RDWR);
+  }
+  Reap(true);
   if (fd_ >= 0) {
     close(fd_);
     unlink(path_.c_str());
+  }
+}
+
+void ControlSocket::Reap(bool all) {
+  std::list<Worker> finished;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      auto next = std::next(it);
+      if (all || it->done) finished.splice(finished.end(), workers_, it);
+      it = next;
+    }
+  }
+  for (auto& w : finished) {
+    w.thread.join();
+    close(w.fd);
   }
 }
 
@@ -201,26 +326,42 @@ void ControlSocket::Serve() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // shut down
     }
-    // One command line; a client that says nothing within a second gets the statistics.
-    timeval tv{1, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string cmd;
-    char ch;
-    while (cmd.size() < 256 && recv(c, &ch, 1, 0) == 1 && ch != '\n') cmd += ch;
-    if (cmd.empty()) cmd = "stats";
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    const bool privileged =
-        getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == 0;
-    const std::string doc = handler_(cmd, privileged);
-    size_t off = 0;
-    while (off < doc.size()) {
-      ssize_t n = send(c, doc.data() + off, doc.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
+    Reap(false);
+    std::lock_guard lock(mu_);
+    if (workers_.size() >= static_cast<size_t>(kMaxCommands)) {
+      const std::string busy = fmt::format("error: busy ({} commands running)\n", kMaxCommands);
+      ssize_t n = send(c, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)n;
+      close(c);
+      continue;
     }
-    close(c);
+    workers_.push_back(Worker{c, {}, false});
+    Worker* w = &workers_.back();
+    w->thread = std::thread([this, w] {
+      ServeOne(w->fd);
+      std::lock_guard l(mu_);
+      w->done = true;
+    });
   }
+}
+
+void ControlSocket::ServeOne(int c) {
+  // One command line; a client that says nothing within a second gets the statistics.
+  timeval tv{1, 0};
+  setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  timeval stv{30, 0};  // a client that stops reading is treated as gone
+  setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &stv, sizeof(stv));
+  std::string cmd;
+  char ch;
+  while (cmd.size() < 256 && recv(c, &ch, 1, 0) == 1 && ch != '\n') cmd += ch;
+  if (cmd.empty()) cmd = "stats";
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  const bool privileged =
+      getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == 0;
+  Reply reply(c);
+  handler_(cmd, privileged, reply);
+  shutdown(c, SHUT_RDWR);  // the answer is complete (the fd is closed by Reap)
 }
 
 }  // namespace mpnfs::cli

@@ -1,15 +1,30 @@
 // ControlSocket: a unix socket beside each mount that answers one command
 // per connection: "stats" (a JSON snapshot of the mount's statistics),
 // "stats prometheus" (the same in the Prometheus text format, cli/metrics.h),
-// "cache drop", "cache detach", "cache flush", "path ..." (cli/path_control.h).
-// `mpnfsctl` speaks it; so can
-// any script (printf 'stats\n' | nc -U SOCKET). The socket lives at
+// "cache drop", "cache detach", "cache flush", "path ..." (cli/path_control.h),
+// "calibrate ...". `mpnfsctl` speaks it; so can any script
+// (printf 'stats\n' | nc -U SOCKET). The socket lives at
 // /run/mpnfs/<mountpoint with '/' as %2F>.sock.
 //
-// Thread safety: one accept thread; the handler is called from it.
+// Protocol: the client writes one command line; the answer is streamed back
+// as lines until the socket closes. Lines starting "progress " are interim
+// (key=value pairs, e.g. `progress dirty_bytes=N rate_bps=N eta_s=N`); an
+// answer whose first non-progress line starts with "error:" is a failure.
+// A client that closes its socket ends its interest: a long command notices
+// (Reply::Line/Alive return false) and stops where it can.
+//
+// Threads: one accept thread; each connection is served on its own thread
+// (at most kMaxCommands at once; beyond that the client is told "error:
+// busy"), so a long command does not hold up `stats`. The handler runs on
+// those threads, concurrently with itself. The destructor stops accepting,
+// shuts every open connection down (their Reply::Line fails from then on)
+// and joins every thread: handlers must return soon after their client goes.
 #pragma once
 
 #include <functional>
+#include <list>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -33,11 +48,56 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
 // writes one command line ("stats", "cache drop", ...) and reads the answer
 // until the socket closes. Any local user may ask for statistics; commands
 // that change something are answered only for root (SO_PEERCRED).
+// The answer channel of one command. Used by its handler thread only.
+class Reply {
+ public:
+  explicit Reply(int fd) : fd_(fd) {}
+  // Writes `line` (and a '\n' if it has none). False once the client has
+  // gone (closed, write failed, or not reading for 30 s); nothing more is
+  // written after that.
+  bool Line(const std::string& line);
+  // Writes `text` as is (a whole answer of several lines).
+  bool Text(const std::string& text);
+  // Whether the client is still there (it has not closed its socket); does
+  // not write. A client that only shut down its writing half is still there.
+  bool Alive();
+
+ private:
+  int fd_;
+  bool gone_ = false;
+};
+
+// Helpers for "progress" lines (also used by mpnfsctl to render them).
+// The value of `key` in a "progress k=v k=v" line, or nullopt.
+std::optional<std::string> ProgressField(const std::string& line, const std::string& key);
+// A human form of a progress line, e.g. "flushing: 12.0 MiB dirty, 3.0
+// MiB/s, 0:04 left" or "calibrate: randread path 10.0.0.2 depth 8: 1234 IOPS".
+std::string RenderProgress(const std::string& line);
+
+// Dirty bytes left over time -> rate and time to go (a flush in progress).
+// Rate: bytes the dirty count fell over the last `window` of samples.
+// Not thread safe (one user).
+class FlushMeter {
+ public:
+  explicit FlushMeter(double window_s = 5.0) : window_s_(window_s) {}
+  void Sample(double t_s, uint64_t dirty_bytes);
+  uint64_t dirty() const { return samples_.empty() ? 0 : samples_.back().second; }
+  uint64_t rate_bps() const;  // 0: not known yet
+  int64_t eta_s() const;      // -1: not known
+  // "progress dirty_bytes=N rate_bps=N eta_s=N"
+  std::string ProgressLine() const;
+
+ private:
+  double window_s_;
+  std::vector<std::pair<double, uint64_t>> samples_;
+};
+
 class ControlSocket {
  public:
-  // handler(command, privileged) -> the answer; an answer starting with
-  // "error:" makes mpnfsctl exit 1.
-  using Handler = std::function<std::string(const std::string& command, bool privileged)>;
+  static constexpr int kMaxCommands = 8;
+  // handler(command, privileged, reply) writes the answer through `reply`;
+  // a first line starting with "error:" makes mpnfsctl exit 1.
+  using Handler = std::function<void(const std::string& command, bool privileged, Reply& reply)>;
   ControlSocket(std::string path, Handler handler);
   ~ControlSocket();
   ControlSocket(const ControlSocket&) = delete;
@@ -47,11 +107,21 @@ class ControlSocket {
 
  private:
   void Serve();
+  void ServeOne(int c);
+  void Reap(bool all);
 
+  struct Worker {
+    int fd;
+    std::thread thread;
+    bool done = false;
+  };
   const std::string path_;
   Handler handler_;
   int fd_ = -1;
   std::thread thread_;
+  std::mutex mu_;
+  std::list<Worker> workers_;  // guarded by mu_ (the threads themselves: by Reap)
+  bool stopping_ = false;      // guarded by mu_
 };
 
 }  // namespace mpnfs::cli

@@ -1,6 +1,17 @@
 #include "cli/control.h"
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -83,6 +94,122 @@ TEST(ControlTest, PathEncodesTheMountpoint) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(*p, "/run/mpnfs/%2F.sock");
   EXPECT_FALSE(ControlPathFor("/no/such/dir/here").ok());
+}
+
+// Connects to `path`, sends `cmd`, and returns the socket (-1 on failure).
+int Connect(const std::string& path, const std::string& cmd) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  const std::string line = cmd + "\n";
+  EXPECT_EQ(send(fd, line.data(), line.size(), MSG_NOSIGNAL), static_cast<ssize_t>(line.size()));
+  shutdown(fd, SHUT_WR);  // as mpnfsctl does: the client is still there
+  timeval tv{10, 0};       // a test that would wait for ever fails instead
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+std::string TempSocketPath() {
+  return "/tmp/mpnfs-control-test-" + std::to_string(getpid()) + ".sock";
+}
+
+TEST(ControlSocketTest, ALongCommandDoesNotHoldUpStats) {
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  ControlSocket sock(TempSocketPath(), [released](const std::string& cmd, bool, Reply& r) {
+    if (cmd == "slow") {
+      r.Line("progress step=one");
+      released.wait();
+      r.Line("slow done");
+      return;
+    }
+    r.Text("stats doc\n");
+  });
+  ASSERT_TRUE(sock.Start().ok());
+  int slow = Connect(TempSocketPath(), "slow");
+  ASSERT_GE(slow, 0);
+  char buf[64];
+  ASSERT_GT(read(slow, buf, sizeof(buf)), 0);  // the slow command is running
+  int stats = Connect(TempSocketPath(), "stats");
+  ASSERT_GE(stats, 0);
+  EXPECT_EQ(ReadAll(stats), "stats doc\n");  // answered while "slow" still runs
+  release.set_value();
+  EXPECT_EQ(ReadAll(slow), "slow done\n");
+}
+
+TEST(ControlSocketTest, AHandlerSeesItsClientGoAway) {
+  std::promise<int> lines_written;
+  ControlSocket sock(TempSocketPath(), [&](const std::string&, bool, Reply& r) {
+    int n = 0;
+    while (r.Alive() && r.Line("progress n=" + std::to_string(n))) {
+      ++n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    lines_written.set_value(n);
+  });
+  ASSERT_TRUE(sock.Start().ok());
+  int fd = Connect(TempSocketPath(), "forever");
+  ASSERT_GE(fd, 0);
+  char buf[16];
+  ASSERT_GT(read(fd, buf, sizeof(buf)), 0);
+  close(fd);
+  auto f = lines_written.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "the handler kept writing to a closed client";
+  EXPECT_GT(f.get(), 0);
+}
+
+TEST(ControlSocketTest, ShutdownEndsARunningCommand) {
+  std::atomic<bool> returned{false};
+  int fd = -1;
+  {
+    ControlSocket sock(TempSocketPath(), [&](const std::string&, bool, Reply& r) {
+      while (r.Alive()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      returned = true;
+    });
+    ASSERT_TRUE(sock.Start().ok());
+    fd = Connect(TempSocketPath(), "forever");
+    ASSERT_GE(fd, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }  // the destructor joins the handler's thread
+  EXPECT_TRUE(returned.load());
+  close(fd);
+}
+
+TEST(ControlTest, FlushMeterGivesRateAndTimeToGo) {
+  FlushMeter m(5.0);
+  m.Sample(0, 100 << 20);
+  EXPECT_EQ(m.rate_bps(), 0u);
+  EXPECT_EQ(m.eta_s(), -1);
+  m.Sample(1, 90 << 20);
+  m.Sample(2, 80 << 20);
+  EXPECT_EQ(m.rate_bps(), 10u << 20);
+  EXPECT_EQ(m.eta_s(), 8);
+  EXPECT_EQ(m.ProgressLine(), fmt::format("progress dirty_bytes={} rate_bps={} eta_s=8", 80 << 20, 10 << 20));
+  m.Sample(3, 0);
+  EXPECT_EQ(m.eta_s(), 0);
+}
+
+TEST(ControlTest, ProgressLinesRenderForPeople) {
+  EXPECT_EQ(RenderProgress("progress dirty_bytes=12582912 rate_bps=3145728 eta_s=64"),
+            "flushing: 12.0 MiB dirty, 3.0 MiB/s, 1:04 left");
+  EXPECT_EQ(RenderProgress("progress dirty_bytes=12582912 rate_bps=0 eta_s=-1"),
+            "flushing: 12.0 MiB dirty, rate not known yet");
+  EXPECT_EQ(RenderProgress("progress step=randread path=10.0.0.2 depth=8 iops=1234"),
+            "calibrate: randread path 10.0.0.2 depth 8: 1234 IOPS");
+  EXPECT_EQ(ProgressField("progress a=1 b=22", "b"), "22");
+  EXPECT_FALSE(ProgressField("error: a=1", "a"));
 }
 
 }  // namespace

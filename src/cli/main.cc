@@ -13,7 +13,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/calibrate.h"
 #include "cli/control.h"
 #include "cli/metrics.h"
 #include "cli/mpnfstab.h"
@@ -55,45 +61,130 @@ cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
   return s;
 }
 
+// Runs filesystem.FlushCache() on a thread of its own and, until it returns,
+// calls report(meter) every `every` with the dirty bytes left, the rate and
+// the time to go; report returning false stops the reports (the flush goes on).
+Result<Ok> FlushWithProgress(fs::Filesystem& filesystem, cache::BlockCache& c,
+                             std::chrono::milliseconds every,
+                             const std::function<bool(const cli::FlushMeter&)>& report) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Result<Ok> result = Ok{};
+  std::thread flush([&] {
+    auto r = filesystem.FlushCache();
+    std::lock_guard lock(mu);
+    result = std::move(r);
+    done = true;
+    cv.notify_all();
+  });
+  cli::FlushMeter meter;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool reporting = true;
+  std::unique_lock lock(mu);
+  while (!cv.wait_for(lock, every, [&] { return done; })) {
+    if (!reporting) continue;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    meter.Sample(t, c.Stats().dirty_bytes);
+    lock.unlock();
+    reporting = report(meter);
+    lock.lock();
+  }
+  lock.unlock();
+  flush.join();
+  return result;
+}
+
 // Answers one control-socket command (see cli/control.h, mpnfs(8) STATISTICS).
-std::string Control(const std::string& cmd, bool privileged, engine::Engine& eng,
-                    fs::Filesystem& filesystem, nfs::Nfs3& nfs, const nfs::Fh& root,
-                    const cli::SnapshotFn& snapshot) {
+// Runs on the command's own thread (never an engine loop thread).
+void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::Engine& eng,
+             fs::Filesystem& filesystem, nfs::Nfs3& nfs, const nfs::Fh& root,
+             const cli::SnapshotFn& snapshot, const cli::MountOptions& m) {
   if (cmd == "stats") {
     const cli::MountSnapshot s = snapshot();
-    return cli::StatsJson(s.source, s.mountpoint, s.conns, s.cache ? &*s.cache : nullptr,
-                          s.uptime_s);
+    out.Text(cli::StatsJson(s.source, s.mountpoint, s.conns, s.cache ? &*s.cache : nullptr,
+                            s.uptime_s));
+    return;
   }
-  if (cmd == "path" || cmd.rfind("path ", 0) == 0) return cli::PathCommand(cmd, privileged, eng);
-  if (cmd == "stats prometheus") return cli::PrometheusText(snapshot());
+  if (cmd == "stats prometheus") {
+    out.Text(cli::PrometheusText(snapshot()));
+    return;
+  }
+  if (cmd == "path" || cmd.rfind("path ", 0) == 0) {
+    out.Text(cli::PathCommand(cmd, privileged, eng));
+    return;
+  }
   auto cache = filesystem.cache();
-  if (cmd.rfind("cache ", 0) != 0) return "error: unknown command '" + cmd + "'\n";
-  if (!privileged) return "error: only root may change the cache\n";
-  if (!cache) return "error: this mount has no SSD cache\n";
+  if (cmd == "calibrate" || cmd.rfind("calibrate ", 0) == 0) {
+    if (!privileged) {
+      out.Line("error: only root may calibrate (it writes a scratch file to the export)");
+      return;
+    }
+    cli::CalibrateMount cm;
+    cm.engine = &eng;
+    cm.root = root;
+    cm.read_only = std::find(m.fuse_opts.begin(), m.fuse_opts.end(), "ro") != m.fuse_opts.end();
+    cm.rsize = filesystem.options().rsize;
+    cm.wsize = filesystem.options().wsize;
+    cli::RunCalibrateCommand(cmd, out, cm);
+    return;
+  }
+  if (cmd.rfind("cache ", 0) != 0) {
+    out.Line("error: unknown command '" + cmd + "'");
+    return;
+  }
+  if (!privileged) {
+    out.Line("error: only root may change the cache");
+    return;
+  }
+  if (!cache) {
+    out.Line("error: this mount has no SSD cache");
+    return;
+  }
+  // Commands run concurrently (cli/control.h); the cache operations one at a time.
+  static std::mutex cache_ops;
+  std::lock_guard cache_lock(cache_ops);
   const bool wb = cache->mode() == cache::CacheMode::kWriteBack;
   if (cmd == "cache drop") {
     const uint64_t n = cache->DropAll();
-    return "dropped " + std::to_string(n) + " cached blocks" +
-           (wb ? " (blocks with unflushed writes are kept)" : "") + "\n";
+    out.Line("dropped " + std::to_string(n) + " cached blocks" +
+             (wb ? " (blocks with unflushed writes are kept)" : ""));
+    return;
   }
   if (cmd == "cache flush") {
-    if (!wb) return "nothing to flush: cache_mode=" + cache->Stats().mode + " keeps no dirty data\n";
+    if (!wb) {
+      out.Line("nothing to flush: cache_mode=" + cache->Stats().mode + " keeps no dirty data");
+      return;
+    }
     const uint64_t before = cache->Stats().dirty_bytes;
-    if (auto r = filesystem.FlushCache(); !r) return "error: flush failed: " + r.error().what + "\n";
-    return "flushed " + std::to_string(before) + " dirty bytes to the server\n";
+    // A client that goes away stops the progress lines, not the flush.
+    auto r = FlushWithProgress(filesystem, *cache, std::chrono::seconds(1),
+                               [&](const cli::FlushMeter& meter) {
+                                 return out.Alive() && out.Line(meter.ProgressLine());
+                               });
+    if (!r) {
+      out.Line("error: flush failed: " + r.error().what);
+      return;
+    }
+    out.Line("flushed " + std::to_string(before) + " dirty bytes to the server");
+    return;
   }
   if (cmd == "cache detach") {
     cache.reset();
-    if (auto r = filesystem.DetachCache(); !r) return "error: " + r.error().what + "\n";
+    if (auto r = filesystem.DetachCache(); !r) {
+      out.Line("error: " + r.error().what);
+      return;
+    }
     if (wb) {
       // Nothing of this mount is left unflushed: the export is free again.
       if (auto r = fs::ReleaseOwner(nfs, root); !r) {
         Log("mount")->warn("removing {}: {}", fs::kOwnerName, r.error().what);
       }
     }
-    return "cache detached; the mount runs uncached until it is mounted again\n";
+    out.Line("cache detached; the mount runs uncached until it is mounted again");
+    return;
   }
-  return "error: unknown command '" + cmd + "'\n";
+  out.Line("error: unknown command '" + cmd + "'");
 }
 
 // SIGTERM, SIGINT and SIGHUP during the work of a write-back unmount (FUSE's
@@ -159,7 +250,15 @@ void FinishWriteBack(fs::Filesystem& filesystem, cache::BlockCache& c, engine::E
       log->info("flushing {} KiB of write-back data to the server before exiting (SIGTERM or "
                 "SIGINT stops it, leaving them in {})",
                 dirty >> 10, c.options().dir);
-      if (auto r = filesystem.FlushCache(); !r) log->error("flush at unmount failed: {}", r.error().what);
+      // Every 5 s: what is left, at what rate, for how long.
+      auto r = FlushWithProgress(filesystem, c, std::chrono::seconds(5), [&](const cli::FlushMeter& mt) {
+        const int64_t eta = mt.eta_s();
+        log->info("flush at unmount: {} KiB dirty left, {} KiB/s, {}", mt.dirty() >> 10,
+                  mt.rate_bps() >> 10, eta < 0 ? std::string("time to go not known yet")
+                                               : fmt::format("about {} s to go", eta));
+        return true;
+      });
+      if (!r) log->error("flush at unmount failed: {}", r.error().what);
     }
     if (c.Stats().dirty_bytes == 0) {
       if (auto r = fs::ReleaseOwner(nfs, root); !r) {
@@ -436,9 +535,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   std::unique_ptr<cli::ControlSocket> control;
   if (cpath) {
     control = std::make_unique<cli::ControlSocket>(
-        *cpath, [&eng, &filesystem, &nfs, root = *root, snapshot](const std::string& cmd,
-                                                                      bool privileged) {
-          return Control(cmd, privileged, eng, filesystem, nfs, root, snapshot);
+        *cpath, [&eng, &filesystem, &nfs, &m, root = *root, snapshot](
+                    const std::string& cmd, bool privileged, cli::Reply& out) {
+          Control(cmd, privileged, out, eng, filesystem, nfs, root, snapshot, m);
         });
     if (auto st = control->Start(); !st) {
       log->warn("no statistics socket: {}", st.error().what);

@@ -5,6 +5,10 @@
 //   mpnfsctl path list MOUNTPOINT                    the paths and their state
 //   mpnfsctl path disable|enable|remove MOUNTPOINT ADDR
 //   mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=L]   online path maintenance (root)
+//   mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]
+//                                                    measure the paths (root)
+// The gateway streams its answer; "progress ..." lines are shown on a
+// terminal as one line rewritten in place, and dropped otherwise.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -30,7 +34,8 @@ int Usage() {
           "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n"
           "       mpnfsctl path list MOUNTPOINT\n"
           "       mpnfsctl path disable|enable|remove MOUNTPOINT ADDR[:PORT]\n"
-          "       mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=IFACE|LOCALADDR]\n");
+          "       mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=IFACE|LOCALADDR]\n"
+          "       mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]\n");
   return 1;
 }
 
@@ -59,14 +64,42 @@ std::optional<std::string> Ask(const std::string& mountpoint, const std::string&
     return std::nullopt;
   }
   shutdown(fd, SHUT_WR);
-  std::string answer;
+  // Lines as they come: progress rendered in place on a terminal, the rest
+  // kept; the first other line says whether it is an error.
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  bool progress_shown = false;
+  std::string answer, pending;
+  auto take_line = [&](const std::string& line) {
+    if (answer.empty() && line.rfind("progress ", 0) == 0) {
+      if (tty) {
+        printf("\r%s\033[K", mpnfs::cli::RenderProgress(line).c_str());
+        fflush(stdout);
+        progress_shown = true;
+      }
+      return;
+    }
+    answer += line;
+  };
   char buf[65536];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) answer.append(buf, static_cast<size_t>(n));
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    pending.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      take_line(pending.substr(0, nl + 1));
+      pending.erase(0, nl + 1);
+    }
+  }
+  if (!pending.empty()) take_line(pending);
   close(fd);
+  if (progress_shown) fputs("\r\033[K", stdout);
   if (n < 0) return std::nullopt;
   if (answer.rfind("error:", 0) == 0) {
     fprintf(stderr, "mpnfsctl: %s", answer.c_str() + 7);
+    return std::nullopt;
+  }
+  if (answer.empty()) {
+    fprintf(stderr, "mpnfsctl: no answer (the mount went away?)\n");
     return std::nullopt;
   }
   return answer;
@@ -137,6 +170,14 @@ int main(int argc, char** argv) {
     if (op != "drop" && op != "detach" && op != "flush") return Usage();
     cmd = "cache " + op;
     mountpoint = argv[3];
+  } else if (verb == "calibrate" && argc >= 3) {
+    cmd = "calibrate";
+    mountpoint = argv[2];
+    for (int i = 3; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a.empty() || a.find_first_of(" \t\n") != std::string::npos) return Usage();
+      cmd += " " + a;
+    }
   } else if (verb == "path" && argc >= 4) {
     const std::string op = argv[2];
     mountpoint = argv[3];

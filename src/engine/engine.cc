@@ -101,6 +101,20 @@ Connection* Engine::PickElsewhere(const Connection* self, int64_t cost) {
   return any;
 }
 
+Connection* Engine::PickOnPath(const Endpoint& path, int64_t /*cost*/) {
+  // The least loaded up connection of that path (enabled or not: a pin is
+  // an explicit choice), else any of its connections (the call waits there).
+  Connection* best = nullptr;
+  Connection* any = nullptr;
+  ForEach([&](Connection* c) {
+    if (c->endpoint().host != path.host || c->endpoint().port != path.port || c->removed()) return;
+    if (any == nullptr) any = c;
+    if (!c->up()) return;
+    if (best == nullptr || c->outstanding_bytes() < best->outstanding_bytes()) best = c;
+  });
+  return best != nullptr ? best : any;
+}
+
 bool Engine::AnotherHeardSince(const Connection* self, Clock::time_point since) const {
   bool heard = false;
   ForEach([&](Connection* c) {
@@ -149,7 +163,12 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
-  Connection* c = PickConnection(nullptr, r->cost);
+  Connection* c = so.path ? PickOnPath(*so.path, r->cost) : PickConnection(nullptr, r->cost);
+  if (c == nullptr) {
+    r->done = true;
+    r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "no such path"});
+    return;
+  }
   c->Deliver(std::move(r));
 }
 

@@ -202,6 +202,14 @@ struct PathInfo {
 struct SubmitOptions {
   // Give up (kTimedOut) after this long even on a hard mount; used at mount time.
   std::optional<std::chrono::milliseconds> deadline;
+  // Pin: only the connections of the path at this endpoint (host and port)
+  // may take the call (used by `mpnfsctl calibrate` to measure one path
+  // alone). The pin chooses where the call is first sent; while none of that
+  // path's connections is up the call waits in the queue of one of them
+  // (hard) or times out (soft). A path declared dead, disabled or removed
+  // still moves its calls elsewhere: failover and maintenance win over the
+  // pin. A path not on the mount fails the call with kShutdown.
+  std::optional<Endpoint> path = std::nullopt;
 };
 
 class Engine {
@@ -264,6 +272,9 @@ class Engine {
   void Retire(Connection* c);
 
  private:
+  // The least loaded up connection of paths[path] (any of them if none is up).
+  Connection* PickOnPath(const Endpoint& path, int64_t cost);
+
   const EngineOptions opts_;
   TransportFactory factory_;
   std::vector<std::unique_ptr<Loop>> loops_;

@@ -129,6 +129,29 @@ TEST_F(EngineTest, CompletesEveryCallExactlyOnce) {
   for (auto& c : calls) EXPECT_EQ(c->completions.load(), 1);
 }
 
+TEST_F(EngineTest, APinnedCallGoesOnlyOverItsPath) {
+  auto o = TwoPaths(0ms);
+  o.conns_per_path = 2;
+  auto e = Started(o);
+  std::vector<std::shared_ptr<ProbeCall>> calls;
+  for (int i = 0; i < 40; ++i) {
+    calls.push_back(std::make_shared<ProbeCall>(4096));
+    SubmitOptions so;
+    so.path = o.paths[1];
+    e->Submit(calls.back(), Cred{}, so);
+  }
+  EXPECT_EQ(AwaitAllOk(calls), 0);
+  uint64_t on1 = 0, on0 = 0;
+  for (const auto& s : e->Stats()) (s.endpoint.rfind("10.0.1.1", 0) == 0 ? on1 : on0) += s.calls;
+  EXPECT_EQ(on1, 40u);
+  EXPECT_EQ(on0, 0u);
+  auto bad = std::make_shared<ProbeCall>();
+  SubmitOptions so;
+  so.path = Endpoint{"10.9.9.9", 2049, ""};
+  e->Submit(bad, Cred{}, so);
+  EXPECT_EQ(Await(bad).first, CallStatus::kShutdown);
+}
+
 TEST_F(EngineTest, RetransmitsWithTheSameXidAfterTimeo) {
   auto o = Opts();
   o.timeo = 50ms;

@@ -234,7 +234,7 @@ void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
   call->done = Reply<SETATTR3res>("SETATTR", std::move(cb), [](const SETATTR3res& r) {
     return FromWcc(r.SETATTR3res_u.resok.obj_wcc);
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb) {
@@ -248,7 +248,7 @@ void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<Look
     return LookupReply{FromFh(ok.object), FromPostOp(ok.obj_attributes),
                        FromPostOp(ok.dir_attributes)};
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb) {
@@ -260,7 +260,7 @@ void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb
     const auto& ok = r.ACCESS3res_u.resok;
     return AccessReply{ok.access, FromPostOp(ok.obj_attributes)};
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
@@ -271,7 +271,7 @@ void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
     const char* d = r.READLINK3res_u.resok.data;
     return std::string(d != nullptr ? d : "");
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb) {
@@ -290,7 +290,7 @@ void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<Re
     rr.attr = FromPostOp(ok.file_attributes);
     return rr;
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
@@ -309,7 +309,7 @@ void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t 
     const auto& ok = r.WRITE3res_u.resok;
     return WriteReply{ok.count, ok.committed != UNSTABLE, Verf8(ok.verf), FromWcc(ok.file_wcc)};
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
@@ -322,7 +322,7 @@ void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
     const auto& ok = r.COMMIT3res_u.resok;
     return CommitReply{Verf8(ok.verf), FromWcc(ok.file_wcc)};
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
@@ -389,7 +389,7 @@ void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const
   call->done = NewObjectDone<CREATE3res>(
       "CREATE", std::move(cb), dir, name, c, mode == CreateMode::kGuarded,
       [](const CREATE3res& r) -> const CREATE3resok& { return r.CREATE3res_u.resok; });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
@@ -403,7 +403,7 @@ void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, cons
   call->done = NewObjectDone<MKDIR3res>(
       "MKDIR", std::move(cb), dir, name, c, true,
       [](const MKDIR3res& r) -> const MKDIR3resok& { return r.MKDIR3res_u.resok; });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& target,
@@ -433,7 +433,7 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
   call->done = NewObjectDone<SYMLINK3res>(
       "SYMLINK", std::move(cb), dir, name, c, true,
       [](const SYMLINK3res& r) -> const SYMLINK3resok& { return r.SYMLINK3res_u.resok; });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
@@ -467,7 +467,7 @@ void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAt
   call->done = NewObjectDone<MKNOD3res>(
       "MKNOD", std::move(cb), dir, name, c, true,
       [](const MKNOD3res& r) -> const MKNOD3resok& { return r.MKNOD3res_u.resok; });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
@@ -482,7 +482,7 @@ void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc>
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "REMOVE"));
     cb(FromWcc(r->REMOVE3res_u.resok.dir_wcc));
   };
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
@@ -497,7 +497,7 @@ void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> 
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "RMDIR"));
     cb(FromWcc(r->RMDIR3res_u.resok.dir_wcc));
   };
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
@@ -518,7 +518,7 @@ void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
     const auto& ok = r->RENAME3res_u.resok;
     cb(RenameReply{FromWcc(ok.fromdir_wcc), FromWcc(ok.todir_wcc)});
   };
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
@@ -537,7 +537,7 @@ void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred
     const auto& ok = r->LINK3res_u.resok;
     cb(LinkReply{FromPostOp(ok.file_attributes), FromWcc(ok.linkdir_wcc)});
   };
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
@@ -559,7 +559,7 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
     }
     return p;
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
@@ -584,7 +584,7 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
     }
     return p;
   });
-  call->Send(engine_, c);
+  call->Send(engine_, c, defaults_);
 }
 
 void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so) {

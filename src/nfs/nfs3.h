@@ -35,7 +35,10 @@ namespace mpnfs::nfs {
 
 class Nfs3 final : public Client {
  public:
-  explicit Nfs3(engine::Engine& engine) : engine_(engine) {}
+  // `defaults`: the SubmitOptions of every call whose method takes none
+  // (e.g. a path pin: an Nfs3 whose calls all go over one path).
+  explicit Nfs3(engine::Engine& engine, engine::SubmitOptions defaults = {})
+      : engine_(engine), defaults_(std::move(defaults)) {}
 
   // How many ways a large request is worth splitting now (see Engine::IdleConnections).
   int Parallelism() const override { return engine_.IdleConnections(); }
@@ -89,6 +92,7 @@ class Nfs3 final : public Client {
   void NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
                          Cb<NewObject> cb);
   engine::Engine& engine_;
+  const engine::SubmitOptions defaults_;
 };
 
 }  // namespace mpnfs::nfs

@@ -1,0 +1,187 @@
+#include "cli/calibrate.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "test/fakes/fake_nfs.h"
+
+namespace mpnfs::cli {
+namespace {
+
+using testing::FakeNfs;
+
+std::optional<std::vector<DepthPoint>> SweepOver(const std::map<int, double>& iops, int max_depth,
+                                                 std::vector<int>* asked = nullptr) {
+  return SweepDepths(
+      [&](int depth) -> std::optional<DepthPoint> {
+        if (asked) asked->push_back(depth);
+        DepthPoint p;
+        p.iops = iops.at(depth);
+        return p;
+      },
+      max_depth, 0.05);
+}
+
+TEST(CalibrateTest, SweepStopsOnceIopsStopRising) {
+  std::vector<int> asked;
+  auto s = SweepOver({{1, 100}, {2, 190}, {4, 360}, {8, 370}, {16, 1000}}, 128, &asked);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(asked, (std::vector<int>{1, 2, 4, 8}));  // 370 < 360 * 1.05: no deeper
+  ASSERT_EQ(s->size(), 4u);
+  EXPECT_EQ(BestPoint(*s)->depth, 8);
+  EXPECT_EQ(s->back().depth, 8);
+}
+
+TEST(CalibrateTest, SweepStopsOnADropAndKeepsTheBest) {
+  auto s = SweepOver({{1, 100}, {2, 300}, {4, 200}}, 128);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->size(), 3u);
+  EXPECT_EQ(BestPoint(*s)->depth, 2);
+}
+
+TEST(CalibrateTest, SweepEndsAtTheMaximumDepth) {
+  std::map<int, double> linear;
+  for (int d = 1; d <= 256; d *= 2) linear[d] = 100.0 * d;
+  auto s = SweepOver(linear, 128);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->size(), 8u);
+  EXPECT_EQ(s->back().depth, 128);
+}
+
+TEST(CalibrateTest, AStoppedSweepHasNoResult) {
+  int n = 0;
+  auto s = SweepDepths([&](int) -> std::optional<DepthPoint> {
+    if (++n == 3) return std::nullopt;
+    DepthPoint p;
+    p.iops = 100.0 * n;
+    return p;
+  }, 128, 0.05);
+  EXPECT_FALSE(s);
+}
+
+TEST(CalibrateTest, ParsesArguments) {
+  auto o = ParseCalibrateArgs(" --size 256M --time 0.5 --json --path 10.0.0.2");
+  ASSERT_TRUE(o.ok()) << o.error().what;
+  EXPECT_EQ(o->size, 256ull << 20);
+  EXPECT_DOUBLE_EQ(o->step_s, 0.5);
+  EXPECT_TRUE(o->json);
+  EXPECT_EQ(o->path, "10.0.0.2");
+  EXPECT_EQ(ParseCalibrateArgs("")->size, 1ull << 30);
+  EXPECT_FALSE(ParseCalibrateArgs("--size lots").ok());
+  EXPECT_FALSE(ParseCalibrateArgs("--time").ok());
+  EXPECT_FALSE(ParseCalibrateArgs("--frobnicate").ok());
+}
+
+CalibrateResult Sample() {
+  CalibrateResult r;
+  r.file_bytes = 64 << 20;
+  r.small_io = 8192;
+  r.large_io = 1 << 20;
+  r.step_s = 2;
+  TargetResult a;
+  a.name = "10.0.0.2";
+  a.seq_read_mbs = 110.5;
+  a.seq_write_mbs = 95.25;
+  a.rand_read = {{1, 1000, 950, 2000}, {2, 1900, 1000, 2100}, {4, 1950, 2000, 4000}};
+  a.rand_write = {{1, 500, 1900, 3000}, {2, 510, 3900, 6000}};
+  TargetResult all = a;
+  all.name = "all";
+  r.targets = {a, all};
+  r.skipped = {"10.0.0.3"};
+  return r;
+}
+
+TEST(CalibrateTest, TableHasARowPerTarget) {
+  const std::string t = RenderTable(Sample());
+  EXPECT_NE(t.find("PATH"), std::string::npos) << t;
+  EXPECT_NE(t.find("10.0.0.2"), std::string::npos) << t;
+  EXPECT_NE(t.find("\nall "), std::string::npos) << t;
+  // Best read: 1950 IOPS at depth 4, QD1 latency 950/2000, best 2000/4000.
+  EXPECT_NE(t.find("1950    4        950/2000       2000/4000"), std::string::npos) << t;
+  EXPECT_NE(t.find("110.5"), std::string::npos) << t;
+  EXPECT_NE(t.find("95.2"), std::string::npos) << t;
+  EXPECT_NE(t.find("not measured (down or disabled at the start): 10.0.0.3"), std::string::npos) << t;
+}
+
+TEST(CalibrateTest, JsonHasTheSweepsAndTheBest) {
+  const std::string j = RenderJson(Sample());
+  EXPECT_NE(j.find(R"("path": "10.0.0.2")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("rand_read": {"best_iops": 1950, "best_depth": 4)"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"({"depth": 2, "iops": 510, "latency_mean_us": 3900, "latency_p99_us": 6000})"),
+            std::string::npos) << j;
+  EXPECT_NE(j.find(R"("seq_read_mbs": 110.5)"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("random_writes": "unstable+commit")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("skipped": ["10.0.0.3"]})"), std::string::npos) << j;
+}
+
+// The scratch file's name, from the fake's CREATE record.
+std::string ScratchName(const FakeNfs& f) {
+  for (const auto& c : f.History()) {
+    if (c.proc == FakeNfs::Proc::kCreate) return c.name;
+  }
+  return "";
+}
+
+CalibrateOptions Small() {
+  CalibrateOptions o;
+  o.size = 4 << 20;
+  o.large_io = 256 << 10;
+  o.step_s = 0.1;
+  o.max_depth = 4;
+  return o;
+}
+
+TEST(CalibrateTest, MeasuresEachTargetAndRemovesTheScratchFile) {
+  FakeNfs f;
+  f.set_history_limit(size_t{1} << 30);
+  std::vector<std::string> lines;
+  auto r = RunCalibrate(f, f.root(), {{"p0", &f}, {"all", &f}}, Small(), [&](const std::string& l) {
+    lines.push_back(l);
+    return true;
+  });
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  ASSERT_EQ(r->targets.size(), 2u);
+  for (const auto& t : r->targets) {
+    EXPECT_GT(t.seq_write_mbs, 0) << t.name;
+    EXPECT_GT(t.seq_read_mbs, 0) << t.name;
+    ASSERT_FALSE(t.rand_read.empty());
+    ASSERT_FALSE(t.rand_write.empty());
+    EXPECT_GT(BestPoint(t.rand_read)->iops, 0);
+    EXPECT_GT(BestPoint(t.rand_write)->iops, 0);
+    EXPECT_EQ(t.rand_read.front().depth, 1);
+  }
+  EXPECT_GT(r->file_bytes, 0u);
+  const std::string name = ScratchName(f);
+  ASSERT_EQ(name.rfind(".mpnfs-calibrate-", 0), 0u) << name;
+  f.Quiesce();
+  EXPECT_FALSE(f.FhOf(name)) << "scratch file left behind";
+  EXPECT_GT(f.stats().commits, 0u);  // UNSTABLE random writes end with a COMMIT
+  EXPECT_GT(f.stats().writes_unstable, 0u);
+}
+
+TEST(CalibrateTest, AClientThatGoesAwayStopsTheRunAndTheFileGoes) {
+  FakeNfs f;
+  f.set_history_limit(size_t{1} << 30);
+  int calls = 0;
+  auto o = Small();
+  o.step_s = 2;  // long enough for a progress report in each step
+  auto r = RunCalibrate(f, f.root(), {{"p0", &f}}, o, [&](const std::string&) { return ++calls < 2; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, ECANCELED);
+  f.Quiesce();
+  const std::string name = ScratchName(f);
+  ASSERT_FALSE(name.empty());
+  EXPECT_FALSE(f.FhOf(name)) << "scratch file left behind";
+}
+
+TEST(CalibrateTest, AFullExportIsReportedAsSuch) {
+  FakeNfs f;
+  f.FailNext(FakeNfs::Proc::kCreate, ENOSPC);
+  auto r = RunCalibrate(f, f.root(), {{"p0", &f}}, Small(), [](const std::string&) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().what.find("full"), std::string::npos) << r.error().what;
+}
+
+}  // namespace
+}  // namespace mpnfs::cli
