@@ -114,7 +114,6 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
     out.Text(cli::PathCommand(cmd, privileged, eng));
     return;
   }
-  auto cache = filesystem.cache();
   if (cmd == "calibrate" || cmd.rfind("calibrate ", 0) == 0) {
     if (!privileged) {
       out.Line("error: only root may calibrate (it writes a scratch file to the export)");
@@ -123,7 +122,11 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
     cli::CalibrateMount cm;
     cm.engine = &eng;
     cm.root = root;
-    cm.read_only = std::find(m.fuse_opts.begin(), m.fuse_opts.end(), "ro") != m.fuse_opts.end();
+    // The last of ro / rw wins, as for mount(8).
+    cm.read_only = false;
+    for (const auto& o : m.fuse_opts) {
+      if (o == "ro" || o == "rw") cm.read_only = o == "ro";
+    }
     cm.rsize = filesystem.options().rsize;
     cm.wsize = filesystem.options().wsize;
     cli::RunCalibrateCommand(cmd, out, cm);
@@ -137,13 +140,16 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
     out.Line("error: only root may change the cache");
     return;
   }
+  // Commands run concurrently (cli/control.h); the cache operations one at
+  // a time, each on the cache attached when its turn comes (not one a
+  // `cache detach` ahead of it has just let go).
+  static std::mutex cache_ops;
+  std::lock_guard cache_lock(cache_ops);
+  auto cache = filesystem.cache();
   if (!cache) {
     out.Line("error: this mount has no SSD cache");
     return;
   }
-  // Commands run concurrently (cli/control.h); the cache operations one at a time.
-  static std::mutex cache_ops;
-  std::lock_guard cache_lock(cache_ops);
   const bool wb = cache->mode() == cache::CacheMode::kWriteBack;
   if (cmd == "cache drop") {
     const uint64_t n = cache->DropAll();
@@ -563,15 +569,19 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
   metrics.reset();
-  control.reset();
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
+  // The control socket stays until the engine has stopped: a command still
+  // running (a `cache flush` or `calibrate` waiting for a server that is
+  // gone) ends with the engine's calls, and SIGTERM during the flush at
+  // unmount (FinishWriteBack) interrupts its flush too.
   if (auto c = filesystem.cache(); c && c->mode() == cache::CacheMode::kWriteBack) {
     FinishWriteBack(filesystem, *c, eng, nfs, *root);
   }
   // Calls still pending complete (with an error) and reply while the session
   // object exists; only then is it destroyed.
   eng.Stop();
+  control.reset();
   fuse_session_destroy(se);
   log->info("unmounted {}", m.mountpoint);
   return rc == 0 ? 0 : kExitMountFailed;
