@@ -49,8 +49,10 @@
 //    path. No call fails because of a disable. A disabled connection sends
 //    no NULL probes once idle, and one that goes down stays down quietly
 //    (no reconnect attempts, no warnings) until the path is enabled.
-//  - Enable: the path is a candidate again at once; a connection of it that
-//    is down reconnects now (backoff reset) and is used once it is up.
+//  - Enable: a connection of it that is up is a candidate again once it has
+//    answered a NULL probe (its link may have died unseen while it was
+//    disabled and idle); one that is down reconnects now (backoff reset) and
+//    is used once it is up.
 //  - Add: conns_per_path new connections, on the loops with the fewest
 //    connections, connect and join the balancing once up.
 //  - Remove: a disable, then each connection closes once nothing is in
