@@ -371,6 +371,10 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
       rep.Done(kExitMountFailed, "mpnfs: path=" + p + ": " + a.error().what);
       return kExitMountFailed;
     }
+    if (std::find(path_addrs.begin(), path_addrs.end(), *a) != path_addrs.end()) {
+      rep.Done(kExitMountFailed, "mpnfs: path=" + p + " is " + *a + ", given twice");
+      return kExitMountFailed;
+    }
     path_addrs.push_back(*a);
   }
   if (path_addrs.empty()) path_addrs.push_back(*addr);

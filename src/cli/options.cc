@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <functional>
@@ -197,6 +198,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           if (plus == std::string::npos) plus = val.size();
           std::string addr = val.substr(from, plus - from);
           if (addr.empty()) return Bad("path= needs an address (path=ADDR[+ADDR...])");
+          if (std::find(m.paths.begin(), m.paths.end(), addr) != m.paths.end()) {
+            return Bad("path " + addr + " is given twice");
+          }
           m.paths.push_back(addr);
           from = plus + 1;
         }

@@ -140,6 +140,10 @@ TEST(OptionsTest, PathsAreRepeatableOrAList) {
   EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path="}).ok());
   EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=a++b"}).ok());
   EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=1+2+3+4+5+6+7+8+9"}).ok());
+  auto dup = Parse({"s:/e", "/m", "-o", "path=10.0.1.2+10.0.1.2"});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.error().what.find("10.0.1.2 is given twice"), std::string::npos) << dup.error().what;
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "path=10.0.1.2,path=10.0.1.2"}).ok());
   EXPECT_TRUE(Parse({"s:/e", "/m"})->paths.empty());
 }
 

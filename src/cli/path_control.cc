@@ -67,6 +67,20 @@ Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int def
   return ep;
 }
 
+// "HOST[:PORT]" of disable/enable/remove: HOST resolved as for add (a
+// name that does not resolve is passed on as is: the engine's error then
+// lists the paths).
+std::string Target(const std::string& word) {
+  std::string host = word, port;
+  if (auto colon = word.rfind(':'); colon != std::string::npos) {
+    host = word.substr(0, colon);
+    port = word.substr(colon);
+  }
+  if (host.empty()) return word;
+  auto addr = Resolve(host);
+  return addr ? *addr + port : word;
+}
+
 }  // namespace
 
 std::string PathTable(const std::vector<engine::PathInfo>& paths) {
@@ -104,9 +118,10 @@ std::string PathCommand(const std::string& cmd, bool privileged, engine::Engine&
     r = eng.AddPath(*ep);
   } else {
     if (words.size() != 3) return kUsage;
-    r = op == "disable" ? eng.DisablePath(words[2])
-        : op == "enable" ? eng.EnablePath(words[2])
-                         : eng.RemovePath(words[2]);
+    const std::string target = Target(words[2]);
+    r = op == "disable" ? eng.DisablePath(target)
+        : op == "enable" ? eng.EnablePath(target)
+                         : eng.RemovePath(target);
   }
   if (!r) return Refuse(r.error().what);
   Log("mount")->info("{} ({})", cmd, r.value().substr(0, r.value().find('\n')));

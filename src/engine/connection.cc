@@ -25,7 +25,7 @@ Connection::~Connection() = default;
 const char* Connection::StateName() const {
   switch (state_pub_.load(std::memory_order_relaxed)) {
     case 3: return "probing";
-    case 2: return "up";
+    case 2: return up() ? "up" : "probing";  // !up(): enabled, probe to come
     case 1: return "connecting";
     default: return "down";
   }
@@ -155,12 +155,18 @@ void Connection::BecomeUp() {
   rate_.store(0, std::memory_order_relaxed);
   win_bytes_ = 0;
   win_busy_ = {};
-  if (failed_connects_ > 0 || ever_up_) {
+  if (disabled()) {
+    // A disabled path is quiet (see engine.h).
+    log_->info("connection {} of a disabled path is up", name_);
+  } else if (reprobe_) {
+    log_->info("connection {} answered its probe: it takes calls again", name_);
+  } else if (failed_connects_ > 0 || ever_up_) {
     log_->warn("connection {} is up again (after {} failed attempts)", name_, failed_connects_);
   } else {
     log_->info("connection {} is up", name_);
   }
   ever_up_ = true;
+  reprobe_ = false;
   failed_connects_ = 0;
 }
 
@@ -206,18 +212,29 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     return;
   }
   if (disabled()) {
-    // Picked just before its path was disabled or removed.
+    // Picked just before its path was disabled or removed (or the last
+    // resort of a picker). The target counts it queued before this one
+    // stops counting it: totals never dip.
     if (Connection* other = engine_->PickElsewhere(this, r->cost)) {
-      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
       other->Deliver(std::move(r));
+      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
       return;
     }
+    // No enabled connection seen (path operations racing): not into
+    // pending_ of a connection that may be down or closed for good, and so
+    // never pumped again; try again shortly. Still counted queued here.
+    auto later = [this, r] { Enqueue(r); };
+    if (!loop_->RunAt(Clock::now() + Millis(10), std::move(later))) {
+      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+      Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "shutdown"});
+    }
+    return;
   }
   if (state_ == State::kDown) {
     // Picked just before this connection went down: another one takes it.
     if (Connection* other = engine_->PickConnection(this, r->cost)) {
-      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
       other->Deliver(std::move(r));
+      stats_.queued.fetch_sub(1, std::memory_order_relaxed);
       return;
     }
   }
@@ -231,7 +248,8 @@ void Connection::Pump() {
     MovePending();
     MaybeClose();
   }
-  if (state_ != State::kUp) return;
+  // !up(): just enabled, its AdminChanged() (a probe first) still to run.
+  if (state_ != State::kUp || !up()) return;
   auto now = Clock::now();
   while (!pending_.empty() &&
          stats_.inflight.load(std::memory_order_relaxed) < opts_.max_inflight) {
@@ -613,11 +631,17 @@ void Connection::OnTimer(Clock::time_point now) {
 void Connection::MovePending() {
   while (!pending_.empty()) {
     Connection* other = engine_->PickElsewhere(this, pending_.front()->cost);
-    if (other == nullptr) return;  // no enabled connection at all: keep them
+    if (other == nullptr) {
+      // No enabled connection seen (path operations racing): try again
+      // shortly; OnTimer() pumps, and a connection with calls queued is
+      // neither closed for good nor dropped by its loop.
+      NoteDeadline(Clock::now() + Millis(10));
+      return;
+    }
     auto r = std::move(pending_.front());
     pending_.pop_front();
+    other->Deliver(std::move(r));  // counted there before it stops counting here
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
-    other->Deliver(std::move(r));
   }
 }
 
@@ -663,6 +687,21 @@ void Connection::AdminChanged() {
     backoff_.Reset();
     reconnect_at_ = Clock::time_point::max();
     Connect();
+  } else if (state_ == State::kUp) {
+    // Enabled again while up: trusted only once it answers a NULL probe
+    // (within the connect timeout, else it is failed and reconnects).
+    state_ = State::kProbing;
+    state_pub_ = 3;
+    up_ = false;
+    suspect_ = false;
+    reprobe_ = true;
+    Millis limit = opts_.connect_timeout;
+    if (opts_.path_timeout.count() > 0) {
+      limit = std::min(limit, std::max<Millis>(2 * opts_.path_timeout, Millis(2000)));
+    }
+    connect_deadline_ = Clock::now() + limit;
+    NoteDeadline(connect_deadline_);
+    if (probe_ == nullptr) SendProbe(Clock::now());
   }
   Pump();
 }

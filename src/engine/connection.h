@@ -77,13 +77,18 @@ class Connection : public TransportSink {
   // Online path maintenance (see engine.h). Out of the balancing: its path
   // is disabled or removed. The picker skips such a connection.
   bool disabled() const {
-    return disabled_.load(std::memory_order_relaxed) || removed_.load(std::memory_order_relaxed);
+    return disabled_.load() || removed_.load();
   }
-  bool removed() const { return removed_.load(std::memory_order_relaxed); }
-  // Any thread: sets the flags; the engine then runs AdminChanged() on the loop.
+  bool removed() const { return removed_.load(); }
+  // Any thread: sets the flags; the engine then runs AdminChanged() on the
+  // loop. The flags are sequentially consistent: Engine::PickConnection()
+  // relies on it to detect a scan torn by path operations.
+  // Enabling also stops the picker from seeing it up until it has answered
+  // a probe (AdminChanged()).
   void SetAdmin(bool disabled, bool removed) {
-    disabled_.store(disabled, std::memory_order_relaxed);
-    if (removed) removed_.store(true, std::memory_order_relaxed);
+    if (!disabled && disabled_.load()) up_.store(false);
+    disabled_.store(disabled);
+    if (removed) removed_.store(true);
   }
 
   // Any thread: hand `r` to this connection through its loop's mailbox. The
@@ -106,7 +111,9 @@ class Connection : public TransportSink {
   void ProbeNow();
   // After SetAdmin(): a disabled connection hands its queue to enabled ones,
   // a removed one closes once nothing is in flight, an enabled one that is
-  // down reconnects now.
+  // down reconnects now, and one that is up takes calls again only once it
+  // has answered a NULL probe (its link may have died while it was idle
+  // and disabled, sending no probes).
   void AdminChanged();
   int fd() const;
   int events() const;
@@ -181,6 +188,7 @@ class Connection : public TransportSink {
   bool connect_failed_ = false;
   std::string fail_reason_;
   bool ever_up_ = false;
+  bool reprobe_ = false;     // probing an up connection just enabled again
   std::deque<std::shared_ptr<Request>> pending_;
   std::list<Attempt> inflight_;
   std::vector<std::shared_ptr<Request>> rescued_;   // collected while closing

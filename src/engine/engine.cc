@@ -52,13 +52,20 @@ void Engine::Start() {
 }
 
 void Engine::Stop() {
-  if (stopped_) return;
-  stopped_ = true;
+  {
+    // Under admin_mu_: a path operation sees either a running engine whose
+    // loops take its tasks before they stop, or a stopped one. Not held
+    // while the loops stop (a loop thread takes it in Retire()).
+    std::lock_guard lock(admin_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
   for (auto& l : loops_) l->Stop();
 }
 
-Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
+Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fallback) {
   const size_t n = nslots_.load(std::memory_order_acquire);
+  *fallback = nullptr;
   if (n == 0) return nullptr;
   // A connection not measured yet is assumed as fast as the fastest one
   // measured, so it gets traffic and thereby a measurement.
@@ -71,12 +78,11 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
   const double unknown = fastest > 0 ? static_cast<double>(fastest) : 100e6;
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
-  Connection* fallback = nullptr;  // an enabled one, up or not
   double best_score = 0;
   for (size_t i = 0; i < n; ++i) {
     Connection* c = slots_[(start + i) % n].load(std::memory_order_acquire);
     if (c == nullptr || c == avoid || c->disabled()) continue;
-    if (fallback == nullptr) fallback = c;
+    if (*fallback == nullptr) *fallback = c;
     if (!c->up()) continue;
     const uint64_t rate = c->rate(now, kFresh);
     // Expected seconds until this call is done there.
@@ -88,15 +94,29 @@ Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
       best_score = score;
     }
   }
-  if (best == nullptr && avoid == nullptr) best = fallback;
   return best;
 }
 
-Connection* Engine::PickElsewhere(const Connection* self, int64_t cost) {
-  if (Connection* c = PickConnection(self, cost)) return c;
+Connection* Engine::PickConnection(const Connection* avoid, int64_t cost) {
+  // The scan reads the connections one by one, without a lock: between two
+  // reads, path operations may enable one already read as disabled and
+  // disable one not read yet, so that a scan sees no enabled connection
+  // although one always exists. Every path operation bumps admin_gen_ after
+  // changing the flags (both sequentially consistent): a scan that found
+  // nothing enabled while the generation moved is torn, and is repeated.
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t gen = admin_gen_.load();
+    Connection* fallback = nullptr;
+    if (Connection* best = Scan(avoid, cost, &fallback)) return best;
+    if (fallback != nullptr) return avoid == nullptr ? fallback : nullptr;
+    if (admin_gen_.load() == gen || attempt >= 1000) break;
+  }
+  if (avoid != nullptr) return nullptr;
+  // Last resort (nothing enabled seen, e.g. under a storm of path changes):
+  // any connection; a disabled one passes the call on (Connection::Enqueue).
   Connection* any = nullptr;
   ForEach([&](Connection* c) {
-    if (any == nullptr && c != self && !c->disabled()) any = c;
+    if (any == nullptr) any = c;
   });
   return any;
 }
@@ -113,6 +133,35 @@ Connection* Engine::PickOnPath(const Endpoint& path, int64_t /*cost*/) {
     if (best == nullptr || c->outstanding_bytes() < best->outstanding_bytes()) best = c;
   });
   return best != nullptr ? best : any;
+}
+
+Connection* Engine::PickElsewhere(const Connection* self, int64_t cost) {
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t gen = admin_gen_.load();
+    Connection* fallback = nullptr;
+    if (Connection* best = Scan(self, cost, &fallback)) return best;
+    if (fallback != nullptr) return fallback;  // enabled, not up: it waits there
+    if (admin_gen_.load() == gen || attempt >= 1000) return nullptr;  // see PickConnection()
+  }
+}
+
+void Engine::Route(std::shared_ptr<Request> r) {
+  if (Connection* c = PickConnection(nullptr, r->cost)) return c->Deliver(std::move(r));
+  // No connection at all (cannot happen while a path is enabled): try again
+  // shortly, on a loop; a hard mount's call is never failed for this.
+  Loop* l = loops_[rr_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
+  auto again = [this, r] {
+    if (stopped_) {
+      r->done = true;
+      r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "engine stopped"});
+      return;
+    }
+    Route(r);
+  };
+  if (!l->RunAt(Clock::now() + std::chrono::milliseconds(10), again)) {
+    r->done = true;
+    r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "engine stopped"});
+  }
 }
 
 bool Engine::AnotherHeardSince(const Connection* self, Clock::time_point since) const {
@@ -163,13 +212,16 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
-  Connection* c = so.path ? PickOnPath(*so.path, r->cost) : PickConnection(nullptr, r->cost);
-  if (c == nullptr) {
-    r->done = true;
-    r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "no such path"});
-    return;
+  if (so.path) {
+    Connection* c = PickOnPath(*so.path, r->cost);
+    if (c == nullptr) {
+      r->done = true;
+      r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "no such path"});
+      return;
+    }
+    return c->Deliver(std::move(r));
   }
-  c->Deliver(std::move(r));
+  Route(std::move(r));
 }
 
 void Engine::SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCall> call,
@@ -200,6 +252,22 @@ std::string Engine::Names() const {
   return out;
 }
 
+std::optional<std::string> Engine::LastUpPath(const PathEntry& path) const {
+  const auto up = [](const PathEntry& p) {
+    return std::any_of(p.conns.begin(), p.conns.end(), [](Connection* c) { return c->up(); });
+  };
+  if (!up(path)) return std::nullopt;  // it carries nothing: not the last usable path
+  std::string others;
+  for (const auto& p : paths_) {
+    if (&p == &path || p.disabled || p.removing) continue;
+    if (up(p)) return std::nullopt;
+    others += (others.empty() ? "" : ", ") + Name(p.ep);
+  }
+  return fmt::format("path {} is the last enabled path that is up ({} {} not up); refusing to "
+                     "take it out: wait until another path is up (`mpnfsctl path list`)",
+                     Name(path.ep), others, others.find(',') == std::string::npos ? "is" : "are");
+}
+
 int Engine::EnabledPaths() const {
   int n = 0;
   for (const auto& p : paths_) n += !p.disabled && !p.removing ? 1 : 0;
@@ -211,12 +279,14 @@ Result<Engine::PathEntry*> Engine::Find(const std::string& addr) {
   int port = 0;
   if (auto colon = addr.rfind(':'); colon != std::string::npos) {
     host = addr.substr(0, colon);
-    try {
-      size_t used = 0;
-      port = std::stoi(addr.substr(colon + 1), &used);
-      if (used != addr.size() - colon - 1 || port <= 0 || port > 65535) port = -1;
-    } catch (...) {
+    const std::string digits = addr.substr(colon + 1);
+    // Decimal digits only (std::stoi would take "+80" or " 80").
+    if (digits.empty() || digits.size() > 5 ||
+        !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
       port = -1;
+    } else {
+      port = std::stoi(digits);
+      if (port <= 0 || port > 65535) port = -1;
     }
     if (port < 0) return Error::Errno(EINVAL, "bad port in '" + addr + "'");
   }
@@ -237,6 +307,7 @@ void Engine::SetDisabled(PathEntry& p, bool disabled, bool removed) {
     c->SetAdmin(disabled, removed);
     c->loop()->Run([c] { c->AdminChanged(); });
   }
+  admin_gen_.fetch_add(1);  // after the flags: see PickConnection()
 }
 
 std::vector<PathInfo> Engine::Paths() const {
@@ -288,6 +359,7 @@ Result<std::string> Engine::DisablePath(const std::string& addr) {
     return Error::Errno(EBUSY, "path " + name + " is the last enabled path of this mount; "
                                    "enable or add another path first");
   }
+  if (auto why = LastUpPath(path)) return Error::Errno(EBUSY, *why);
   path.disabled = true;
   SetDisabled(path, true, false);
   return "path " + name + " disabled: it takes no new calls; calls queued there moved to the "
@@ -337,9 +409,16 @@ Status Engine::StartConnections(PathEntry& p) {
       slots_[i].store(c, std::memory_order_release);
       nslots_.store(i + 1, std::memory_order_release);
     }
-    loop->Run([loop, c] {
+    // stopped_ is false (checked under admin_mu_, which Stop() takes to set
+    // it), so the loop runs this task. If it runs in the loop's final drain,
+    // after Shutdown() of its other connections, this one is shut down too.
+    loop->Run([this, loop, c] {
       loop->Add(c);
-      c->Connect();
+      if (stopped_) {
+        c->Shutdown();
+      } else {
+        c->Connect();
+      }
     });
   }
   return Ok{};
@@ -377,6 +456,9 @@ Result<std::string> Engine::RemovePath(const std::string& addr) {
   if (!path.disabled && EnabledPaths() <= 1) {
     return Error::Errno(EBUSY, "path " + name + " is the last enabled path of this mount; "
                                    "enable or add another path first");
+  }
+  if (!path.disabled) {
+    if (auto why = LastUpPath(path)) return Error::Errno(EBUSY, *why);
   }
   path.disabled = true;
   path.removing = true;

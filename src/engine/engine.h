@@ -49,14 +49,18 @@
 //    path. No call fails because of a disable. A disabled connection sends
 //    no NULL probes once idle, and one that goes down stays down quietly
 //    (no reconnect attempts, no warnings) until the path is enabled.
-//  - Enable: the path is a candidate again at once; a connection of it that
-//    is down reconnects now (backoff reset) and is used once it is up.
+//  - Enable: a connection of it that is up is a candidate again once it has
+//    answered a NULL probe (its link may have died unseen while it was
+//    disabled and idle); one that is down reconnects now (backoff reset) and
+//    is used once it is up.
 //  - Add: conns_per_path new connections, on the loops with the fewest
 //    connections, connect and join the balancing once up.
 //  - Remove: a disable, then each connection closes once nothing is in
 //    flight on it any more (answered, or rescued elsewhere); the path is
 //    listed as "removing" until then.
-// The last enabled path can be neither disabled nor removed.
+// The last usable path can be neither disabled nor removed: not the last
+// enabled path, nor an enabled path that is up while every other enabled
+// path is not (down, or added and still connecting).
 //
 // Connection set. Pickers run on any thread without a lock, so connections
 // live in a fixed array of kMaxConnections atomic slots; a slot's pointer is
@@ -266,7 +270,9 @@ class Engine {
   void ProbeOthers(const Connection* self);
   // Where a call leaving `self` (disabled or removed) goes: the best up
   // enabled connection, else any enabled one (it waits there for the
-  // reconnect); null only if no other enabled connection exists.
+  // reconnect); null only if no other enabled connection exists. Neither
+  // picker is fooled by path operations racing its scan (admin_gen_); with
+  // no `avoid`, PickConnection() returns null only if no connection exists.
   Connection* PickElsewhere(const Connection* self, int64_t cost);
   // Loop thread of `c`: a removed connection has closed; its slot is freed.
   void Retire(Connection* c);
@@ -284,6 +290,11 @@ class Engine {
     bool disabled = false;
     bool removing = false;
   };
+  // One scan of the slots: the best up enabled connection other than
+  // `avoid`, and in *fallback the first enabled one seen (up or not).
+  Connection* Scan(const Connection* avoid, int64_t cost, Connection** fallback);
+  // Delivers `r` to a picked connection; with none, retries shortly on a loop.
+  void Route(std::shared_ptr<Request> r);
   template <class F>
   void ForEach(F f) const {
     const size_t n = nslots_.load(std::memory_order_acquire);
@@ -294,6 +305,9 @@ class Engine {
   // REQUIRES: admin_mu_ held. The path `addr` names, or an error listing them.
   Result<PathEntry*> Find(const std::string& addr) REQUIRES(admin_mu_);
   int EnabledPaths() const REQUIRES(admin_mu_);
+  // Why `path` (enabled) may not be taken out: it is up and no other
+  // enabled path is; nullopt if it may.
+  std::optional<std::string> LastUpPath(const PathEntry& path) const REQUIRES(admin_mu_);
   std::string Names() const REQUIRES(admin_mu_);
   // Builds, publishes and starts conns_per_path connections for `p`
   // (REQUIRES: started), each on the loop with the fewest connections.
@@ -313,7 +327,9 @@ class Engine {
   std::atomic<uint32_t> xid_;
   std::atomic<uint32_t> rr_{0};
   std::atomic<bool> started_{false};
-  std::atomic<bool> stopped_{false};
+  std::atomic<bool> stopped_{false};  // written under admin_mu_
+  // Bumped by every path operation after it changed connection flags.
+  std::atomic<uint64_t> admin_gen_{0};
 };
 
 }  // namespace mpnfs::engine

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -578,6 +579,7 @@ TEST_F(PathsTest, ADisabledPathGetsNoNewCallsWhileTheOthersDo) {
   // Enabled again, it carries calls again.
   ASSERT_TRUE(e->EnablePath(kB));
   EXPECT_EQ(FindPath(e->Paths(), kB)->admin, "enabled");
+  WaitAllUp(*e);  // once its NULL probes are answered
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
   auto more = SubmitN(*e, 40);
   ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() >= 260; }));
@@ -595,18 +597,22 @@ TEST_F(PathsTest, QueuedCallsMoveAtOnceAndCallsInFlightFinishThere) {
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
   auto e = Started(o);
   auto calls = SubmitN(*e, 20);
-  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 4; }));
-  ASSERT_TRUE(WaitStats(*e, [](auto& st) { return st[0].queued + st[1].queued == 16; }));
+  // The transport sees a call before the connection counts it in flight:
+  // wait for the final counts, not for the transport.
+  ASSERT_TRUE(WaitStats(*e, [](auto& st) {
+    return st[0].inflight + st[1].inflight == 4 && st[0].queued + st[1].queued == 16;
+  }));
   const auto b0 = Of(e->Stats(), kB).at(0);
   ASSERT_GT(b0.queued, 0);
   ASSERT_EQ(b0.inflight, 2);
   ASSERT_TRUE(e->DisablePath(kB));
   // Its queue moves to A without anything being answered...
-  ASSERT_TRUE(WaitStats(*e, [](auto& st) { return Of(st, kB).at(0).queued == 0; }))
-      << "the queue of the disabled path did not move";
+  ASSERT_TRUE(WaitStats(*e, [](auto& st) {
+    return Of(st, kB).at(0).queued == 0 && Of(st, kA).at(0).queued == 16;
+  })) << "the queue of the disabled path did not move to A";
   auto st = e->Stats();
-  EXPECT_EQ(Of(st, kA).at(0).queued, 16 - 0);  // all that waits, waits on A
-  EXPECT_EQ(Of(st, kB).at(0).inflight, 2);     // its calls in flight stay
+  EXPECT_EQ(Of(st, kA).at(0).queued, 16);   // all that waits, waits on A
+  EXPECT_EQ(Of(st, kB).at(0).inflight, 2);  // its calls in flight stay
   EXPECT_EQ(FindPath(e->Paths(), kB)->admin, "draining");
   // ...and once answered, everything completes, nothing resent.
   net_.Set([](FakeNet& n) { n.auto_reply = true; });
@@ -667,6 +673,11 @@ TEST_F(PathsTest, TheLastEnabledPathCanBeNeitherDisabledNorRemoved) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what.find("last enabled path"), std::string::npos) << r.error().what;
   EXPECT_FALSE(e->RemovePath(std::string(kB) + ":2050"));  // no such port
+  for (const char* bad : {":+2049", ": 2049", ":2049x", ":", ":0", ":65536", ":0002049"}) {
+    r = e->RemovePath(std::string(kB) + bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.error().what.find("bad port"), std::string::npos) << bad << ": " << r.error().what;
+  }
   // A disabled path may go.
   ASSERT_TRUE(e->RemovePath(kA));
   // Calls still complete, over B.
@@ -775,6 +786,128 @@ TEST_F(PathsTest, NoCallIsLostOrFailedAcrossPathChangesUnderLoad) {
   }
   e->Stop();
   for (const auto& c : calls) EXPECT_EQ(c->completions.load(), 1);
+}
+
+// Pickers scan the connections without a lock: path operations between
+// two reads (enable B, then disable A) must not make one see no enabled
+// connection (a null pick), nor strand a call on a disabled connection.
+TEST_F(PathsTest, SubmitsRacingPathFlipsAllCompleteExactlyOnce) {
+  auto o = TwoPaths(0ms);
+  o.loops = 2;
+  auto e = Started(o);
+  ASSERT_TRUE(e->DisablePath(kB));
+  std::atomic<bool> go{true};
+  std::vector<std::vector<std::shared_ptr<ProbeCall>>> per_thread(2);
+  std::vector<std::thread> submitters;
+  for (auto& calls : per_thread) {
+    submitters.emplace_back([&e, &go, &calls] {
+      constexpr size_t kWindow = 64;  // calls outstanding per thread, at most
+      while (go) {
+        if (calls.size() >= kWindow && calls[calls.size() - kWindow]->completions.load() == 0) {
+          std::this_thread::yield();
+          continue;
+        }
+        calls.push_back(std::make_shared<ProbeCall>());
+        e->Submit(calls.back(), Cred{});
+      }
+    });
+  }
+  // Enabling a path re-probes it: disabling the other one is refused until
+  // it has answered (the last path that is up), so retry until accepted.
+  auto until_ok = [](const std::function<Result<std::string>()>& op) {
+    for (int i = 0; i < 100000; ++i) {  // a generous cap (10 s)
+      if (op()) return true;
+      std::this_thread::sleep_for(100us);
+    }
+    return false;
+  };
+  int cycles = 0;
+  for (; cycles < 2000; ++cycles) {
+    // {A enabled, B disabled} -> enable B -> disable A -> enable A -> disable B
+    ASSERT_TRUE(e->EnablePath(kB));
+    ASSERT_TRUE(until_ok([&] { return e->DisablePath(kA); }));
+    ASSERT_TRUE(e->EnablePath(kA));
+    ASSERT_TRUE(until_ok([&] { return e->DisablePath(kB); }));
+  }
+  go = false;
+  for (auto& t : submitters) t.join();
+  size_t total = 0;
+  for (auto& calls : per_thread) {
+    total += calls.size();
+    for (const auto& c : calls) {
+      auto f = c->done.get_future();
+      ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "a call was stranded";
+      EXPECT_EQ(f.get().first, CallStatus::kOk);
+    }
+  }
+  EXPECT_GT(total, 1000u);
+  e->Stop();
+  for (auto& calls : per_thread) {
+    for (const auto& c : calls) EXPECT_EQ(c->completions.load(), 1);
+  }
+}
+
+// The last usable path: one that is up may not be taken out while every
+// other enabled path is not up (here: added with an unreachable address).
+TEST_F(PathsTest, TheLastPathThatIsUpCanBeNeitherDisabledNorRemoved) {
+  auto e = Started(Opts());
+  net_.Set([](FakeNet& n) { n.refuse_connect = true; });
+  ASSERT_TRUE(e->AddPath(Endpoint{"10.0.9.9", 2049, {}}));
+  auto r = e->DisablePath("127.0.0.1");
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what.find("10.0.9.9:2049 is not up"), std::string::npos) << r.error().what;
+  r = e->RemovePath("127.0.0.1");
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what.find("last enabled path that is up"), std::string::npos) << r.error().what;
+  // Calls still complete, on the path that is up.
+  EXPECT_EQ(AwaitAllOk(SubmitN(*e, 10)), 0);
+  // The path that is down may go; once the other is up, so may this one.
+  ASSERT_TRUE(e->DisablePath("10.0.9.9"));
+  ASSERT_TRUE(e->EnablePath("10.0.9.9"));
+  net_.Set([](FakeNet& n) { n.refuse_connect = false; });
+  WaitAllUp(*e);
+  ASSERT_TRUE(e->DisablePath("127.0.0.1"));
+  EXPECT_EQ(AwaitAllOk(SubmitN(*e, 10)), 0);
+}
+
+// A disabled idle connection sends no probes, so its link may have died
+// unseen: enabled again, it takes calls only once it answers a NULL probe.
+TEST_F(PathsTest, AnEnabledPathTakesCallsOnlyOnceItAnswersAProbe) {
+  auto o = TwoPaths(0ms);  // no path check: a black hole would hold calls
+  o.loops = 1;             // connections connect in index order: B is transport 1
+  auto e = Started(o);
+  ASSERT_TRUE(e->DisablePath(kB));
+  ASSERT_TRUE(net_.Blackhole(1));  // B's link dies while it is disabled
+  const uint64_t b_calls = Of(e->Stats(), kB).at(0).calls;
+  ASSERT_TRUE(e->EnablePath(kB));
+  EXPECT_NE(Of(e->Stats(), kB).at(0).state, "up");
+  EXPECT_EQ(AwaitAllOk(SubmitN(*e, 20)), 0);
+  EXPECT_EQ(Of(e->Stats(), kB).at(0).calls, b_calls);
+  // Its link back, it answers and is used again.
+  net_.Unblackhole();
+  WaitAllUp(*e);
+}
+
+// A path added while the engine stops: its connection is shut down with the
+// others, so every call completes.
+TEST_F(PathsTest, AddPathRacingStopLeavesNoCallBehind) {
+  for (int round = 0; round < 30; ++round) {
+    auto e = Started(Opts());
+    std::vector<std::shared_ptr<ProbeCall>> calls;
+    std::thread adder([&] {
+      for (int i = 0; i < 8; ++i) {
+        (void)e->AddPath(Endpoint{fmt::format("10.0.{}.1", 10 + i), 2049, {}});
+        calls.push_back(std::make_shared<ProbeCall>());
+        e->Submit(calls.back(), Cred{});
+      }
+    });
+    e->Stop();
+    adder.join();
+    for (const auto& c : calls) {
+      auto f = c->done.get_future();
+      ASSERT_EQ(f.wait_for(5s), std::future_status::ready) << "round " << round;
+    }
+  }
 }
 
 }  // namespace
