@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "test/fakes/fake_transport.h"
 
 namespace mpnfs::cli {
@@ -20,6 +22,17 @@ class PathControlTest : public ::testing::Test {
       return std::make_unique<testing::FakeTransport>(&net_, sink);
     });
     eng_->Start();
+    // Disable and remove refuse to take out the last path that is up: the
+    // tests start with both up.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    auto all_up = [&] {
+      for (const auto& p : eng_->Paths()) {
+        if (p.state != "up") return false;
+      }
+      return true;
+    };
+    while (!all_up() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(all_up());
   }
   std::string Run(const std::string& cmd, bool privileged = true) {
     return PathCommand(cmd, privileged, *eng_);

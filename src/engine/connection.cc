@@ -690,8 +690,7 @@ void Connection::AdminChanged() {
   } else if (state_ == State::kUp) {
     // Enabled again while up: trusted only once it answers a NULL probe
     // (within the connect timeout, else it is failed and reconnects).
-    state_ = State::kProbing;
-    state_pub_ = 3;
+    SetState(State::kProbing, "path enabled: probed before it takes calls");
     up_ = false;
     suspect_ = false;
     reprobe_ = true;
