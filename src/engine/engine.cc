@@ -163,6 +163,7 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
+  r->pinned = so.path.has_value();
   Connection* c = so.path ? PickOnPath(*so.path, r->cost) : PickConnection(nullptr, r->cost);
   if (c == nullptr) {
     r->done = true;
