@@ -215,6 +215,20 @@ TEST(CalibrateTest, AClientThatGoesAwayStopsTheRunAndTheFileGoes) {
   EXPECT_FALSE(f.FhOf(name)) << "scratch file left behind";
 }
 
+TEST(CalibrateTest, ACreateAnsweredEexistIsLookedUpNotTakenOrRemoved) {
+  // As a resent CREATE would be answered; here no file was made, so the
+  // lookup finds nothing: the run fails, writes nothing, removes nothing.
+  FakeNfs f;
+  f.FailNext(FakeNfs::Proc::kCreate, EEXIST);
+  auto r = RunCalibrate(f, f.root(), {{"p0", &f}}, Small(), [](const std::string&) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().what.find("looking up the scratch file"), std::string::npos) << r.error().what;
+  f.Quiesce();
+  EXPECT_EQ(f.stats().Calls(FakeNfs::Proc::kLookup), 1u);
+  EXPECT_EQ(f.stats().Calls(FakeNfs::Proc::kWrite), 0u);
+  EXPECT_EQ(f.stats().Calls(FakeNfs::Proc::kRemove), 0u);
+}
+
 TEST(CalibrateTest, AFullExportIsReportedAsSuch) {
   FakeNfs f;
   f.FailNext(FakeNfs::Proc::kCreate, ENOSPC);
