@@ -53,8 +53,9 @@ Result<CalibrateOptions> ParseCalibrateArgs(const std::string& args) {
       if (!v) return v.error();
       char* end = nullptr;
       o.step_s = std::strtod(v->c_str(), &end);
-      if (end == v->c_str() || *end != '\0' || o.step_s < 0.1 || o.step_s > 3600) {
-        return Error::Errno(EINVAL, "--time: seconds per step, 0.1 to 3600: '" + *v + "'");
+      // At most 60 s: every call's latency of a step is kept (a few MB).
+      if (end == v->c_str() || *end != '\0' || !(o.step_s >= 0.1 && o.step_s <= 60)) {
+        return Error::Errno(EINVAL, "--time: seconds per step, 0.1 to 60: '" + *v + "'");
       }
     } else if (a == "--path") {
       auto v = value(a);
@@ -309,6 +310,25 @@ DepthPoint PointOf(StepResult& r) {
 
 }  // namespace
 
+bool ScratchFileIsOurs(const nfs::Attr& a) {
+  return a.type == nfs::Ftype::kReg && a.uid == 0 && a.nlink == 1 && a.size == 0;
+}
+
+std::optional<engine::Endpoint> SplitHostPort(const std::string& addr) {
+  engine::Endpoint ep;
+  ep.host = addr;
+  ep.port = 0;  // any
+  const auto colon = addr.rfind(':');
+  if (colon == std::string::npos || addr.find(':') != colon) return ep;  // a name, or IPv6
+  const std::string port = addr.substr(colon + 1);
+  char* end = nullptr;
+  const long v = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || v < 1 || v > 65535) return std::nullopt;
+  ep.host = addr.substr(0, colon);
+  ep.port = static_cast<int>(v);
+  return ep;
+}
+
 Result<CalibrateResult> RunCalibrate(nfs::Client& admin, const nfs::Fh& root,
                                      const std::vector<CalibrateTarget>& targets,
                                      const CalibrateOptions& o,
@@ -321,20 +341,38 @@ Result<CalibrateResult> RunCalibrate(nfs::Client& admin, const nfs::Fh& root,
   auto created = nfs::Wait<nfs::NewObject>([&](nfs::Cb<nfs::NewObject> cb) {
     admin.Create(root, name, nfs::CreateMode::kGuarded, sa, 0, root_cred, std::move(cb));
   });
-  if (!created) {
+  // EEXIST: a resent CREATE whose first transmission made the file (the
+  // name is random): it is looked up and checked like a reply without a handle.
+  const bool resent = !created && created.error().err == EEXIST;
+  if (!created && !resent) {
     const int e = created.error().err;
     if (e == EROFS) return Error::Errno(e, "the export is read-only");
     if (e == ENOSPC || e == EDQUOT) return Error::Errno(e, "the export is full");
     return Error::Errno(e, "creating the scratch file " + name + ": " + created.error().what);
   }
-  if (!created->fh) {
+  std::optional<nfs::Fh> handle = created ? created->fh : std::nullopt;
+  if (!handle) {
+    // Found by name: write to it only if it is what our CREATE made (an
+    // empty regular file of root's with one link); else leave it alone.
     auto lk = nfs::Wait<nfs::LookupReply>([&](nfs::Cb<nfs::LookupReply> cb) {
       admin.Lookup(root, name, root_cred, std::move(cb));
     });
-    if (!lk) return lk.error();
-    created->fh = lk->fh;
+    if (!lk) return Error::Errno(lk.error().err, "looking up the scratch file " + name + ": " + lk.error().what);
+    std::optional<nfs::Attr> a = lk->attr;
+    if (!a) {
+      auto ga = nfs::Wait<nfs::Attr>([&](nfs::Cb<nfs::Attr> cb) { admin.Getattr(lk->fh, root_cred, std::move(cb)); });
+      if (!ga) return Error::Errno(ga.error().err, "GETATTR of the scratch file " + name + ": " + ga.error().what);
+      a = *ga;
+    }
+    if (!ScratchFileIsOurs(*a)) {
+      return Error::Errno(EEXIST, fmt::format(
+          "the scratch file {} found is not the one calibrate created (type {}, uid {}, {} "
+          "links, {} bytes): left alone",
+          name, static_cast<int>(a->type), a->uid, a->nlink, a->size));
+    }
+    handle = lk->fh;
   }
-  const nfs::Fh fh = *created->fh;
+  const nfs::Fh fh = *handle;
 
   auto run = [&]() -> Result<CalibrateResult> {
     CalibrateResult res;
@@ -449,8 +487,16 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
   std::vector<CalibrateTarget> targets;
   std::vector<std::string> skipped;
   bool named_found = false;
+  const auto wanted = SplitHostPort(o->path);  // HOST or HOST:PORT, as the path commands
+  if (!wanted) {
+    out.Line("error: --path: bad port in '" + o->path + "' (1 to 65535)");
+    return;
+  }
   for (const auto& p : paths) {
-    if (!o->path.empty() && p.endpoint.host != o->path) continue;
+    if (!o->path.empty() &&
+        (p.endpoint.host != wanted->host || (wanted->port != 0 && p.endpoint.port != wanted->port))) {
+      continue;
+    }
     named_found = true;
     if (p.admin != "enabled" || (p.state != "up" && p.state != "degraded")) {
       skipped.push_back(p.endpoint.host);

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/transport.h"
 #include "mpnfs/result.h"
 #include "nfs/client.h"
 
@@ -44,7 +45,7 @@ class Reply;
 struct CalibrateOptions {
   uint64_t size = 1ull << 30;      // scratch file size (upper bound; capped by free space / 2)
   double step_s = 3.0;             // each measurement step
-  std::string path;                // only this path (its address); empty: each path, then all
+  std::string path;                // only this path (HOST or HOST:PORT); empty: each path, then all
   bool json = false;
   uint32_t small_io = 8192;
   uint32_t large_io = 1 << 20;     // set to min(rsize, wsize) by the gateway
@@ -75,6 +76,14 @@ struct CalibrateResult {
   std::vector<TargetResult> targets;
   std::vector<std::string> skipped;  // paths down at the start: not measured
 };
+
+// Whether a scratch file found by name (not by our CREATE's reply) is the
+// one our GUARDED CREATE made: an empty regular file of root's, one link.
+bool ScratchFileIsOurs(const nfs::Attr& a);
+
+// "--path" "HOST" or "HOST:PORT" -> the endpoint (port 0: any port);
+// nullopt for a bad port.
+std::optional<engine::Endpoint> SplitHostPort(const std::string& addr);
 
 // The point with the most IOPS (null for an empty sweep).
 const DepthPoint* BestPoint(const std::vector<DepthPoint>& sweep);

@@ -71,6 +71,46 @@ TEST(CalibrateTest, ParsesArguments) {
   EXPECT_FALSE(ParseCalibrateArgs("--size lots").ok());
   EXPECT_FALSE(ParseCalibrateArgs("--time").ok());
   EXPECT_FALSE(ParseCalibrateArgs("--frobnicate").ok());
+  // Steps are capped (each keeps every call's latency).
+  EXPECT_TRUE(ParseCalibrateArgs("--time 60").ok());
+  auto over = ParseCalibrateArgs("--time 61");
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.error().what.find("0.1 to 60"), std::string::npos) << over.error().what;
+  EXPECT_FALSE(ParseCalibrateArgs("--time 3600").ok());
+}
+
+TEST(CalibrateTest, PathTakesHostOrHostAndPort) {
+  auto a = SplitHostPort("10.0.0.2");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->host, "10.0.0.2");
+  EXPECT_EQ(a->port, 0);  // any port
+  auto b = SplitHostPort("10.0.0.2:2050");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->host, "10.0.0.2");
+  EXPECT_EQ(b->port, 2050);
+  EXPECT_FALSE(SplitHostPort("10.0.0.2:x"));
+  EXPECT_FALSE(SplitHostPort("10.0.0.2:70000"));
+}
+
+TEST(CalibrateTest, AScratchFileFoundByNameMustBeOurs) {
+  nfs::Attr a;
+  a.type = nfs::Ftype::kReg;
+  a.uid = 0;
+  a.nlink = 1;
+  a.size = 0;
+  EXPECT_TRUE(ScratchFileIsOurs(a));
+  auto b = a;
+  b.uid = 1000;
+  EXPECT_FALSE(ScratchFileIsOurs(b));
+  b = a;
+  b.nlink = 2;  // a hard link to someone's file
+  EXPECT_FALSE(ScratchFileIsOurs(b));
+  b = a;
+  b.size = 4096;
+  EXPECT_FALSE(ScratchFileIsOurs(b));
+  b = a;
+  b.type = nfs::Ftype::kLnk;
+  EXPECT_FALSE(ScratchFileIsOurs(b));
 }
 
 CalibrateResult Sample() {
@@ -173,6 +213,20 @@ TEST(CalibrateTest, AClientThatGoesAwayStopsTheRunAndTheFileGoes) {
   const std::string name = ScratchName(f);
   ASSERT_FALSE(name.empty());
   EXPECT_FALSE(f.FhOf(name)) << "scratch file left behind";
+}
+
+TEST(CalibrateTest, ACreateAnsweredEexistIsLookedUpNotTakenOrRemoved) {
+  // As a resent CREATE would be answered; here no file was made, so the
+  // lookup finds nothing: the run fails, writes nothing, removes nothing.
+  FakeNfs f;
+  f.FailNext(FakeNfs::Proc::kCreate, EEXIST);
+  auto r = RunCalibrate(f, f.root(), {{"p0", &f}}, Small(), [](const std::string&) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().what.find("looking up the scratch file"), std::string::npos) << r.error().what;
+  f.Quiesce();
+  EXPECT_EQ(f.stats().Calls(FakeNfs::Proc::kLookup), 1u);
+  EXPECT_EQ(f.stats().Calls(FakeNfs::Proc::kWrite), 0u);
+  EXPECT_EQ(f.stats().Calls(FakeNfs::Proc::kRemove), 0u);
 }
 
 TEST(CalibrateTest, AFullExportIsReportedAsSuch) {

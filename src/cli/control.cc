@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <ctime>
 #include <cstdlib>
@@ -319,6 +320,12 @@ Status ControlSocket::Start() {
   return Ok{};
 }
 
+bool ControlSocket::PeerIsRoot(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == 0;
+}
+
 void ControlSocket::Serve() {
   for (;;) {
     int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -327,38 +334,64 @@ void ControlSocket::Serve() {
       return;  // shut down
     }
     Reap(false);
+    // Who is asking, before counting: root is never refused because of
+    // connections other users hold.
+    const bool privileged = privileged_peer(c);
     std::lock_guard lock(mu_);
-    if (workers_.size() >= static_cast<size_t>(kMaxCommands)) {
-      const std::string busy = fmt::format("error: busy ({} commands running)\n", kMaxCommands);
+    size_t unprivileged = 0;
+    for (const auto& w : workers_) unprivileged += w.privileged ? 0 : 1;
+    if (workers_.size() >= static_cast<size_t>(kMaxConnections) ||
+        (!privileged && unprivileged >= static_cast<size_t>(kMaxCommands))) {
+      const std::string busy = fmt::format("error: busy ({} commands running)\n", workers_.size());
       ssize_t n = send(c, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)n;
       close(c);
       continue;
     }
-    workers_.push_back(Worker{c, {}, false});
+    workers_.push_back(Worker{c, privileged, {}, false});
     Worker* w = &workers_.back();
     w->thread = std::thread([this, w] {
-      ServeOne(w->fd);
+      ServeOne(w->fd, w->privileged);
       std::lock_guard l(mu_);
       w->done = true;
     });
   }
 }
 
-void ControlSocket::ServeOne(int c) {
-  // One command line; a client that says nothing within a second gets the statistics.
-  timeval tv{1, 0};
-  setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+void ControlSocket::ServeOne(int c, bool privileged) {
   timeval stv{30, 0};  // a client that stops reading is treated as gone
   setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &stv, sizeof(stv));
+  // One command line, against one deadline for the whole line: a client that
+  // says nothing within it gets the statistics; one that has sent part of a
+  // line by then (or dribbles bytes to hold this thread) is dropped.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kCommandLineTimeoutMs);
   std::string cmd;
-  char ch;
-  while (cmd.size() < 256 && recv(c, &ch, 1, 0) == 1 && ch != '\n') cmd += ch;
+  bool complete = false;  // a '\n' or the client's end of writing
+  while (cmd.size() < 256) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) break;
+    pollfd p{c, POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    char ch;
+    const ssize_t n = recv(c, &ch, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0 || ch == '\n') {
+      complete = true;
+      break;
+    }
+    cmd += ch;
+  }
+  if (!complete && !cmd.empty()) {
+    Reply(c).Line("error: no complete command line (at most 255 bytes, within 1 s)");
+    shutdown(c, SHUT_RDWR);
+    return;
+  }
   if (cmd.empty()) cmd = "stats";
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  const bool privileged =
-      getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == 0;
   Reply reply(c);
   handler_(cmd, privileged, reply);
   shutdown(c, SHUT_RDWR);  // the answer is complete (the fd is closed by Reap)

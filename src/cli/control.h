@@ -13,9 +13,13 @@
 // A client that closes its socket ends its interest: a long command notices
 // (Reply::Line/Alive return false) and stops where it can.
 //
-// Threads: one accept thread; each connection is served on its own thread
-// (at most kMaxCommands at once; beyond that the client is told "error:
-// busy"), so a long command does not hold up `stats`. The handler runs on
+// Threads: one accept thread; each connection is served on its own thread,
+// so a long command does not hold up `stats`. Non-root clients share at most
+// kMaxCommands threads (beyond that they are told "error: busy"); root's
+// commands are not counted against them and are refused only beyond the hard
+// cap kMaxConnections. The command line must arrive within kCommandLineTimeout
+// in all (one deadline, not per byte): a client that has sent nothing by then
+// gets the statistics, one that sent part of a line is dropped. The handler runs on
 // those threads, concurrently with itself. The destructor stops accepting,
 // shuts every open connection down (their Reply::Line fails from then on)
 // and joins every thread: handlers must return soon after their client goes.
@@ -94,7 +98,14 @@ class FlushMeter {
 
 class ControlSocket {
  public:
-  static constexpr int kMaxCommands = 8;
+  static constexpr int kMaxCommands = 8;      // non-root connections at once
+  static constexpr int kMaxConnections = 32;  // all connections at once (root too)
+  static constexpr int kCommandLineTimeoutMs = 1000;
+  // Whether the peer of a just-accepted connection may change things: root,
+  // by SO_PEERCRED. Replaceable (before Start) for tests; runs on the accept
+  // thread.
+  static bool PeerIsRoot(int fd);
+  std::function<bool(int fd)> privileged_peer = PeerIsRoot;
   // handler(command, privileged, reply) writes the answer through `reply`;
   // a first line starting with "error:" makes mpnfsctl exit 1.
   using Handler = std::function<void(const std::string& command, bool privileged, Reply& reply)>;
@@ -107,11 +118,12 @@ class ControlSocket {
 
  private:
   void Serve();
-  void ServeOne(int c);
+  void ServeOne(int c, bool privileged);
   void Reap(bool all);
 
   struct Worker {
     int fd;
+    bool privileged;
     std::thread thread;
     bool done = false;
   };

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <future>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -172,19 +173,84 @@ TEST(ControlSocketTest, AHandlerSeesItsClientGoAway) {
 
 TEST(ControlSocketTest, ShutdownEndsARunningCommand) {
   std::atomic<bool> returned{false};
+  std::promise<void> started;
+  auto started_f = started.get_future();
   int fd = -1;
   {
     ControlSocket sock(TempSocketPath(), [&](const std::string&, bool, Reply& r) {
+      started.set_value();
       while (r.Alive()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       returned = true;
     });
     ASSERT_TRUE(sock.Start().ok());
     fd = Connect(TempSocketPath(), "forever");
     ASSERT_GE(fd, 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(started_f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   }  // the destructor joins the handler's thread
   EXPECT_TRUE(returned.load());
   close(fd);
+}
+
+// Connects to `path` and sends one byte of a command line every 100 ms
+// (never the '\n') until `stop` or the socket fails; returns the socket.
+int Dribble(const std::string& path, std::atomic<bool>& stop, std::thread& t) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  t = std::thread([fd, &stop] {
+    for (int i = 0; i < 100 && !stop; ++i) {
+      if (send(fd, "x", 1, MSG_NOSIGNAL) != 1) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  return fd;
+}
+
+TEST(ControlSocketTest, DribblingClientsDoNotLockOutRoot) {
+  std::atomic<int> accepted{0};
+  std::atomic<bool> stop{false};
+  ControlSocket sock(TempSocketPath(), [](const std::string& cmd, bool privileged, Reply& r) {
+    r.Line(cmd + (privileged ? " privileged" : " unprivileged"));
+  });
+  // The first kMaxCommands connections are "non-root" users, later ones root.
+  sock.privileged_peer = [&](int) { return ++accepted > ControlSocket::kMaxCommands; };
+  ASSERT_TRUE(sock.Start().ok());
+  std::vector<std::thread> threads(ControlSocket::kMaxCommands);
+  std::vector<int> fds;
+  for (auto& t : threads) fds.push_back(Dribble(TempSocketPath(), stop, t));
+  for (int fd : fds) ASSERT_GE(fd, 0);
+  int root = Connect(TempSocketPath(), "path disable x");
+  ASSERT_GE(root, 0);
+  EXPECT_EQ(ReadAll(root), "path disable x privileged\n");
+  stop = true;
+  for (auto& t : threads) t.join();
+  for (int fd : fds) close(fd);
+}
+
+TEST(ControlSocketTest, ADribblingClientIsDroppedAtTheDeadline) {
+  std::atomic<int> handled{0};
+  std::atomic<bool> stop{false};
+  ControlSocket sock(TempSocketPath(), [&](const std::string&, bool, Reply& r) {
+    ++handled;
+    r.Line("answered");
+  });
+  ASSERT_TRUE(sock.Start().ok());
+  std::thread t;
+  int fd = Dribble(TempSocketPath(), stop, t);  // 100 bytes over 10 s
+  ASSERT_GE(fd, 0);
+  std::string got;  // the server closes it long before the 10 s are over
+  char buf[256];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  stop = true;
+  t.join();
+  close(fd);
+  EXPECT_EQ(got.rfind("error: no complete command line", 0), 0u) << got;
+  EXPECT_EQ(handled.load(), 0);
 }
 
 TEST(ControlTest, FlushMeterGivesRateAndTimeToGo) {

@@ -40,6 +40,34 @@ bool OpOrder(const std::string& a, const std::string& b) {
   return rank(a) != rank(b) ? rank(a) < rank(b) : a < b;
 }
 
+// a - b per counter. A counter that went back (a remount between samples,
+// a path removed and added again) gives 0 for the interval, never its
+// cumulative value.
+IostatOp Delta(const IostatOp& a, const IostatOp& b) {
+  auto d = [](uint64_t x, uint64_t y) { return x >= y ? x - y : 0; };
+  IostatOp r;
+  r.ops = d(a.ops, b.ops);
+  r.retransmits = d(a.retransmits, b.retransmits);
+  r.errors = d(a.errors, b.errors);
+  r.nfs_errors = d(a.nfs_errors, b.nfs_errors);
+  r.bytes = d(a.bytes, b.bytes);
+  r.rtt_count = d(a.rtt_count, b.rtt_count);
+  r.rtt_total_us = d(a.rtt_total_us, b.rtt_total_us);
+  r.exe_total_us = d(a.exe_total_us, b.exe_total_us);
+  return r;
+}
+
+void Accumulate(IostatOp& sum, const IostatOp& x) {
+  sum.ops += x.ops;
+  sum.retransmits += x.retransmits;
+  sum.errors += x.errors;
+  sum.nfs_errors += x.nfs_errors;
+  sum.bytes += x.bytes;
+  sum.rtt_count += x.rtt_count;
+  sum.rtt_total_us += x.rtt_total_us;
+  sum.exe_total_us += x.exe_total_us;
+}
+
 }  // namespace
 
 Result<IostatSample> ParseIostatSample(const std::string& text) {
@@ -84,44 +112,53 @@ std::string IostatReport(const IostatSample* prev, const IostatSample& cur) {
                      "avg exe (ms)");
   const double per = dt > 0 ? 1.0 / dt : 0.0;
   for (size_t i = 0; i < order.size(); ++i) {
-    const auto& now = cur.paths.at(order[i]);
-    const std::map<std::string, IostatOp>* before = nullptr;
-    if (prev != nullptr) {
+    // What happened over the interval, per procedure. "all" is the sum of
+    // the connections' own deltas (the totals of a document are over the
+    // connections that exist then, so they fall when one is removed).
+    std::map<std::string, IostatOp> delta;
+    if (prev == nullptr) {
+      delta = cur.paths.at(order[i]);
+    } else if (order[i] == "all") {
+      for (const auto& [p, ops] : cur.paths) {
+        if (p == "all") continue;
+        auto it = prev->paths.find(p);  // a new connection counts from 0
+        for (const auto& [name, op] : ops) {
+          IostatOp b;
+          if (it != prev->paths.end()) {
+            if (auto o = it->second.find(name); o != it->second.end()) b = o->second;
+          }
+          Accumulate(delta[name], Delta(op, b));
+        }
+      }
+    } else {
       auto it = prev->paths.find(order[i]);
-      if (it != prev->paths.end()) before = &it->second;
+      for (const auto& [name, op] : cur.paths.at(order[i])) {
+        IostatOp b;
+        if (it != prev->paths.end()) {
+          if (auto o = it->second.find(name); o != it->second.end()) b = o->second;
+        }
+        delta[name] = Delta(op, b);
+      }
     }
     std::vector<std::string> names = {"READ", "WRITE"};
-    for (const auto& [name, op] : now) {
-      if (name == "READ" || name == "WRITE") continue;
-      IostatOp b;
-      if (before != nullptr) {
-        if (auto it = before->find(name); it != before->end()) b = it->second;
-      }
-      if (op.ops > b.ops) names.push_back(name);
+    for (const auto& [name, op] : delta) {
+      if (name != "READ" && name != "WRITE" && op.ops > 0) names.push_back(name);
     }
     std::sort(names.begin(), names.end(), OpOrder);
     for (const auto& name : names) {
-      IostatOp a, b;
-      if (auto it = now.find(name); it != now.end()) a = it->second;
-      if (before != nullptr) {
-        if (auto it = before->find(name); it != before->end()) b = it->second;
-      }
-      // A counter that went back (a remount between samples) counts from 0.
-      auto d = [](uint64_t x, uint64_t y) { return x >= y ? x - y : x; };
-      const uint64_t ops = d(a.ops, b.ops);
-      const uint64_t bytes = d(a.bytes, b.bytes);
-      const uint64_t rtt_n = d(a.rtt_count, b.rtt_count);
+      IostatOp a;
+      if (auto it = delta.find(name); it != delta.end()) a = it->second;
       out += fmt::format(
           "{:<{}}{:<13}{:>10.2f}{:>11.2f}{:>9.2f}{:>9}{:>8}{:>9}{:>14.3f}{:>14.3f}\n", shown[i],
-          width, name, static_cast<double>(ops) * per, static_cast<double>(bytes) / 1024.0 * per,
-          ops == 0 ? 0.0 : static_cast<double>(bytes) / 1024.0 / static_cast<double>(ops),
-          d(a.retransmits, b.retransmits), d(a.errors, b.errors), d(a.nfs_errors, b.nfs_errors),
-          rtt_n == 0 ? 0.0
-                     : static_cast<double>(d(a.rtt_total_us, b.rtt_total_us)) / 1000.0 /
-                           static_cast<double>(rtt_n),
-          ops == 0 ? 0.0
-                   : static_cast<double>(d(a.exe_total_us, b.exe_total_us)) / 1000.0 /
-                         static_cast<double>(ops));
+          width, name, static_cast<double>(a.ops) * per,
+          static_cast<double>(a.bytes) / 1024.0 * per,
+          a.ops == 0 ? 0.0 : static_cast<double>(a.bytes) / 1024.0 / static_cast<double>(a.ops),
+          a.retransmits, a.errors, a.nfs_errors,
+          a.rtt_count == 0 ? 0.0
+                           : static_cast<double>(a.rtt_total_us) / 1000.0 /
+                                 static_cast<double>(a.rtt_count),
+          a.ops == 0 ? 0.0
+                     : static_cast<double>(a.exe_total_us) / 1000.0 / static_cast<double>(a.ops));
     }
   }
   return out;

@@ -96,5 +96,22 @@ TEST(IostatTest, TheFirstReportCoversTheTimeSinceTheMount) {
                                                                 "0", "0", "1", "0.000", "0.000"}));
 }
 
+TEST(IostatTest, ARemovedPathDoesNotMakeTheTotalsJump) {
+  // A (600 WRITEs) and B (400); 1 s later B is removed and A has done 10 more.
+  auto a = ParseIostatSample(Doc(10, 600, 400, 0));
+  auto b = ParseIostatSample(StatsJson("srv:/e", "/mnt", {Conn("10.0.0.1:2049#0", 610, 0)}, nullptr, 11));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(b->paths.at("all").at("WRITE").ops, 610u);  // the document's total went back
+  const std::string r = IostatReport(&*a, *b);
+  EXPECT_EQ(Line(r, "all", "WRITE")[1], "10.00") << r;
+  // A path added meanwhile counts from 0; a counter that went back gives 0.
+  auto c = ParseIostatSample(StatsJson(
+      "srv:/e", "/mnt", {Conn("10.0.0.1:2049#0", 5, 0), Conn("10.0.2.1:2049#2", 20, 0)}, nullptr, 12));
+  ASSERT_TRUE(c.ok());
+  const std::string r2 = IostatReport(&*b, *c);
+  EXPECT_EQ(Line(r2, "all", "WRITE")[1], "20.00") << r2;
+  EXPECT_EQ(Line(r2, "10.0.0.1:2049#0", "WRITE")[1], "0.00") << r2;
+}
+
 }  // namespace
 }  // namespace mpnfs::cli

@@ -211,7 +211,14 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "shutdown"});
     return;
   }
-  if (disabled()) {
+  if (r->pinned && state_ == State::kDown) {
+    // Pinned to this path (SubmitOptions::path): not moved, and not kept
+    // for a reconnect that may never come.
+    stats_.queued.fetch_sub(1, std::memory_order_relaxed);
+    Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, "pinned path down"});
+    return;
+  }
+  if (disabled() && !r->pinned) {
     // Picked just before its path was disabled or removed (or the last
     // resort of a picker). The target counts it queued before this one
     // stops counting it: totals never dip.
@@ -508,6 +515,17 @@ void Connection::Fail(const std::string& why) {
     r->transmissions = 0;
   }
   stats_.reissues.fetch_add(rescued.size(), std::memory_order_relaxed);
+  // Calls pinned to this path are not moved to another: they fail now.
+  auto fail_pinned = [this](std::shared_ptr<Request>& r) {
+    if (!r->pinned) return false;
+    Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, "pinned path down"});
+    return true;
+  };
+  std::erase_if(rescued, fail_pinned);
+  const size_t pending_before = pending_.size();
+  std::erase_if(pending_, fail_pinned);
+  stats_.queued.fetch_sub(static_cast<int64_t>(pending_before - pending_.size()),
+                          std::memory_order_relaxed);
   std::vector<std::shared_ptr<Request>> keep;  // no live connection (it may vanish meanwhile)
   for (auto& r : rescued) {
     Connection* other = keep.empty() ? engine_->PickConnection(this, r->cost) : nullptr;
@@ -629,20 +647,27 @@ void Connection::OnTimer(Clock::time_point now) {
 }
 
 void Connection::MovePending() {
+  std::deque<std::shared_ptr<Request>> pinned;  // stay here (Fail ends them if it goes down)
   while (!pending_.empty()) {
+    if (pending_.front()->pinned) {
+      pinned.push_back(std::move(pending_.front()));
+      pending_.pop_front();
+      continue;
+    }
     Connection* other = engine_->PickElsewhere(this, pending_.front()->cost);
     if (other == nullptr) {
       // No enabled connection seen (path operations racing): try again
       // shortly; OnTimer() pumps, and a connection with calls queued is
       // neither closed for good nor dropped by its loop.
       NoteDeadline(Clock::now() + Millis(10));
-      return;
+      break;
     }
     auto r = std::move(pending_.front());
     pending_.pop_front();
     other->Deliver(std::move(r));  // counted there before it stops counting here
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
   }
+  pending_.insert(pending_.begin(), pinned.begin(), pinned.end());
 }
 
 void Connection::MaybeClose() {

@@ -212,6 +212,7 @@ void Engine::Submit(std::shared_ptr<RpcCall> call, const Cred& cred, SubmitOptio
     r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, false, "engine stopped"});
     return;
   }
+  r->pinned = so.path.has_value();
   if (so.path) {
     Connection* c = PickOnPath(*so.path, r->cost);
     if (c == nullptr) {

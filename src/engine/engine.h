@@ -208,11 +208,12 @@ struct SubmitOptions {
   std::optional<std::chrono::milliseconds> deadline;
   // Pin: only the connections of the path at this endpoint (host and port)
   // may take the call (used by `mpnfsctl calibrate` to measure one path
-  // alone). The pin chooses where the call is first sent; while none of that
-  // path's connections is up the call waits in the queue of one of them
-  // (hard) or times out (soft). A path declared dead, disabled or removed
-  // still moves its calls elsewhere: failover and maintenance win over the
-  // pin. A path not on the mount fails the call with kShutdown.
+  // alone), enabled or not. A pinned call is never moved to another path:
+  // while its path's connection is connecting it waits there (until
+  // `deadline`, or soft timeout); if that connection is down, or goes down
+  // with the call queued or in flight, the call fails at once (kTimedOut,
+  // "pinned path down"), so it never waits for a reconnect that may not come.
+  // A path not on the mount fails the call with kShutdown.
   std::optional<Endpoint> path = std::nullopt;
 };
 

@@ -153,6 +153,39 @@ TEST_F(EngineTest, APinnedCallGoesOnlyOverItsPath) {
   EXPECT_EQ(Await(bad).first, CallStatus::kShutdown);
 }
 
+TEST_F(EngineTest, APinnedCallIsNotSentOnAnotherPathWhileItsPathIsDown) {
+  auto o = TwoPaths(0ms);
+  auto e = Started(o);
+  // One path breaks and cannot come back.
+  net_.Set([](FakeNet& n) { n.refuse_connect = true; });
+  net_.ResetOne();
+  std::string down;
+  for (int i = 0; i < 500 && down.empty(); ++i) {
+    for (const auto& s : e->Stats()) {
+      if (s.state != "up") down = s.endpoint;
+    }
+    if (down.empty()) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(down.empty());
+  const Endpoint& pin = down.rfind("10.0.0.1", 0) == 0 ? o.paths[0] : o.paths[1];
+  uint64_t other_calls = 0;
+  for (const auto& s : e->Stats()) other_calls += s.endpoint == down ? 0 : s.calls;
+  auto c = std::make_shared<ProbeCall>();
+  SubmitOptions so;
+  so.path = pin;
+  so.deadline = 3s;
+  e->Submit(c, Cred{}, so);
+  EXPECT_EQ(Await(c).first, CallStatus::kTimedOut);
+  uint64_t other_after = 0;
+  for (const auto& s : e->Stats()) other_after += s.endpoint == down ? 0 : s.calls;
+  EXPECT_EQ(other_after, other_calls) << "the pinned call went over the other path";
+  // Without a deadline it still ends (its path stays down).
+  auto c2 = std::make_shared<ProbeCall>();
+  so.deadline.reset();
+  e->Submit(c2, Cred{}, so);
+  EXPECT_EQ(Await(c2).first, CallStatus::kTimedOut);
+}
+
 TEST_F(EngineTest, RetransmitsWithTheSameXidAfterTimeo) {
   auto o = Opts();
   o.timeo = 50ms;

@@ -37,6 +37,9 @@ struct Request {
   bool reissued = false;      // was in flight on a connection that broke
   bool done = false;          // Complete() has been called
   bool rescued = false;       // already collected from a closing connection
+  // SubmitOptions::path: never moved to another path; fails (kTimedOut) when
+  // its connection is or goes down instead.
+  bool pinned = false;
   Clock::time_point give_up = Clock::time_point::max();  // soft limit / SubmitOptions
   Clock::time_point submitted{};  // for the statistics' execution time
   Proc proc = Proc::kOther;       // call->Procedure(), asked once

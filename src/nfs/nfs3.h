@@ -35,8 +35,10 @@ namespace mpnfs::nfs {
 
 class Nfs3 final : public Client {
  public:
-  // `defaults`: the SubmitOptions of every call whose method takes none
-  // (e.g. a path pin: an Nfs3 whose calls all go over one path).
+  // `defaults`: the SubmitOptions of every call made through the Client
+  // interface (e.g. a path pin: an Nfs3 whose calls all go over one path).
+  // The methods with an explicit `so` parameter (Null, Fsinfo, Pathconf and
+  // the Getattr/Fsstat overloads taking one) use the `so` given instead.
   explicit Nfs3(engine::Engine& engine, engine::SubmitOptions defaults = {})
       : engine_(engine), defaults_(std::move(defaults)) {}
 
@@ -45,7 +47,7 @@ class Nfs3 final : public Client {
 
   void Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so = {});
   void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb) override {
-    Getattr(fh, c, std::move(cb), engine::SubmitOptions{});
+    Getattr(fh, c, std::move(cb), defaults_);
   }
   void Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so);
   void Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) override;
@@ -76,7 +78,7 @@ class Nfs3 final : public Client {
   void Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
                    uint32_t maxcount, const Cred& c, Cb<DirPage> cb) override;
   void Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb) override {
-    Fsstat(fh, c, std::move(cb), engine::SubmitOptions{});
+    Fsstat(fh, c, std::move(cb), defaults_);
   }
   void Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so);
   void Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so = {});

@@ -4,6 +4,7 @@ scratch file the gateway creates and removes) and the progress that
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import time
@@ -66,10 +67,15 @@ def test_calibrate_measures_each_path_alone_and_together(bed, mount_factory):
 
 def test_calibrate_table_and_one_path(bed, mount_factory):
     m = mount_factory(f"path={SERVER}+{SERVER2}")
-    rc, out = run_on_tty([CTL, "calibrate", str(m.path), "--size", "16M", "--time", "0.3",
+    # Steps of 1 s: longer than the 0.5 s between progress reports, so each
+    # step reports (a shorter step would show only the start line).
+    rc, out = run_on_tty([CTL, "calibrate", str(m.path), "--size", "16M", "--time", "1",
                           "--path", SERVER2])
     assert rc == 0, out
-    assert "\rcalibrate: " in out and "IOPS" in out  # the progress line, rewritten in place
+    # A step's progress, rendered and rewritten in place (the tty wraps long
+    # lines with "\r\n": joined again).
+    assert re.search(r"\rcalibrate: rand(read|write) path \S+ depth \d+: [\d.]+ IOPS",
+                     out.replace("\r\n", "")), out
     rows = [line for line in out.split("\n") if line.startswith(SERVER2) or line.startswith("all")]
     assert len(rows) == 1 and rows[0].startswith(SERVER2), out  # --path: that path only
     assert "READ_IOPS" in out and "SEQ_WR_MB/s" in out
@@ -77,6 +83,9 @@ def test_calibrate_table_and_one_path(bed, mount_factory):
     r = subprocess.run([CTL, "calibrate", str(m.path), "--path", "10.9.9.9"], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 1 and "no path 10.9.9.9" in r.stderr
+    r = subprocess.run([CTL, "calibrate", str(m.path), "--path", f"{SERVER2}:1"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and f"no path {SERVER2}:1" in r.stderr  # HOST:PORT matches the port
 
 
 def test_calibrate_interrupted_leaves_nothing_behind(bed, mount_factory):

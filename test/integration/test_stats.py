@@ -198,18 +198,38 @@ def test_bad_metrics_values_fail_the_mount_clearly(tmp_path, bed):
     assert f"metrics=127.0.0.1:{port}: cannot listen there" in r.stderr
 
 
+# Writes 1 MiB pieces to argv[1] until its stdin is closed (at most 300 s).
+WRITE_UNTIL_STDIN_CLOSES = r"""
+import os, select, sys, time
+end = time.time() + 300
+with open(sys.argv[1], "wb") as f:
+    while time.time() < end:
+        f.write(os.urandom(1 << 20))
+        if select.select([sys.stdin], [], [], 0.01)[0] and not sys.stdin.read(1):
+            break
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+
 def test_iostat_shows_the_write_rate_while_writing(mount_factory):
     m = mount_factory()
     target = m.path / "io"
-    w = start_writer(target, 6)
+    # The writer runs until iostat is done (it stops when its stdin closes),
+    # so every interval iostat reports has writes, however slow the start.
+    w = subprocess.Popen(["python3", "-c", WRITE_UNTIL_STDIN_CLOSES, str(target)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     try:
-        deadline = time.time() + 10
+        deadline = time.time() + 60
         while (not target.exists() or target.stat().st_size < 4 * MIB) and time.time() < deadline:
+            assert w.poll() is None, w.communicate()
             time.sleep(0.05)
+        assert target.stat().st_size >= 4 * MIB, "the writer did not start writing"
         r = ctl("iostat", str(m.path), "1", "2")
         assert r.returncode == 0, r.stderr
     finally:
-        out, err = w.communicate(timeout=60)
+        out, err = w.communicate(input="", timeout=120)
         assert w.returncode == 0, err
     reports = r.stdout.split("\n\n")
     assert len(reports) == 2, r.stdout
