@@ -176,6 +176,7 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
     return;
   }
   if (cmd == "cache detach") {
+    const std::string cache_id = cache->id();
     cache.reset();
     if (auto r = filesystem.DetachCache(); !r) {
       out.Line("error: " + r.error().what);
@@ -183,7 +184,7 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
     }
     if (wb) {
       // Nothing of this mount is left unflushed: the export is free again.
-      if (auto r = fs::ReleaseOwner(nfs, root); !r) {
+      if (auto r = fs::ReleaseOwner(nfs, root, cache_id); !r) {
         Log("mount")->warn("removing {}: {}", fs::kOwnerName, r.error().what);
       }
     }
@@ -267,7 +268,7 @@ void FinishWriteBack(fs::Filesystem& filesystem, cache::BlockCache& c, engine::E
       if (!r) log->error("flush at unmount failed: {}", r.error().what);
     }
     if (c.Stats().dirty_bytes == 0) {
-      if (auto r = fs::ReleaseOwner(nfs, root); !r) {
+      if (auto r = fs::ReleaseOwner(nfs, root, c.id()); !r) {
         log->warn("removing {}: {}", fs::kOwnerName, r.error().what);
       }
     }

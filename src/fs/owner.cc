@@ -128,8 +128,18 @@ Result<std::optional<OwnerRecord>> ClaimOwner(nfs::Client& nfs, const nfs::Fh& r
   return std::optional<OwnerRecord>();
 }
 
-Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root) {
+Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root, const std::string& id) {
   const engine::Cred root_cred;
+  auto found = ReadOwner(nfs, root);
+  if (!found) return found.error();
+  if (!*found) return Ok{};
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  if ((*found)->cache_id != id || (!(*found)->host.empty() && (*found)->host != host)) {
+    return Error::Errno(EPERM, std::string(kOwnerName) + " is not this cache's any more (cache " +
+                                   (*found)->cache_id + " on host " + (*found)->host +
+                                   " holds it): left in place");
+  }
   auto r = Wait<nfs::Wcc>([&](nfs::Cb<nfs::Wcc> cb) { nfs.Remove(root, kOwnerName, root_cred, std::move(cb)); });
   if (!r && r.error().err != ENOENT) return r.error();
   return Ok{};

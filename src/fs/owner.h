@@ -48,7 +48,12 @@ Result<std::optional<OwnerRecord>> ClaimOwner(nfs::Client& nfs, const nfs::Fh& r
                                               const std::string& cache_dir, const std::string& id);
 // The EXCLUSIVE CREATE verifier of the cache `id`'s claims from this host.
 uint64_t OwnerVerifier(const std::string& id);
-Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root);
+// Removes the record if it is the cache `id`'s from this host; a record
+// that another cache (or this id on another host) holds by now is left in
+// place and reported (EPERM). There is no conditional REMOVE in NFSv3: a
+// claim made between our look and our REMOVE is not seen (the window is one
+// round trip, at detach or unmount only).
+Result<Ok> ReleaseOwner(nfs::Client& nfs, const nfs::Fh& root, const std::string& id);
 // Why a mount must not go on while `r` exists.
 std::string OwnerRefusal(const OwnerRecord& r, const std::string& export_name);
 

@@ -115,12 +115,31 @@ TEST(OwnerTest, ACopyOfTheCacheOnAnotherHostIsRefused) {
 TEST(OwnerTest, AReleasedExportIsClaimedByTheNextCache) {
   FakeNfs nfs;
   ASSERT_TRUE(ClaimOwner(nfs, nfs.root(), "/ca", kA).ok());
-  ASSERT_TRUE(ReleaseOwner(nfs, nfs.root()).ok());
+  ASSERT_TRUE(ReleaseOwner(nfs, nfs.root(), kA).ok());
   EXPECT_FALSE(Current(nfs));
   auto b = ClaimOwner(nfs, nfs.root(), "/cb", kB);
   ASSERT_TRUE(b.ok());
   EXPECT_FALSE(b->has_value());
   EXPECT_EQ(Current(nfs)->cache_id, kB);
+}
+
+TEST(OwnerTest, ReleaseLeavesAnotherCachesRecord) {
+  // Released by A, claimed by B meanwhile: A's (late or repeated) release
+  // must not free the export B holds.
+  FakeNfs nfs;
+  ASSERT_TRUE(ClaimOwner(nfs, nfs.root(), "/ca", kA).ok());
+  ASSERT_TRUE(ReleaseOwner(nfs, nfs.root(), kA).ok());
+  auto b = ClaimOwner(nfs, nfs.root(), "/cb", kB);
+  ASSERT_TRUE(b.ok() && !b->has_value());
+  auto again = ReleaseOwner(nfs, nfs.root(), kA);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().err, EPERM);
+  auto now = Current(nfs);
+  ASSERT_TRUE(now);
+  EXPECT_EQ(now->cache_id, kB);
+  EXPECT_TRUE(ReleaseOwner(nfs, nfs.root(), kB).ok());
+  EXPECT_FALSE(Current(nfs));
+  EXPECT_TRUE(ReleaseOwner(nfs, nfs.root(), kB).ok()) << "nothing to release is fine";
 }
 
 }  // namespace
