@@ -1,5 +1,7 @@
 #include "cli/control.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -282,6 +284,27 @@ ControlSocket::~ControlSocket() {
   if (fd_ >= 0) {
     close(fd_);
     unlink(path_.c_str());
+  }
+}
+
+bool ControlSocket::Quiesce(std::chrono::milliseconds grace) {
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // wakes accept()
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (auto& w : workers_) shutdown(w.fd, SHUT_RDWR);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.done; })) {
+        return true;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

@@ -25,6 +25,7 @@
 // and joins every thread: handlers must return soon after their client goes.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <list>
 #include <mutex>
@@ -115,6 +116,12 @@ class ControlSocket {
   ControlSocket& operator=(const ControlSocket&) = delete;
 
   Status Start();
+  // Stops taking commands and tells the running ones that their client is
+  // gone (Reply::Alive() turns false: a calibrate stops and removes its
+  // scratch file), then waits up to `grace` for them to return. True if
+  // they all did. Called at unmount while the engine still runs; the
+  // destructor joins whatever is left.
+  bool Quiesce(std::chrono::milliseconds grace);
 
  private:
   void Serve();

@@ -576,10 +576,15 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   metrics.reset();
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
-  // The control socket stays until the engine has stopped: a command still
-  // running (a `cache flush` or `calibrate` waiting for a server that is
-  // gone) ends with the engine's calls, and SIGTERM during the flush at
-  // unmount (FinishWriteBack) interrupts its flush too.
+  // Commands still running are told their client is gone and given a few
+  // seconds with the engine still up (a calibrate removes its scratch file).
+  // The socket object stays until the engine has stopped: a command waiting
+  // for a server that is gone (a `cache flush`, a calibrate's last REMOVE)
+  // ends with the engine's calls, and SIGTERM during the flush at unmount
+  // (FinishWriteBack) interrupts its flush too.
+  if (control && !control->Quiesce(std::chrono::seconds(10))) {
+    log->warn("control commands still running at unmount; they end with the engine");
+  }
   if (auto c = filesystem.cache(); c && c->mode() == cache::CacheMode::kWriteBack) {
     FinishWriteBack(filesystem, *c, eng, nfs, *root);
   }

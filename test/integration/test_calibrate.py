@@ -91,8 +91,11 @@ def test_calibrate_table_and_one_path(bed, mount_factory):
 def test_calibrate_interrupted_leaves_nothing_behind(bed, mount_factory):
     m = mount_factory()
     # Steps of 10 s: the whole run would take minutes; the file must go at once.
+    # SIGINT as at a terminal: the test may run where it is ignored (a
+    # background job of a non-interactive shell), which the child inherits.
     p = subprocess.Popen([CTL, "calibrate", str(m.path), "--size", "64M", "--time", "10"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 30
     while not scratch_files(m):
         assert p.poll() is None and time.time() < deadline, "no scratch file appeared"
@@ -106,6 +109,27 @@ def test_calibrate_interrupted_leaves_nothing_behind(bed, mount_factory):
         time.sleep(0.2)
     # The gateway is fine afterwards.
     assert subprocess.run([CTL, "stats", str(m.path)], capture_output=True, timeout=10).returncode == 0
+
+
+def test_an_unmount_during_calibrate_removes_its_scratch_file(bed, mount_factory):
+    m = mount_factory()
+    p = subprocess.Popen([CTL, "calibrate", str(m.path), "--size", "64M", "--time", "10"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 30
+        while not scratch_files(m):
+            assert p.poll() is None and time.time() < deadline, "no scratch file appeared"
+            time.sleep(0.1)
+        m.unmount()
+        assert m.proc.returncode == 0
+        left = [n for n in os.listdir(EXPORT) if n.startswith(".mpnfs-calibrate")]
+        assert not left, f"left behind by the unmount: {left}"
+        p.wait(timeout=10)
+        assert p.returncode != 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def test_calibrate_refuses_a_read_only_mount_and_non_root(bed, mount_factory):
