@@ -1,0 +1,128 @@
+#!/bin/bash
+# The comparison of issue 12: mpnfs on a default one-path mount against the
+# limits measured in the same run on the same NFS-Ganesha bed (raw libnfs
+# with no FUSE: nfs-cat, nfs-cp, nfs-qd1; FUSE with no NFS: fuse-null), the
+# median of ROUNDS rounds each, then random reads over 1, 2 and 4 paths.
+# Prints a markdown report; with -o FILE also writes it there. The peers'
+# columns (turbonfs, fuse-nfs) are the figures recorded in issue 12, not
+# re-measured here (they are not Debian packages).
+#   contrib/bench/compare.sh [-o FILE] [ROUNDS] [SIZE_MIB]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=
+if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
+ROUNDS=${1:-3}
+SIZE=${2:-1024}
+FIO_SECS=${FIO_SECS:-10}
+export MPNFS_TB=/tmp/mpnfs-cbench MPNFS_TB_NS=mpnfscb MPNFS_TB_NET=82 MPNFS_TB_LINK=mcb
+SERVER=10.82.1.2
+EXPORT=$MPNFS_TB/export
+MNT=/tmp/mpnfs-cbench-mnt
+NULLMNT=/tmp/mpnfs-cbench-null
+SRC=/dev/shm/mpnfs-cbench-src
+URL="nfs://$SERVER$EXPORT"
+Q="version=3&nfsport=2049&mountport=20048"
+. contrib/bench/lib.sh
+NULLPID=
+trap 'kill_null; cleanup' EXIT
+kill_null() { if [ -n "$NULLPID" ]; then fusermount3 -u "$NULLMNT" 2>/dev/null || true; wait "$NULLPID" 2>/dev/null || true; NULLPID=; fi; rmdir "$NULLMNT" 2>/dev/null || true; }
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# CPU seconds (user + system) of a command run to completion.
+timed_cpu() { /usr/bin/time -f "%e %U %S" -o "$MPNFS_TB/time.out" "$@" >/dev/null; awk '{ printf "%s %.2f\n", $1, $2 + $3 }' "$MPNFS_TB/time.out"; }
+fio_iops() {  # FILE RW-OPTIONS...: IOPS and mean completion latency (us)
+  local f=$1; shift
+  fio --name=c --filename="$f" --rw=randread --bs=4k --direct=1 --runtime="$FIO_SECS" --time_based \
+      --group_reporting --output-format=terse --terse-version=3 "$@" 2>/dev/null |
+    awk -F';' '{ printf "%d %.0f\n", $8, $40 }'
+}
+
+contrib/testbed.sh down >/dev/null 2>&1 || true
+rm -rf "$MPNFS_TB"
+contrib/testbed.sh up 1 >/dev/null
+dd if=/dev/urandom of="$SRC" bs=1M count="$SIZE" status=none
+mount_mpnfs
+dd if=/dev/urandom of="$MNT/rand.bin" bs=1M count=1024 conv=fsync status=none
+mkdir -p "$NULLMNT"
+build/contrib/bench/fuse-null "$NULLMNT" 1024 &
+NULLPID=$!
+for _ in $(seq 50); do [ -e "$NULLMNT/f" ] && break; sleep 0.1; done
+
+declare -A V
+add() { V[$1]+="$2 "; }
+for r in $(seq "$ROUNDS"); do
+  echo "round $r of $ROUNDS" >&2
+  # Sequential write, 1 GiB, fsync at the end; raw: nfs-cp of the same file.
+  rm -f "$MNT/seq.bin" "$MNT/raw.bin"  # both written fresh (through NFS: Ganesha caches entries)
+  read -r s c < <(timed_cpu nfs-cp "$SRC" "$URL/raw.bin?$Q")
+  add raw_w "$(mbps "$SIZE" "$s")"; add raw_wcpu "$c"
+  c0=$(cpu); t0=$(now); dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; t1=$(now); c1=$(cpu)
+  add w "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add wcpu "$(cpu_secs "$c0" "$c1")"
+  # Sequential read, 1 GiB, cold client.
+  drop; read -r s c < <(timed_cpu nfs-cat "$URL/raw.bin?$Q")
+  add raw_r "$(mbps "$SIZE" "$s")"; add raw_rcpu "$c"
+  drop; c0=$(cpu); t0=$(now); dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; t1=$(now); c1=$(cpu)
+  add r "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add rcpu "$(cpu_secs "$c0" "$c1")"
+  # Queue depth 1: one NFS round trip (nfs-qd1), the FUSE floor, mpnfs.
+  add rtt_iops "$(build/contrib/bench/nfs-qd1 "$URL/rand.bin?$Q" "$FIO_SECS" |
+                  /usr/bin/python3 -c 'import json,sys; print(int(json.load(sys.stdin)["iops"]))')"
+  read -r i l < <(fio_iops "$NULLMNT/f" --ioengine=psync); add null1 "$i"
+  read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync); add qd1 "$i"; add qd1_lat "$l"
+  read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4); add j4 "$i"
+  read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32); add qd32 "$i"
+done
+umount_mpnfs
+kill_null
+
+# Random reads over 1, 2 and 4 paths (one bed of 4 paths, mounts of the first N).
+contrib/testbed.sh down >/dev/null 2>&1 || true
+rm -rf "$MPNFS_TB"
+contrib/testbed.sh up 4 >/dev/null
+mount_mpnfs
+dd if=/dev/urandom of="$MNT/rand.bin" bs=1M count=1024 conv=fsync status=none
+umount_mpnfs
+for n in 1 2 4; do
+  paths=$(seq -s+ -f "10.82.%g.2" 1 "$n")
+  mount_mpnfs "path=$paths"
+  for r in $(seq "$ROUNDS"); do
+    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32); add "p${n}_qd32" "$i"
+    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32 --numjobs=4); add "p${n}_4x32" "$i"
+  done
+  umount_mpnfs
+done
+
+m() { echo "${V[$1]}" | median; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+gib=$(awk -v n="$SIZE" 'BEGIN { print n / 1024 }')
+perg() { awk -v c="$1" -v g="$gib" 'BEGIN { printf "%.2f", c / g }'; }
+{
+  echo "# mpnfs against the limits and the peers of issue 12"
+  echo
+  echo "Recorded $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores, kernel $(uname -r), NFS-Ganesha"
+  echo "$(dpkg-query -W -f='${Version}' nfs-ganesha) (FSAL_VFS), libnfs $(pkg-config --modversion libnfs),"
+  echo "libfuse $(pkg-config --modversion fuse3), mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  echo "Command: \`contrib/bench/compare.sh $ROUNDS $SIZE\` (FIO_SECS=$FIO_SECS). Medians of $ROUNDS rounds;"
+  echo "server and client share the 2 cores. Peer figures: issue 12's run, not this one."
+  echo
+  echo "| test | mpnfs | limit, same run | mpnfs / limit | turbonfs (issue) | fuse-nfs (issue) |"
+  echo "|---|---|---|---|---|---|"
+  echo "| seq read ${SIZE} MiB, dd bs=1M (MB/s; daemon CPU s/GiB) | $(m r); $(perg "$(m rcpu)") | nfs-cat $(m raw_r); $(perg "$(m raw_rcpu)") | $(ratio "$(m r)" "$(m raw_r)") | 723; 1.05 | 530; 1.14 |"
+  echo "| seq write ${SIZE} MiB, dd bs=1M conv=fsync (MB/s; daemon CPU s/GiB) | $(m w); $(perg "$(m wcpu)") | nfs-cp $(m raw_w); $(perg "$(m raw_wcpu)") | $(ratio "$(m w)" "$(m raw_w)") | 449; 0.73 | 22; 17.7 |"
+  echo "| 4 KiB random read O_DIRECT, 1 job QD1 (IOPS) | $(m qd1) ($(m qd1_lat) us mean) | one NFS round trip (nfs-qd1) $(m rtt_iops); FUSE alone (fuse-null) $(m null1) | $(ratio "$(m qd1)" "$(m rtt_iops)") of nfs-qd1; $(ratio "$(m qd1)" "$(m null1)") of fuse-null | 5,030 | 3,902 |"
+  echo "| same, 4 jobs psync (IOPS) | $(m j4) | | | 10,767 | 7,570 |"
+  echo "| same, libaio QD32 (IOPS) | $(m qd32) | | | 12,901 | 4,415 |"
+  echo
+  echo "Random 4 KiB reads, O_DIRECT, libaio, over 1, 2 and 4 paths of one bed (IOPS):"
+  echo
+  echo "| paths | 1 job QD32 | 4 jobs x QD32 |"
+  echo "|---|---|---|"
+  for n in 1 2 4; do echo "| $n | $(m "p${n}_qd32") | $(m "p${n}_4x32") |"; done
+  echo
+  echo "All rounds:"
+  echo
+  echo '```'
+  for k in $(echo "${!V[@]}" | tr ' ' '\n' | sort); do echo "$k: ${V[$k]}"; done
+  echo '```'
+} > "$REPORT"
+cat "$REPORT"
+if [ -n "$OUT" ]; then cp "$REPORT" "$OUT"; echo "written to $OUT"; fi
