@@ -7,7 +7,7 @@
 // compared against this plus one NFS round trip (contrib/bench/bench.sh).
 //   fuse-null MOUNTPOINT [SIZE_MIB]     (runs in the foreground; unmount with
 //                                        fusermount3 -u MOUNTPOINT)
-#define FUSE_USE_VERSION 35
+#define FUSE_USE_VERSION 314  // as mpnfs: the loop configuration of 3.12+
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
 
