@@ -192,6 +192,14 @@ void Connection::Deliver(std::shared_ptr<Request> r) {
   Uncharge(*r);
   Charge(*r);
   stats_.queued.fetch_add(1, std::memory_order_relaxed);
+  // The queue-depth-1 fast path: with the loop asleep, queue the call and
+  // write it to the socket from this thread (event_loop.h, direct sections).
+  if (loop_->TryRunHere([&] {
+        Enqueue(std::move(r));
+        if (state_ == State::kUp && t_) OnEvents(POLLOUT);
+      })) {
+    return;
+  }
   if (!loop_->Post(this, r)) {
     // Submitted as the engine stopped, after the loop's last look at its
     // mailbox: nobody else will complete it.

@@ -22,8 +22,12 @@
 // kHistory (see SetState()), for the statistics.
 //
 // Thread safety: everything but the atomics in `stats_` and `up_`, and the
-// history under `history_mu_`, is owned by the loop thread; the picker in
-// Engine reads only the atomics.
+// history under `history_mu_`, is owned by the loop: its thread, or a thread
+// in one of its direct sections (event_loop.h), which holds the loop's
+// run_mu_. Deliver() from another thread tries a direct section first, so a
+// call's own completion callback may run on the submitting thread (when the
+// call fails at once) while it holds the loop: such callbacks must not
+// block. The picker in Engine reads only the atomics.
 #pragma once
 
 #include <atomic>

@@ -27,7 +27,14 @@ void Engine::Start() {
   int nloops = opts_.loops > 0 ? opts_.loops
                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   nloops = std::max(1, std::min(nloops, nconns));
-  for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i));
+  // The shortest deadline a call sets when sent: a loop idle this long
+  // needs no wake-up for a call sent in a direct section (event_loop.h).
+  auto idle_cap = std::chrono::duration_cast<Clock::duration>(opts_.timeo);
+  if (opts_.path_timeout.count() > 0) {
+    idle_cap = std::min(idle_cap, std::chrono::duration_cast<Clock::duration>(opts_.path_timeout / 4));
+  }
+  if (idle_cap <= Clock::duration::zero()) idle_cap = Clock::duration::max();
+  for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap));
   std::lock_guard lock(admin_mu_);
   for (const auto& ep : opts_.paths) paths_.push_back(PathEntry{ep, {}, false, false});
   // Connection k of every path before connection k+1 of any: the loops get

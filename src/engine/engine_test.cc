@@ -438,6 +438,68 @@ TEST(LoopTest, WorkGivenToAnEndedLoopIsRefusedNotDropped) {
   EXPECT_FALSE(ran);
 }
 
+TEST(LoopTest, ASleepingLoopLetsAnotherThreadActForIt) {
+  Loop loop(0);
+  loop.Start();
+  std::thread::id ran_on;
+  bool ran = false;
+  // The loop may be busy for a moment after Start: a few tries.
+  for (int i = 0; i < 50 && !ran; ++i) {
+    std::this_thread::sleep_for(10ms);
+    ran = loop.TryRunHere([&] { ran_on = std::this_thread::get_id(); });
+  }
+  ASSERT_TRUE(ran);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(loop.direct_sections(), 1u);
+  loop.Stop();
+}
+
+TEST(LoopTest, ABusyLoopRefusesADirectSection) {
+  Loop loop(0);
+  loop.Start();
+  std::promise<void> started, release;
+  auto go = release.get_future().share();
+  ASSERT_TRUE(loop.Run([&] {
+    started.set_value();
+    go.wait();
+  }));
+  started.get_future().wait();
+  bool ran = false;
+  EXPECT_FALSE(loop.TryRunHere([&] { ran = true; }));
+  EXPECT_FALSE(ran);
+  release.set_value();
+  loop.Stop();
+}
+
+TEST(LoopTest, ADirectSectionCannotNestInItselfAndAnEndedLoopHasNone) {
+  Loop loop(0);
+  loop.Start();
+  bool outer = false, inner = true;
+  for (int i = 0; i < 50 && !outer; ++i) {
+    std::this_thread::sleep_for(10ms);
+    outer = loop.TryRunHere([&] { inner = loop.TryRunHere([] {}); });
+  }
+  ASSERT_TRUE(outer);
+  EXPECT_FALSE(inner);
+  loop.Stop();
+  EXPECT_FALSE(loop.TryRunHere([] {}));
+}
+
+TEST_F(EngineTest, ACallSubmittedWhileItsLoopSleepsIsSentByTheSubmittingThread) {
+  auto e = Started(Opts());
+  bool direct = false;
+  for (int i = 0; i < 10 && !direct; ++i) {
+    std::this_thread::sleep_for(20ms);  // the loop goes back to sleep
+    auto c = std::make_shared<ProbeCall>();
+    e->Submit(c, Cred{});
+    EXPECT_EQ(Await(c).first, CallStatus::kOk);
+    std::lock_guard lock(net_.mu);
+    direct = !net_.issuing_threads.empty() &&
+             net_.issuing_threads.back() == std::this_thread::get_id();
+  }
+  EXPECT_TRUE(direct) << "every call was handed to the loop thread";
+}
+
 TEST_F(EngineTest, SubmitAfterWaitsThenSends) {
   auto e = Make(Opts());
   e->Start();

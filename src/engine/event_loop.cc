@@ -13,7 +13,7 @@
 
 namespace mpnfs::engine {
 
-Loop::Loop(int index) : index_(index) {
+Loop::Loop(int index, Clock::duration idle_cap) : index_(index), idle_cap_(idle_cap) {
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   evfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error(std::string("epoll/eventfd: ") + strerror(errno));
@@ -89,6 +89,48 @@ bool Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
   return true;
 }
 
+bool Loop::EnterDirect() {
+  if (OnLoopThread() || holder_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    return false;
+  }
+  if (!run_mu_.try_lock()) return false;
+  bool ok = running_;
+  if (ok) {
+    std::lock_guard lock(mu_);
+    ok = !stop_ && mail_.empty() && tasks_.empty();
+  }
+  if (!ok) {
+    run_mu_.unlock();
+    return false;
+  }
+  holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  return true;
+}
+
+void Loop::LeaveDirect() {
+  for (auto* c : conns_) SyncPoll(c);
+  const auto due = NextDue();
+  holder_.store(std::thread::id{}, std::memory_order_relaxed);
+  bool wake = false;
+  {
+    std::lock_guard lock(mu_);
+    const bool early = due.time_since_epoch().count() < sleep_until_.load(std::memory_order_relaxed);
+    if ((early || !mail_.empty() || !tasks_.empty()) && !woken_) {
+      woken_ = true;
+      wake = true;
+    }
+  }
+  run_mu_.unlock();
+  direct_.fetch_add(1, std::memory_order_relaxed);
+  if (wake) Wake();
+}
+
+Clock::time_point Loop::NextDue() const {
+  auto next = Clock::time_point::max();
+  for (auto* c : conns_) next = std::min(next, c->NextDeadline());
+  return next;
+}
+
 void Loop::SyncPoll(Connection* c) {
   int fd = c->fd();
   uint32_t want = fd >= 0 ? static_cast<uint32_t>(c->events()) : 0;
@@ -134,8 +176,29 @@ void Loop::DrainMailbox() {
   for (auto& t : tasks) t();
 }
 
+void Loop::Step(epoll_event* evs, int n) {
+  for (int i = 0; i < n; ++i) {
+    auto* c = static_cast<Connection*>(evs[i].data.ptr);
+    if (c == nullptr) {
+      uint64_t v;
+      ssize_t r = read(evfd_, &v, sizeof(v));
+      (void)r;
+      continue;
+    }
+    c->OnEvents(static_cast<int>(evs[i].events));
+  }
+  DrainMailbox();
+  auto now = Clock::now();
+  for (auto* c : conns_) {
+    if (now >= c->NextDeadline()) c->OnTimer(now);
+  }
+  for (auto* c : conns_) SyncPoll(c);
+}
+
 void Loop::Main() {
   epoll_event evs[64];
+  std::unique_lock run(run_mu_);
+  running_ = true;
   for (;;) {
     int timeout_ms = -1;
     bool stop;
@@ -147,30 +210,24 @@ void Loop::Main() {
       if (!timers_.empty()) next = timers_.begin()->first;
     }
     if (stop) break;
+    const auto now0 = Clock::now();
     if (timeout_ms != 0) {
-      for (auto* c : conns_) next = std::min(next, c->NextDeadline());
+      next = std::min(next, NextDue());
+      // Idle cap (see the header): a direct section's new deadlines are
+      // never earlier than this, so it need not wake the loop for them.
+      if (idle_cap_ != Clock::duration::max() && next - now0 > idle_cap_) next = now0 + idle_cap_;
       if (next != Clock::time_point::max()) {
-        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now0).count();
         timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
       }
+    } else {
+      next = now0;
     }
+    sleep_until_.store(next.time_since_epoch().count(), std::memory_order_relaxed);
+    run.unlock();
     int n = epoll_wait(epfd_, evs, 64, timeout_ms);
-    for (int i = 0; i < n; ++i) {
-      auto* c = static_cast<Connection*>(evs[i].data.ptr);
-      if (c == nullptr) {
-        uint64_t v;
-        ssize_t r = read(evfd_, &v, sizeof(v));
-        (void)r;
-        continue;
-      }
-      c->OnEvents(static_cast<int>(evs[i].events));
-    }
-    DrainMailbox();
-    auto now = Clock::now();
-    for (auto* c : conns_) {
-      if (now >= c->NextDeadline()) c->OnTimer(now);
-    }
-    for (auto* c : conns_) SyncPoll(c);
+    run.lock();
+    Step(evs, n);
   }
   DrainMailbox();
   for (auto* c : conns_) c->Shutdown();
@@ -189,6 +246,7 @@ void Loop::Main() {
       std::lock_guard lock(mu_);
       if (mail_.empty() && tasks_.empty() && timers_.empty()) {
         ended_ = true;
+        running_ = false;
         break;
       }
     }

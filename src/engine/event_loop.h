@@ -4,9 +4,31 @@
 // an eventfd that wakes epoll_wait. The loop sleeps until a socket is ready,
 // the mailbox is written, or the nearest connection deadline is due.
 //
-// Lock order: Loop::mu_ is a leaf lock (nothing is called while holding it).
+// Direct sections (the queue-depth-1 fast path). Waking the loop thread for
+// every call costs a thread hand-off per call, which at queue depth 1 is a
+// large part of the latency. So the loop's state (its connections, their
+// libnfs contexts, epoll registrations) is owned not by the loop thread as
+// such but by whoever holds `run_mu_`: the loop thread holds it all the time
+// except while it sleeps in epoll_wait. TryRunHere() lets another thread
+// (a FUSE worker submitting a call) take it when it is free, the loop being
+// asleep, and act as the loop: queue the call and write it to the socket
+// itself. The loop thread then wakes only for the reply. A direct section
+// is refused (the caller posts as before) when the loop is busy, has mail
+// not yet drained (so calls are never sent ahead of earlier posted ones),
+// has not started or has ended, or when the caller already is in a section
+// of this loop or is the loop thread. After a section, the loop is woken if
+// the section left a deadline earlier than the one it sleeps until. An idle
+// loop sleeps at most `idle_cap` (the shortest deadline a new call sets), so
+// a direct call at idle does not need a wake-up for its deadlines.
+//
+// Lock order: run_mu_ before mu_; Loop::mu_ is a leaf lock (nothing is
+// called while holding it). run_mu_ of one loop is only ever try-locked by a
+// thread holding another loop's run_mu_, never waited for.
 #pragma once
 
+#include <sys/epoll.h>
+
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,7 +45,7 @@ class Connection;
 
 class Loop {
  public:
-  explicit Loop(int index);
+  explicit Loop(int index, Clock::duration idle_cap = Clock::duration::max());
   ~Loop();
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
@@ -51,6 +73,19 @@ class Loop {
 
   bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
+  // Any thread: if the loop is asleep with an empty mailbox, run `fn` now on
+  // this thread as the loop would (see "Direct sections" above) and return
+  // true; else return false without running it.
+  template <typename Fn>
+  bool TryRunHere(Fn&& fn) {
+    if (!EnterDirect()) return false;
+    fn();
+    LeaveDirect();
+    return true;
+  }
+  // Direct sections run since Start (for tests and statistics).
+  uint64_t direct_sections() const { return direct_.load(std::memory_order_relaxed); }
+
  private:
   struct Delivery {
     Connection* conn;
@@ -58,15 +93,28 @@ class Loop {
   };
 
   void Main();
+  void Step(epoll_event* evs, int n);  // REQUIRES: run_mu_
+  bool EnterDirect();
+  void LeaveDirect();
+  Clock::time_point NextDue() const;  // REQUIRES: run_mu_
   void Wake();
   void SyncPoll(Connection* c);
   void DrainMailbox();
 
   const int index_;
+  const Clock::duration idle_cap_;
   int epfd_ = -1;
   int evfd_ = -1;
   std::thread thread_;
   std::vector<Connection*> conns_;
+
+  // Held by the loop thread except in epoll_wait, or by a direct section.
+  std::mutex run_mu_;
+  bool running_ = false;  // under run_mu_: Main() is in its loop
+  // When the sleeping loop will wake by itself (published under run_mu_).
+  std::atomic<Clock::rep> sleep_until_{Clock::time_point::max().time_since_epoch().count()};
+  std::atomic<uint64_t> direct_{0};
+  std::atomic<std::thread::id> holder_{};  // the thread in a direct section
 
   std::mutex mu_;
   std::vector<Delivery> mail_ GUARDED_BY(mu_);

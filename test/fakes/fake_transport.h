@@ -29,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "engine/transport.h"
@@ -51,6 +52,7 @@ class FakeNet {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<uint32_t> issued_xids;  // every transmission, in order
+  std::vector<std::thread::id> issuing_threads;  // the thread of each, in order
   int connect_attempts = 0;
   int max_pending_seen = 0;
 
@@ -190,6 +192,7 @@ class FakeTransport final : public engine::Transport {
     {
       std::lock_guard lock(net_->mu);
       net_->issued_xids.push_back(xid);
+      net_->issuing_threads.push_back(std::this_thread::get_id());
       bool first = seen_.insert(xid).second;
       answer = net_->auto_reply && !silent_;
       if (first && net_->drop_first_n > 0) {
