@@ -10,6 +10,7 @@
 #    and 100k entries, and the slope per 100k entries.
 # Prints a markdown report; with -o FILE also writes it there.
 #   contrib/bench/meta.sh [-o contrib/bench/META.md] [N] [--no-scale]
+# (--no-scale: only the N-file figures.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=
@@ -24,13 +25,22 @@ MNT=/tmp/mpnfs-benchmeta-mnt
 SRC=/dev/shm/mpnfs-benchmeta-src  # (unused; lib.sh removes it)
 . contrib/bench/lib.sh  # cleanup on exit, deps, build, helpers
 
-CTL=build/src/mpnfsctl
+# MPNFS_BIN=/path/to/mpnfs measures another build (its mpnfsctl beside it).
+BIN=${MPNFS_BIN:-build/src/mpnfs}
+CTL=$(dirname "$BIN")/mpnfsctl
+mount_mpnfs() {  # as lib.sh's, with $BIN
+  mkdir -p "$MNT"
+  "$BIN" "$SERVER:$EXPORT" "$MNT" -f -o "mountport=20048${1:+,$1}" 2>>"$MPNFS_TB/mpnfs.log" &
+  PID=$!
+  for _ in $(seq 100); do grep -q " $MNT fuse.mpnfs " /proc/mounts && return 0; sleep 0.1; done
+  echo "mount failed" >&2; cat "$MPNFS_TB/mpnfs.log" >&2; exit 1
+}
 
 {
   echo "# mpnfs metadata benchmark"
   echo
   echo "Recorded $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores, kernel $(uname -r),"
-  echo "NFS-Ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha) (FSAL_VFS), mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  echo "NFS-Ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha) (FSAL_VFS), mpnfs $(git -C "$(dirname "$BIN")" rev-parse --short HEAD 2>/dev/null || echo '?') ($BIN)."
   echo "Command: \`contrib/bench/meta.sh $N\`. One unshaped path, default mount options;"
   echo "server and client share the machine's cores. Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
