@@ -175,6 +175,11 @@ void Filesystem::NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a) {
   dir_postop_.emplace(ino, PostOp{*a, now});
 }
 
+void Filesystem::ForgetAllDirAttrs() {
+  std::lock_guard lock(postop_mu_);
+  dir_postop_.clear();
+}
+
 void Filesystem::ForgetDirAttr(uint64_t ino) {
   std::lock_guard lock(postop_mu_);
   dir_postop_.erase(ino);
@@ -569,6 +574,9 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
     nfs_.Rename(from->fh(), name, todir->fh(), newname, c,
                 [this, c, from, todir, newname, hidden, cb = std::move(cb)](Result<nfs::RenameReply> r) {
                   if (r) {
+                    // A renamed directory's own ctime (and "..") changed
+                    // too, and its inode is unknown here: forget them all.
+                    ForgetAllDirAttrs();
                     NoteDirAttr(from->ino(), r->from.after);
                     NoteDirAttr(todir->ino(), r->to.after);
                     return cb(Ok{});

@@ -253,6 +253,7 @@ class Filesystem {
   // Post-operation attributes of directory `ino` (see "Directory attributes").
   void NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a);
   void ForgetDirAttr(uint64_t ino);
+  void ForgetAllDirAttrs();
   // The directory's post-operation attributes if young enough, with their age.
   std::optional<std::pair<nfs::Attr, double>> FreshDirAttr(uint64_t ino);
   // Completes an operation that produced a new object (CREATE, MKDIR, ...).

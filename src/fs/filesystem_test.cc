@@ -733,6 +733,25 @@ TEST_F(FilesystemTest, DirectoryGetattrAfterAChangeUsesItsPostOpAttributes) {
   EXPECT_EQ(a3->st.st_mode & 07777, 0700u);
 }
 
+// A directory renamed right after a change in it: its next GETATTR shows the
+// rename's ctime, not the attributes the earlier change brought.
+TEST_F(FilesystemTest, RenamedDirectoryIsNotAnsweredFromOlderPostOpAttributes) {
+  auto a = Mkdir(kRoot, "ra");
+  ASSERT_TRUE(a.ok());
+  auto c = Create(a->ino, "x");
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  ASSERT_TRUE(Mkdir(kRoot, "rb").ok());
+  ASSERT_TRUE(Rename(kRoot, "ra", kRoot, "rb2").ok());
+  auto b = Lookup(kRoot, "rb2");
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->ino, a->ino);
+  const size_t before = CountOf(nfs_, Proc::kGetattr);
+  auto g = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, a->ino, cb); });
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before + 1) << "answered from attributes older than the rename";
+}
+
 // With acdirmin=0 (no attribute caching) every GETATTR goes to the server.
 TEST_F(FilesystemTest, DirectoryPostOpAttributesAreNotUsedWithoutAttributeCaching) {
   FsOptions o;
