@@ -154,6 +154,52 @@ double Filesystem::AttrTimeout(const InodeP& inode, const nfs::Attr& a) {
   return inode->ac_timeout;
 }
 
+void Filesystem::NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a) {
+  if (!a || a->type != nfs::Ftype::kDir) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(postop_mu_);
+  auto it = dir_postop_.find(ino);
+  if (it != dir_postop_.end()) {
+    // Replies may arrive out of order: the newest state wins.
+    if (a->ctime < it->second.attr.ctime) return;
+    it->second = PostOp{*a, now};
+    return;
+  }
+  if (dir_postop_.size() >= 4096) {
+    // Bounded: what is older than the trust window is useless anyway.
+    std::erase_if(dir_postop_, [&](const auto& kv) {
+      return now - kv.second.at > std::chrono::duration<double>(kDirPostOpTrust);
+    });
+    if (dir_postop_.size() >= 4096) dir_postop_.clear();
+  }
+  dir_postop_.emplace(ino, PostOp{*a, now});
+}
+
+void Filesystem::ForgetAllDirAttrs() {
+  std::lock_guard lock(postop_mu_);
+  dir_postop_.clear();
+}
+
+void Filesystem::ForgetDirAttr(uint64_t ino) {
+  std::lock_guard lock(postop_mu_);
+  dir_postop_.erase(ino);
+}
+
+std::optional<std::pair<nfs::Attr, double>> Filesystem::FreshDirAttr(uint64_t ino) {
+  const double trust = std::min(kDirPostOpTrust, opts_.acdirmin);
+  if (trust <= 0) return std::nullopt;
+  std::lock_guard lock(postop_mu_);
+  auto it = dir_postop_.find(ino);
+  if (it == dir_postop_.end()) return std::nullopt;
+  const double age =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second.at).count();
+  if (age >= trust) {
+    dir_postop_.erase(it);
+    return std::nullopt;
+  }
+  return std::make_pair(it->second.attr, age);
+}
+
 AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
   AttrOut out;
   out.st = ToStat(a, opts_.wsize);
@@ -200,7 +246,8 @@ void Filesystem::Lookup(const Cred& c, uint64_t parent, const std::string& name,
                         Cb<EntryOut> cb) {
   auto dir = Parent(parent, name);
   if (!dir) return cb(dir.error());
-  nfs_.Lookup((*dir)->fh(), name, c, [this, c, cb = std::move(cb)](Result<nfs::LookupReply> r) {
+  nfs_.Lookup((*dir)->fh(), name, c, [this, c, parent, cb = std::move(cb)](Result<nfs::LookupReply> r) {
+    if (r) NoteDirAttr(parent, r->dir);
     if (!r) {
       if (r.error().err == ENOENT) {
         EntryOut neg;  // negative entry, cached like a positive one
@@ -216,6 +263,13 @@ void Filesystem::Lookup(const Cred& c, uint64_t parent, const std::string& name,
 void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
+  if (auto fresh = FreshDirAttr(ino)) {
+    // A change made here answered with the directory's attributes just now
+    // (filesystem.h, "Directory attributes").
+    AttrOut out = MakeAttr(inode, fresh->first);
+    out.timeout = std::max(0.0, out.timeout - fresh->second);
+    return cb(out);
+  }
   {
     // Like the Linux client, let this client's write-behind land first, so
     // that size, mtime and ctime include what was acknowledged.
@@ -231,6 +285,7 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   nfs_.Getattr(inode->fh(), c, [this, inode, seq, cb = std::move(cb)](Result<nfs::Attr> r) {
     if (!r) return cb(r.error());
     Observe(inode, *r);  // attribute-cache expiry: the SSD cache revalidates too
+    NoteDirAttr(inode->ino(), *r);
     {
       // A GETATTR sent after every write of ours completed is authoritative.
       std::lock_guard lock(inode->mu);
@@ -335,6 +390,7 @@ void Filesystem::ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, con
 
 void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                                  WriteOrder::Seq tseq, Cb<AttrOut> cb) {
+  ForgetDirAttr(inode->ino());  // (its reply, if any, brings the new ones)
   nfs_.Setattr(inode->fh(), sa, c, [this, inode, c, sa, tseq, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r && r.error().err == EPERM && IsKillPriv(sa)) {
       // The kernel asks to drop setuid/setgid before a non-owner's write; the
@@ -360,9 +416,13 @@ void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::
       // Our own change of attributes: the cached data stays valid.
       cache->OwnChange(inode->fh(), Version(*r->before), Version(*r->after));
     }
-    if (r->after) return cb(MakeAttr(inode, *r->after));
+    if (r->after) {
+      NoteDirAttr(inode->ino(), r->after);
+      return cb(MakeAttr(inode, *r->after));
+    }
     nfs_.Getattr(inode->fh(), c, [this, inode, cb](Result<nfs::Attr> a) {
       if (!a) return cb(a.error());
+      NoteDirAttr(inode->ino(), *a);
       cb(MakeAttr(inode, *a));
     });
   });
@@ -377,6 +437,7 @@ void Filesystem::Readlink(const Cred& c, uint64_t ino, Cb<std::string> cb) {
 void Filesystem::FinishNewObject(const Cred& c, uint64_t parent, const std::string& name,
                                  Result<nfs::NewObject> r, Cb<EntryOut> cb) {
   if (!r) return cb(r.error());
+  NoteDirAttr(parent, r->dir.after);
   if (r->fh) return EntryFromFh(c, *r->fh, std::move(r->attr), std::move(cb));
   // The server may omit the handle; look the name up.
   Lookup(c, parent, name, [cb = std::move(cb)](Result<EntryOut> e) {
@@ -452,6 +513,7 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                 nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
                             [this, c, inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
                               if (!rr) return done(rr.error());
+                              NoteDirAttr(dir->ino(), rr->from.after);
                               bool closed;
                               {
                                 std::lock_guard lock(inode->mu);
@@ -460,7 +522,8 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                               }
                               if (closed) {
                                 // Nobody will remove it at close: now.
-                                nfs_.Remove(dir->fh(), hidden, c, [done, inode](Result<nfs::Wcc> rm) {
+                                nfs_.Remove(dir->fh(), hidden, c, [this, dir, done, inode](Result<nfs::Wcc> rm) {
+                                  ForgetDirAttr(dir->ino());
                                   if (!rm) return done(rm.error());
                                   done(inode);
                                 });
@@ -476,11 +539,12 @@ void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name,
   if (!dir) return cb(Stale());
   // A file still open here must stay readable: as the kernel NFS client
   // does, it is renamed to a hidden name, removed at its last close.
-  HideIfOpen(c, dir, name, [this, dir, name, c, cb = std::move(cb)](Result<InodeP> h) mutable {
+  HideIfOpen(c, dir, name, [this, dir, parent, name, c, cb = std::move(cb)](Result<InodeP> h) mutable {
     if (!h) return cb(h.error());
     if (*h) return cb(Ok{});
-    nfs_.Remove(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
+    nfs_.Remove(dir->fh(), name, c, [this, parent, cb = std::move(cb)](Result<nfs::Wcc> r) {
       if (!r) return cb(r.error());
+      NoteDirAttr(parent, r->after);
       cb(Ok{});
     });
   });
@@ -489,8 +553,9 @@ void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name,
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
   auto dir = inodes_.Get(parent);
   if (!dir) return cb(Stale());
-  nfs_.Rmdir(dir->fh(), name, c, [cb = std::move(cb)](Result<nfs::Wcc> r) {
+  nfs_.Rmdir(dir->fh(), name, c, [this, parent, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r) return cb(r.error());
+    NoteDirAttr(parent, r->after);
     cb(Ok{});
   });
 }
@@ -507,8 +572,15 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
   InodeP todir = *to;
   auto rename = [this, c, from, name, todir, newname, cb = std::move(cb)](InodeP hidden) mutable {
     nfs_.Rename(from->fh(), name, todir->fh(), newname, c,
-                [this, c, todir, newname, hidden, cb = std::move(cb)](Result<nfs::RenameReply> r) {
-                  if (r) return cb(Ok{});
+                [this, c, from, todir, newname, hidden, cb = std::move(cb)](Result<nfs::RenameReply> r) {
+                  if (r) {
+                    // A renamed directory's own ctime (and "..") changed
+                    // too, and its inode is unknown here: forget them all.
+                    ForgetAllDirAttrs();
+                    NoteDirAttr(from->ino(), r->from.after);
+                    NoteDirAttr(todir->ino(), r->to.after);
+                    return cb(Ok{});
+                  }
                   if (hidden) {
                     // The rename failed: the file it would have replaced
                     // gets its name back.
@@ -519,7 +591,9 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
                     }
                     if (silly) {
                       nfs_.Rename(silly->dir, silly->name, todir->fh(), newname, c,
-                                  [](Result<nfs::RenameReply>) {});
+                                  [this, todir](Result<nfs::RenameReply>) {
+                                    ForgetDirAttr(todir->ino());
+                                  });
                     }
                   }
                   cb(r.error());
@@ -550,8 +624,9 @@ void Filesystem::Link(const Cred& c, uint64_t ino, uint64_t newparent, const std
   if (!inode) return cb(Stale());
   if (!dir) return cb(dir.error());
   nfs_.Link(inode->fh(), (*dir)->fh(), newname, c,
-            [this, c, inode, cb = std::move(cb)](Result<nfs::LinkReply> r) mutable {
+            [this, c, inode, newparent, cb = std::move(cb)](Result<nfs::LinkReply> r) mutable {
               if (!r) return cb(r.error());
+              NoteDirAttr(newparent, r->dir.after);
               // The attributes must show the new link count: fetch them if absent.
               EntryFromFh(c, inode->fh(), std::move(r->attr), std::move(cb));
             });
@@ -679,6 +754,10 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     o.direct_io = direct;
     o.keep_cache = false;
     o.file = NewOpenFile(inode, flags, c);
+    {
+      std::lock_guard lock(inode->mu);
+      o.file->fresh = true;
+    }
     cb(std::make_pair(*r, o));
   };
   nfs::SetAttr sa;
@@ -884,6 +963,9 @@ void Filesystem::Release(OpenFile* f) {
   auto remove_hidden = [this, silly]() {
     if (!silly) return;
     nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly](Result<nfs::Wcc> r) {
+      if (auto dir = inodes_.Find(silly->dir)) {
+        if (r) NoteDirAttr(dir->ino(), r->after); else ForgetDirAttr(dir->ino());
+      }
       if (!r) log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
     });
   };

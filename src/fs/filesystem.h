@@ -21,6 +21,23 @@
 // the bits (by its rules, as a local filesystem does when it takes the
 // write); the attributes the kernel fetches next show it.
 //
+// Small new files. The first write through the open that created the file
+// (this mount's Create), if it starts at offset 0, is at most
+// kSmallFileSync bytes and the file has no other write out or kept, is
+// sent FILE_SYNC: a small file written once and closed then needs no
+// COMMIT at close (one round trip less), and its data is as durable when
+// close returns. It is still write-behind (acknowledged at once, waited
+// for at close).
+//
+// Directory attributes. The kernel drops a directory's attributes after
+// every change made in it (create, remove, rename, ...) and, for its
+// permission checks, asks for them again before the next lookup there. The
+// server's reply to the change carries them (post-operation attributes): a
+// GETATTR of a directory is answered from the newest such attributes (by
+// ctime) for up to kDirPostOpTrust seconds after they arrived (never past
+// acdirmin), with the attribute timeout shortened by their age, as the
+// kernel NFS client's attribute cache takes them.
+//
 // Sizes. Servers have coarse ctime (NFS-Ganesha: 4 ms ticks), so two replies
 // can carry the same ctime and arrive in any order. The size reported for a
 // file is never below the end of this client's last completed write unless a
@@ -33,12 +50,14 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/block_cache.h"
@@ -75,6 +94,9 @@ struct OpenFile {
   Cred opener;  // who opened it
   // Inode::err_seq when this open last reported (or began): errseq.
   uint64_t err_seen GUARDED_BY(inode->mu) = 0;
+  // Opened by the Create that made the file, and nothing written through
+  // it yet (see "Small new files" above).
+  bool fresh GUARDED_BY(inode->mu) = false;
 };
 
 struct OpenOut {
@@ -107,6 +129,9 @@ struct stat ToStat(const nfs::Attr& a, uint32_t blksize);
 
 class Filesystem {
  public:
+  static constexpr size_t kSmallFileSync = 64 * 1024;
+  static constexpr double kDirPostOpTrust = 1.0;  // seconds
+
   // `cache` (optional, may be null) is the SSD cache tier (cache/block_cache.h).
   Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
              std::shared_ptr<cache::BlockCache> cache = nullptr);
@@ -225,6 +250,12 @@ class Filesystem {
   EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);
   AttrOut MakeAttr(const InodeP& inode, const nfs::Attr& a);
   double AttrTimeout(const InodeP& inode, const nfs::Attr& a);
+  // Post-operation attributes of directory `ino` (see "Directory attributes").
+  void NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a);
+  void ForgetDirAttr(uint64_t ino);
+  void ForgetAllDirAttrs();
+  // The directory's post-operation attributes if young enough, with their age.
+  std::optional<std::pair<nfs::Attr, double>> FreshDirAttr(uint64_t ino);
   // Completes an operation that produced a new object (CREATE, MKDIR, ...).
   void FinishNewObject(const Cred& c, uint64_t parent, const std::string& name,
                        Result<nfs::NewObject> r, Cb<EntryOut> cb);
@@ -271,6 +302,12 @@ class Filesystem {
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
   InodeTable inodes_;
   std::atomic<uint64_t> seq_{0};
+  struct PostOp {
+    nfs::Attr attr;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::mutex postop_mu_;
+  std::unordered_map<uint64_t, PostOp> dir_postop_ GUARDED_BY(postop_mu_);
   std::atomic<int64_t> open_files_{0};  // in this mount; 0: unlink needs no check
   const uint32_t mount_id_;             // random: hidden names differ between mounts
   std::shared_ptr<spdlog::logger> log_;

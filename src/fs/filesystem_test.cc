@@ -266,7 +266,8 @@ TEST_F(FilesystemTest, SyncMountWriteIsStableWhenItReturns) {
 }
 
 TEST_F(FilesystemTest, FsyncCommitsUnstableWrites) {
-  const std::string data = Pattern(5000, 3);
+  // (Larger than a small new file, whose first write goes FILE_SYNC.)
+  const std::string data = Pattern(Filesystem::kSmallFileSync + 5000, 3);
   OpenFile* f = CreateWith("u", data);
   ASSERT_NE(f, nullptr);
   ASSERT_TRUE(nfs_.Quiesce());
@@ -504,7 +505,7 @@ TEST_F(FilesystemTest, WriteBehindErrorReachesEveryOpenFileOnce) {
 TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
   auto c = Create(kRoot, "shared", O_CREAT | O_WRONLY, 0666);
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(Write(c->second.file, Pattern(4096, 5), 0).ok());
+  ASSERT_TRUE(Write(c->second.file, Pattern(Filesystem::kSmallFileSync + 4096, 5), 0).ok());
   ASSERT_TRUE(nfs_.Quiesce());
   const Cred reader{2000, 2000, {}};
   auto ro = Wait<OpenOut>([&](auto cb) { fs_->Open(reader, c->first.ino, O_RDONLY, cb); });
@@ -596,7 +597,7 @@ size_t IndexOf(FakeNfs& nfs, Proc p) {
 // A newer FILE_SYNC (O_DSYNC) write over kept UNSTABLE data: after a restart
 // the resend of the older write must not replace it.
 TEST_F(FilesystemTest, ResendAfterRestartNeverReplacesANewerStableWrite) {
-  const std::string a = Pattern(8192, 1), b = Pattern(4096, 2);
+  const std::string a = Pattern(Filesystem::kSmallFileSync + 8192, 1), b = Pattern(4096, 2);
   OpenFile* f = CreateWith("sn", a);
   ASSERT_NE(f, nullptr);
   ASSERT_TRUE(nfs_.Quiesce());
@@ -621,7 +622,7 @@ TEST_F(FilesystemTest, TruncateIsNotUndoneByAResendInFlight) {
   OpenFile* f = c->second.file;
   ASSERT_TRUE(nfs_.Quiesce());
   nfs_.Pause();
-  ASSERT_TRUE(Write(f, Pattern(8192, 3), 0).ok());  // acknowledged
+  ASSERT_TRUE(Write(f, Pattern(Filesystem::kSmallFileSync + 8192, 3), 0).ok());  // acknowledged
   ASSERT_TRUE(nfs_.WaitPending(1));
   ASSERT_TRUE(nfs_.StepOne());  // WRITE runs; background COMMIT queued
   ASSERT_TRUE(nfs_.WaitPending(1));
@@ -644,6 +645,126 @@ TEST_F(FilesystemTest, TruncateIsNotUndoneByAResendInFlight) {
   ASSERT_TRUE(nfs_.Quiesce());
   EXPECT_EQ(ContentsOf("tb").size(), 0u) << "truncate undone by a resend";
   Close(f);
+}
+
+// A small new file written once and closed: one FILE_SYNC WRITE, no COMMIT,
+// and the data durable when close returns.
+TEST_F(FilesystemTest, SmallNewFileIsOneFileSyncWriteAndNoCommit) {
+  const std::string data = Pattern(1024, 7);
+  auto c = Create(kRoot, "small");
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(Write(c->second.file, data, 0).ok());
+  Close(c->second.file);
+  EXPECT_EQ(StableOf("small"), data) << "close returned before the data was durable";
+  const auto st = nfs_.stats();
+  EXPECT_EQ(st.writes_file_sync, 1u);
+  EXPECT_EQ(st.writes_unstable, 0u);
+  EXPECT_EQ(st.commits, 0u);
+}
+
+// Only the first write of the open that created the file, at offset 0 and
+// small, goes FILE_SYNC: the next ones, a large first one and writes through
+// another open stay UNSTABLE and are committed at close.
+TEST_F(FilesystemTest, OnlyASmallNewFilesFirstWriteIsFileSync) {
+  auto c = Create(kRoot, "two");
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(Write(c->second.file, Pattern(1024, 1), 0).ok());
+  ASSERT_TRUE(Write(c->second.file, Pattern(1024, 2), 1024).ok());
+  Close(c->second.file);
+  auto st = nfs_.stats();
+  EXPECT_EQ(st.writes_file_sync, 1u);
+  EXPECT_EQ(st.writes_unstable, 1u);
+  EXPECT_EQ(st.commits, 1u);
+
+  auto big = Create(kRoot, "big");
+  ASSERT_TRUE(big.ok());
+  ASSERT_TRUE(Write(big->second.file, Pattern(Filesystem::kSmallFileSync + 1, 3), 0).ok());
+  Close(big->second.file);
+  st = nfs_.stats();
+  EXPECT_EQ(st.writes_file_sync, 1u) << "a large first write went FILE_SYNC";
+  EXPECT_EQ(st.commits, 2u);
+
+  auto o = Open(c->first.ino, O_WRONLY);
+  ASSERT_TRUE(o.ok());
+  ASSERT_TRUE(Write(o->file, Pattern(100, 4), 0).ok());
+  Close(o->file);
+  st = nfs_.stats();
+  EXPECT_EQ(st.writes_file_sync, 1u) << "a write through a later open went FILE_SYNC";
+  EXPECT_EQ(st.commits, 3u);
+}
+
+size_t CountOf(FakeNfs& nfs, Proc p) {
+  size_t n = 0;
+  for (const auto& rec : nfs.History()) n += rec.proc == p;
+  return n;
+}
+
+// The kernel's GETATTR of a directory right after a change made in it is
+// answered from the attributes the change's reply carried.
+TEST_F(FilesystemTest, DirectoryGetattrAfterAChangeUsesItsPostOpAttributes) {
+  auto d = Mkdir(kRoot, "pd");
+  ASSERT_TRUE(d.ok());
+  auto c = Create(d->ino, "x");
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  const size_t before = CountOf(nfs_, Proc::kGetattr);
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); });
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before) << "a GETATTR went to the server";
+  auto fh = nfs_.FhOf("pd");
+  ASSERT_TRUE(fh);
+  auto server = nfs_.Attributes(*fh);
+  ASSERT_TRUE(server);
+  EXPECT_EQ(a->st.st_mtim.tv_sec, server->mtime.sec);
+  EXPECT_EQ(a->st.st_mtim.tv_nsec, server->mtime.nsec) << "not the attributes after the create";
+  EXPECT_LE(a->timeout, fs_->options().acdirmin);
+
+  ASSERT_TRUE(Unlink(d->ino, "x").ok());
+  const size_t before2 = CountOf(nfs_, Proc::kGetattr);
+  auto a2 = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); });
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before2) << "a GETATTR went to the server";
+  // A chmod of the directory: the next GETATTR shows it.
+  nfs::SetAttr sa;
+  sa.mode = 0700;
+  ASSERT_TRUE(Wait<AttrOut>([&](auto cb) { fs_->Setattr(cred_, d->ino, sa, cb); }).ok());
+  auto a3 = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); });
+  ASSERT_TRUE(a3.ok());
+  EXPECT_EQ(a3->st.st_mode & 07777, 0700u);
+}
+
+// A directory renamed right after a change in it: its next GETATTR shows the
+// rename's ctime, not the attributes the earlier change brought.
+TEST_F(FilesystemTest, RenamedDirectoryIsNotAnsweredFromOlderPostOpAttributes) {
+  auto a = Mkdir(kRoot, "ra");
+  ASSERT_TRUE(a.ok());
+  auto c = Create(a->ino, "x");
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  ASSERT_TRUE(Mkdir(kRoot, "rb").ok());
+  ASSERT_TRUE(Rename(kRoot, "ra", kRoot, "rb2").ok());
+  auto b = Lookup(kRoot, "rb2");
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->ino, a->ino);
+  const size_t before = CountOf(nfs_, Proc::kGetattr);
+  auto g = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, a->ino, cb); });
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before + 1) << "answered from attributes older than the rename";
+}
+
+// With acdirmin=0 (no attribute caching) every GETATTR goes to the server.
+TEST_F(FilesystemTest, DirectoryPostOpAttributesAreNotUsedWithoutAttributeCaching) {
+  FsOptions o;
+  o.acdirmin = 0;
+  Mount(o);
+  auto d = Mkdir(kRoot, "pz");
+  ASSERT_TRUE(d.ok());
+  auto c = Create(d->ino, "x");
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  const size_t before = CountOf(nfs_, Proc::kGetattr);
+  ASSERT_TRUE(Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); }).ok());
+  EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before + 1);
 }
 
 // The hidden name of a file removed while another user has it open.

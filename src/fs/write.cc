@@ -286,9 +286,21 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // O_SYNC and O_DSYNC writes are FILE_SYNC: the kernel sends no FSYNC
   // after a direct write, so they must be durable when answered. (On Linux
   // O_SYNC includes O_DSYNC's bit.)
-  const bool stable = opts_.sync || (f->flags & O_DSYNC);
+  bool stable = opts_.sync || (f->flags & O_DSYNC);
   const bool behind = opts_.write_behind > 0 && !stable && !opts_.direct_io &&
                       !(f->flags & O_DIRECT);
+  {
+    // A small new file's first write goes FILE_SYNC (filesystem.h, "Small
+    // new files"): its close then needs no COMMIT.
+    std::lock_guard lock(inode->mu);
+    if (f->fresh) {
+      f->fresh = false;
+      if (off == 0 && size <= kSmallFileSync && inode->order.empty() &&
+          inode->uncommitted.empty() && !inode->commit_running) {
+        stable = true;
+      }
+    }
+  }
   const bool cache_admit = CacheAdmits(inode, off, size);
   std::vector<std::function<void()>> run;
   if (!behind) {
@@ -326,7 +338,7 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
     inode->behind_bytes += size;
     // Acknowledged now: the size the application sees must include it.
     inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + size);
-    AdmitWrite(inode, c, off, std::move(data), true, false, cache_admit, nullptr, &run);
+    AdmitWrite(inode, c, off, std::move(data), true, stable, cache_admit, nullptr, &run);
   }
   cb(size);
   for (auto& fn : run) fn();

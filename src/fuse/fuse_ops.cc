@@ -336,12 +336,14 @@ void Access(fuse_req_t req, fuse_ino_t ino, int mask) {
 }
 
 // NFSv3 has no extended attributes (and mpnfs does not speak NFSACL).
+// ENOSYS: the kernel answers EOPNOTSUPP itself from then on, instead of
+// asking (it asks for security.capability before every write).
 void Setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
-  fuse_reply_err(req, EOPNOTSUPP);
+  fuse_reply_err(req, ENOSYS);
 }
-void Getxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { fuse_reply_err(req, EOPNOTSUPP); }
-void Listxattr(fuse_req_t req, fuse_ino_t, size_t) { fuse_reply_err(req, EOPNOTSUPP); }
-void Removexattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EOPNOTSUPP); }
+void Getxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { fuse_reply_err(req, ENOSYS); }
+void Listxattr(fuse_req_t req, fuse_ino_t, size_t) { fuse_reply_err(req, ENOSYS); }
+void Removexattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, ENOSYS); }
 void Fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
   fuse_reply_err(req, EOPNOTSUPP);  // NFSv3 has no ALLOCATE; glibc falls back to writing
 }
