@@ -15,7 +15,10 @@
 #
 # Variables: MPNFS_TB (state dir, default /tmp/mpnfs-tb), MPNFS_TB_NS (netns,
 # default mpnfstb), MPNFS_TB_NET (second octet, default 77), MPNFS_TB_LINK
-# (veth prefix, default mtb). Path K: client 10.NET.K.1, server 10.NET.K.2.
+# (veth prefix, default mtb), MPNFS_TB_GANESHA_ENV (extra VAR=VALUE words for
+# Ganesha's environment, e.g. "LD_PRELOAD=/path/libslowdisk.so SLOWDISK_US=5000"
+# as contrib/bench/pgbench.sh sets it; read at every server start).
+# Path K: client 10.NET.K.1, server 10.NET.K.2.
 # Export: $MPNFS_TB/export, NFS port 2049, MOUNT port 20048.
 # Once the server runs, change the export only through NFS: Ganesha caches.
 set -euo pipefail
@@ -55,7 +58,7 @@ start_server() {
   ip netns exec "$NS" unshare -m --propagation private sh -c "
     awk '\$3 ~ /^fuse/ {print \$2}' /proc/self/mounts | xargs -r -n1 umount -l 2>/dev/null;
     mount -t tmpfs none /run && mkdir -p /run/rpcbind && rpcbind -w &&
-    ganesha.nfsd -f '$TB/ganesha.conf' -L '$TB/ganesha.log' -p '$TB/ganesha.pid' -N NIV_WARN"
+    env ${MPNFS_TB_GANESHA_ENV:-} ganesha.nfsd -f '$TB/ganesha.conf' -L '$TB/ganesha.log' -p '$TB/ganesha.pid' -N NIV_WARN"
   for _ in $(seq 100); do server_listening && return 0; sleep 0.1; done
   echo "testbed: ganesha did not start; see $TB/ganesha.log" >&2
   return 1
@@ -122,5 +125,5 @@ crash-server) stop_server KILL; start_server ;;
 stop-server) stop_server ;;
 start-server) start_server ;;
 env) echo "TB=$TB NS=$NS SERVER=10.$NET.1.2 EXPORT=$TB/export" ;;
-*) sed -n 2,20p "$0"; exit 2 ;;
+*) sed -n 2,23p "$0"; exit 2 ;;
 esac

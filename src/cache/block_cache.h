@@ -142,6 +142,7 @@ struct CacheOptions {
   CacheMode mode = CacheMode::kOff;
   uint64_t seq_cutoff = 4 << 20;   // bytes; 0: never bypass
   bool admit_second = false;
+  bool fill_block = false;  // fill=block: a read miss fetches and fills whole blocks (fs/ does it)
   bool direct = false;  // cache_direct: O_DIRECT on the data file
   // Write-back: the flusher starts when dirty blocks exceed dirty_high % of
   // the cache and stops at dirty_low %; a block dirty for dirty_age seconds

@@ -258,6 +258,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       } else if (key == "admit") {
         if (val != "first" && val != "second") return Bad("admit= must be first or second");
         m.cache.admit_second = val == "second";
+      } else if (key == "fill") {
+        if (val != "page" && val != "block") return Bad("fill= must be page or block");
+        m.cache.fill_block = val == "block";
       } else if (key == "metrics") {
         auto a = ParseMetricsAddress(val);
         if (!a) return a.error();

@@ -162,7 +162,7 @@ TEST(OptionsTest, LocalsBindPathsInOrder) {
 TEST(OptionsTest, CacheOptions) {
   auto m = Parse({"s:/e", "/m", "-o",
                   "cache_dir=/ssd/c,cache_size=50G,cache_mode=writethrough,cache_block=128,"
-                  "seq_cutoff=8,admit=second,cache_optional,cache_direct"});
+                  "seq_cutoff=8,admit=second,fill=block,cache_optional,cache_direct"});
   ASSERT_TRUE(m.ok()) << m.error().what;
   EXPECT_EQ(m->cache.dir, "/ssd/c");
   EXPECT_EQ(m->cache.size, 50ull << 30);
@@ -170,6 +170,9 @@ TEST(OptionsTest, CacheOptions) {
   EXPECT_EQ(m->cache.block, 128u << 10);
   EXPECT_EQ(m->cache.seq_cutoff, 8u << 20);
   EXPECT_TRUE(m->cache.admit_second);
+  EXPECT_TRUE(m->cache.fill_block);
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.fill_block);
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "cache_dir=/c,fill=page"})->cache.fill_block);
   EXPECT_TRUE(m->cache_optional);
   EXPECT_TRUE(m->cache.direct);
   EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.direct);
@@ -178,7 +181,8 @@ TEST(OptionsTest, CacheOptions) {
   EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_size=512m"})->cache.size, 512ull << 20);
   for (const char* bad : {"cache_mode=readonly", "cache_dir=relative", "cache_dir=/c,cache_size=12X",
                           "cache_dir=/c,cache_size=0", "cache_dir=/c,cache_mode=fast",
-                          "cache_dir=/c,cache_block=100", "cache_dir=/c,admit=third"}) {
+                          "cache_dir=/c,cache_block=100", "cache_dir=/c,admit=third",
+                          "cache_dir=/c,fill=pages"}) {
     EXPECT_FALSE(Parse({"s:/e", "/m", "-o", bad}).ok()) << bad;
   }
 }

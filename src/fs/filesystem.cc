@@ -864,6 +864,26 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
       };
     }
   }
+  if (admit && cache->options().fill_block) {
+    // fill=block: a miss reads the whole cache blocks it touches (on a
+    // server that pays per operation rather than per byte, about the price
+    // of the pages asked for) and fills them all; the caller gets its part.
+    const uint64_t block = cache->options().block;
+    const uint64_t lo = off / block * block;
+    const uint64_t hi = (off + size + block - 1) / block * block;
+    if (lo != off || hi != off + size) {
+      const size_t want = static_cast<size_t>(hi - lo);
+      auto part = [skip = off - lo, size, cb = std::move(cb)](Result<std::string_view> r) mutable {
+        if (!r) return cb(r.error());
+        // Short at EOF: what there is of the asked range.
+        cb(r->size() <= skip ? std::string_view() : r->substr(skip, size));
+      };
+      auto wp = SplitRange(lo, want, StripePiece(want, nfs_.Parallelism(), opts_.rsize));
+      auto op = NewReadOp(inode, want, wp.size(), lo, token, cache, std::move(part));
+      for (const auto& p : wp) ReadPiece(op, inode, c, p.off, p.buf_off, p.len);
+      return;
+    }
+  }
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.rsize));
   if (pieces.size() == 1) {
     // One RPC serves the request: reply straight from the receive buffer.

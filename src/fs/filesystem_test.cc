@@ -1267,5 +1267,83 @@ TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {
   fs_->Release(o->file);
 }
 
+// ------------------------------------------------------------ fill=block
+
+// A mount with a read-only SSD cache of 64 KiB blocks, fill=page or block.
+class FillTest : public FilesystemTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/mpnfs-fs-fill-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    cache::CacheOptions o;
+    o.dir = dir_;
+    o.size = 1 << 20;
+    o.block = 64 << 10;
+    o.mode = cache::CacheMode::kReadOnly;
+    o.fill_block = GetParam();
+    auto c = cache::BlockCache::Open(o);
+    ASSERT_TRUE(c.ok()) << c.error().what;
+    cache_ = std::move(c.value());
+    fs_ = std::make_unique<Filesystem>(nfs_, nfs_.root(), FsOptions{}, cache_);
+  }
+  void TearDown() override {
+    FilesystemTest::TearDown();
+    cache_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // Until the cache's writer has stored `pages` pages (or 30 s passed).
+  uint64_t WaitFilled(uint64_t pages) {
+    for (int i = 0; i < 3000 && cache_->Stats().pages_filled < pages; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    return cache_->Stats().pages_filled;
+  }
+
+  std::string dir_;
+  std::shared_ptr<cache::BlockCache> cache_;
+};
+
+// An 8 KiB miss in the middle of block 1 (64..128 KiB) of a 160 KiB file:
+// with fill=block every page of that block is filled from one READ of the
+// whole block, so another page of it is then a hit; with fill=page only the
+// two pages asked for are, and the other page is a miss (the control).
+TEST_P(FillTest, AMissFillsTheWholeBlockWithFillBlock) {
+  const bool whole = GetParam();
+  const std::string data = Pattern(160 << 10, 11);
+  OpenFile* w = CreateWith("f", data);
+  ASSERT_NE(w, nullptr);
+  Close(w);
+  auto e = Lookup(kRoot, "f");
+  ASSERT_TRUE(e.ok());
+  auto o = Open(e->ino, O_RDONLY);
+  ASSERT_TRUE(o.ok()) << o.error().what;
+  const uint64_t reads0 = nfs_.stats().Calls(Proc::kRead);
+  auto r = Read(o->file, 8192, 72 << 10);
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_EQ(*r, data.substr(72 << 10, 8192)) << "the caller gets its own range";
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kRead) - reads0, 1u);
+  const uint64_t pages = whole ? 16 : 2;
+  EXPECT_EQ(WaitFilled(pages), pages);
+  const auto st0 = cache_->Stats();
+  // Another page of the block, and the block's last page.
+  for (uint64_t off : {64u << 10, (128u << 10) - 4096}) {
+    auto again = Read(o->file, 4096, off);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, data.substr(off, 4096));
+  }
+  const auto st1 = cache_->Stats();
+  EXPECT_EQ(st1.read_hits - st0.read_hits, whole ? 2u : 0u);
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kRead) - reads0, whole ? 1u : 3u);
+  // Near EOF the block is short: the caller still gets exactly its bytes.
+  auto tail = Read(o->file, 8192, (160 << 10) - 8192);
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ(*tail, data.substr((160 << 10) - 8192));
+  Close(o->file);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fill, FillTest, ::testing::Values(false, true),
+                         [](const auto& i) { return i.param ? "block" : "page"; });
+
 }  // namespace
 }  // namespace mpnfs::fs
+
