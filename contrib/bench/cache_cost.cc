@@ -2,7 +2,7 @@
 // GIB GiB in DIR (emptied first), fills every slot through the cache's public
 // API the way the filesystem does (Observe, ReadStart, Fill), and prints one
 // JSON line with
-//   - heap bytes (mallinfo2 uordblks) and anonymous RSS (RssAnon) the full
+//   - heap bytes (mallinfo2 uordblks + hblkhd) and anonymous RSS (RssAnon) the full
 //     cache holds, in total and per GiB of cache, after the fill and again
 //     after a reopen (what a mount of a full cache costs);
 //   - the time to reopen (mount) the full cache, index load included, with
@@ -85,7 +85,8 @@ struct Mem {
 };
 Mem Now() {
   malloc_trim(0);
-  return Mem{static_cast<int64_t>(mallinfo2().uordblks), StatusKb("RssAnon") * 1024,
+  const struct mallinfo2 mi = mallinfo2();  // small chunks in use + large (mmapped) ones
+  return Mem{static_cast<int64_t>(mi.uordblks + mi.hblkhd), StatusKb("RssAnon") * 1024,
              StatusKb("RssFile") * 1024};
 }
 
@@ -139,6 +140,8 @@ int main(int argc, char** argv) {
     close(fd);
   }
   SparseDisk disk;
+  const size_t chunk = 4 << 20;
+  std::string buf(chunk, 'x');
   CacheOptions o;
   o.dir = dir;
   o.size = size;
@@ -156,8 +159,6 @@ int main(int argc, char** argv) {
   const uint64_t slots = cache->Stats().slots;
   const uint64_t files = (slots + file_blocks - 1) / file_blocks;
   const FileVersion v{file_blocks * block, 1000, 1000};
-  const size_t chunk = 4 << 20;
-  std::string buf(chunk, 'x');
   const auto t_fill = std::chrono::steady_clock::now();
   uint64_t left = slots;
   for (uint64_t f = 0; f < files; ++f) {

@@ -6,7 +6,8 @@
 # process each time, on a sparse data file with a real index (no server).
 # Prints a markdown report; with -o FILE also writes it there.
 #   contrib/bench/cost.sh [-o FILE] [DIR=/var/tmp/mpnfs-cost] [RAM_SIZES="1 2 4 8"] [MOUNT_SIZES="1 2 4 8 16 32 50"]
-# Environment: BLOCK_KIB (256), FILE_BLOCKS (blocks per file, 64), FH_BYTES (36).
+# Environment: BLOCK_KIB (256), FILE_BLOCKS (blocks per file, 64), FH_BYTES (36), BIN (the
+# cache-cost program, default build/contrib/bench/cache-cost).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=
@@ -15,11 +16,12 @@ DIR=${1:-/var/tmp/mpnfs-cost}
 RAM_SIZES=${2:-"1 2 4 8"}
 MOUNT_SIZES=${3:-"1 2 4 8 16 32 50"}
 BLOCK_KIB=${BLOCK_KIB:-256} FILE_BLOCKS=${FILE_BLOCKS:-64} FH_BYTES=${FH_BYTES:-36}
-[ -x build/contrib/bench/cache-cost ] || { echo "build first (ninja -C build contrib/bench/cache-cost)" >&2; exit 1; }
+BIN=${BIN:-build/contrib/bench/cache-cost}  # (BIN=... runs another build of cache_cost.cc)
+[ -x "$BIN" ] || { echo "build first (ninja -C build contrib/bench/cache-cost)" >&2; exit 1; }
 RESULTS=$(mktemp)
 trap 'rm -rf "$RESULTS" "$DIR"' EXIT
 for n in $(printf '%s\n' $RAM_SIZES $MOUNT_SIZES | sort -n -u); do
-  build/contrib/bench/cache-cost "$DIR" "$n" "$BLOCK_KIB" "$FILE_BLOCKS" "$FH_BYTES" 2>/dev/null >>"$RESULTS"
+  "$BIN" "$DIR" "$n" "$BLOCK_KIB" "$FILE_BLOCKS" "$FH_BYTES" 2>/dev/null >>"$RESULTS"
 done
 REPORT=$(python3 - "$RESULTS" "$RAM_SIZES" "$MOUNT_SIZES" <<'PY'
 import json, sys
