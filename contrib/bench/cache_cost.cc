@@ -7,10 +7,13 @@
 //     after a reopen (what a mount of a full cache costs);
 //   - the time to reopen (mount) the full cache, index load included, with
 //     the index dropped from the page cache first (cold) and again warm.
+// With CHURN=1, half the cache's worth of new blocks is then read in, so
+// that as many blocks are evicted and the policy's ghost list is full
+// (policy.h): the steady state of a cache in use ("heap_churned").
 // The data file is sparse: writes to it are dropped (only its size is
 // real), so 50 GiB fit on a small disk; the index is real. Files are
 // FILE_BLOCKS blocks long, with FH_BYTES-byte handles.
-//   cache-cost DIR GIB [BLOCK_KIB=256] [FILE_BLOCKS=64] [FH_BYTES=36]
+//   cache-cost DIR GIB [BLOCK_KIB=256] [FILE_BLOCKS=64] [FH_BYTES=36] [CHURN=0]
 #include <fcntl.h>
 #include <malloc.h>
 #include <sys/stat.h>
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
   const uint32_t block = (argc > 3 ? std::atoi(argv[3]) : 256) * 1024;
   const uint64_t file_blocks = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 64;
   const size_t fh_bytes = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 36;
+  const bool churn = argc > 6 && std::atoi(argv[6]) != 0;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   chmod(dir.c_str(), 0700);
@@ -159,9 +163,8 @@ int main(int argc, char** argv) {
   const uint64_t slots = cache->Stats().slots;
   const uint64_t files = (slots + file_blocks - 1) / file_blocks;
   const FileVersion v{file_blocks * block, 1000, 1000};
-  const auto t_fill = std::chrono::steady_clock::now();
-  uint64_t left = slots;
-  for (uint64_t f = 0; f < files; ++f) {
+  auto fill = [&](uint64_t first, uint64_t files, uint64_t left) {
+  for (uint64_t f = first; f < first + files; ++f) {
     const std::string fh = Handle(f, fh_bytes);
     cache->Observe(fh, v);
     const uint64_t bytes = std::min(left, file_blocks) * block;
@@ -173,9 +176,20 @@ int main(int argc, char** argv) {
     if (f % 16 == 15) cache->Quiesce();
   }
   cache->Quiesce();
+  };
+  const auto t_fill = std::chrono::steady_clock::now();
+  fill(0, files, slots);
   const double fill_s = Seconds(t_fill);
   const auto filled = cache->Stats();
   const Mem full = Now();
+  Mem churned = full;
+  uint64_t evictions = 0;
+  if (churn) {
+    const uint64_t more = slots / 2;
+    fill(files, (more + file_blocks - 1) / file_blocks, more);
+    churned = Now();
+    evictions = cache->Stats().evictions;
+  }
   auto t0 = std::chrono::steady_clock::now();
   cache.reset();
   const double close_s = Seconds(t0);
@@ -203,6 +217,7 @@ int main(int argc, char** argv) {
          "\"slots_after_mount\": %llu, \"files\": %llu, \"fh_bytes\": %zu, "
          "\"heap_full\": %lld, \"anon_full\": %lld, \"heap_per_gib\": %.0f, \"anon_per_gib\": %.0f, "
          "\"heap_mounted\": %lld, \"heap_mounted_per_gib\": %.0f, \"anon_mounted_per_gib\": %.0f, "
+         "\"heap_churned\": %lld, \"evictions\": %llu, "
          "\"file_rss_full\": %lld, \"heap_left_after_close\": %lld, "
          "\"fill_s\": %.2f, \"close_s\": %.3f, \"mount_cold_s\": %.3f, \"mount_warm_s\": %.3f}\n",
          static_cast<unsigned long long>(gib), block >> 10, static_cast<unsigned long long>(slots),
@@ -211,6 +226,7 @@ int main(int argc, char** argv) {
          static_cast<long long>(full.anon - base.anon), per_gib(full.heap, base.heap),
          per_gib(full.anon, base.anon), static_cast<long long>(mounted.heap - base.heap),
          per_gib(mounted.heap, base.heap), per_gib(mounted.anon, base.anon),
+         static_cast<long long>(churned.heap - base.heap), static_cast<unsigned long long>(evictions),
          static_cast<long long>(full.file - base.file), static_cast<long long>(after_close.heap - base.heap),
          fill_s, close_s, mount_cold_s, mount_warm_s);
   std::filesystem::remove_all(dir);

@@ -128,6 +128,39 @@ void BlockCache::TableErase(uint32_t s) {
   }
 }
 
+const FileVersion& BlockCache::VersionOf(const Slot& sl) const {
+  static const FileVersion kNone{};
+  return sl.version == kNoVersion ? kNone : versions_[sl.version].v;
+}
+
+void BlockCache::ReleaseVersion(Slot& sl) {
+  if (sl.version == kNoVersion) return;
+  VersionEntry& e = versions_[sl.version];
+  if (--e.refs == 0) {
+    version_ids_.erase(e.v);
+    free_versions_.push_back(sl.version);
+  }
+  sl.version = kNoVersion;
+}
+
+void BlockCache::SetVersion(Slot& sl, const FileVersion& v) {
+  if (sl.version != kNoVersion && versions_[sl.version].v == v) return;
+  ReleaseVersion(sl);
+  auto [it, made] = version_ids_.try_emplace(v, 0);
+  if (made) {
+    if (free_versions_.empty()) {
+      it->second = static_cast<uint32_t>(versions_.size());
+      versions_.push_back(VersionEntry{v, 0});
+    } else {
+      it->second = free_versions_.back();
+      free_versions_.pop_back();
+      versions_[it->second] = VersionEntry{v, 0};
+    }
+  }
+  versions_[it->second].refs++;
+  sl.version = it->second;
+}
+
 const BlockCache::WbSlot& BlockCache::WbOf(uint32_t s) const {
   static const WbSlot kNone{};
   auto it = wb_.find(s);
@@ -285,7 +318,7 @@ Result<bool> BlockCache::Init() {
   }
 
   slots_.resize(nslots_);
-  bits_.assign(size_t{nslots_} * 4 * words(), 0);
+  bits_.assign(size_t{nslots_} * kBitKinds * words(), 0);
   crcs_ = CrcTable::Open(dir, nslots_, pages());
   if (!crcs_) return Sys("mapping the page checksum table");
   block_table_.assign(size_t{nslots_} + nslots_ / 2 + 16, kNoSlot);  // load at most 2/3
@@ -375,7 +408,7 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
       wb.gid = r.gid;
       wb.dirty_since = std::chrono::steady_clock::now();
     }
-    slot.version = r.version;
+    SetVersion(slot, r.version);
     slot.rec_seq = r.seq;
     TableSet(s);
     policy_->Adopt(s, PolicyKey(r.fh, r.block), /*hot=*/false);
@@ -450,8 +483,8 @@ BlockCache::~BlockCache() {
       if (slot.file == kNoFile) continue;
       const FileState& f = FileOf(slot);
       if (!f.have || f.writes_inflight != 0) continue;
-      if (slot.version != f.validated) {
-        slot.version = f.validated;
+      if (VersionOf(slot) != f.validated) {
+        SetVersion(slot, f.validated);
         Persist(s);
       }
     }
@@ -510,7 +543,7 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
         r.valid = Valid(slot);
         // A page being cleaned is still dirty on disk until this write.
         r.dirty = DirtyBits(slot);
-        r.version = slot.version;
+        r.version = VersionOf(slot);
         const WbSlot& wb = WbOf(s);
         r.fsize = wb.fsize;
         r.uid = wb.uid;
@@ -612,12 +645,12 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
   }
   for (uint32_t p = 0; p < pages(); ++p) used_pages_ -= TestBit(Valid(slot), p) ? 1 : 0;
   slot.file = kNoFile;
+  ReleaseVersion(slot);
   Valid(slot).Clear();
   DirtyBits(slot).Clear();
   Cleaning(slot).Clear();
   SetDirtyPin(s);
   wb_.erase(s);
-  Filling(slot).Clear();
   slot.gen++;
   slot.inval++;
   if (persist) Persist(s);
@@ -670,7 +703,7 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
     f.verified = true;
     std::vector<uint32_t> stale;
     for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
-      if (slots_[s].version != f.validated) stale.push_back(s);
+      if (VersionOf(slots_[s]) != f.validated) stale.push_back(s);
     }
     for (uint32_t s : stale) {
       if (KeepDirtyOnly(s)) continue;
@@ -900,8 +933,7 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
       Attach(s, f, b);
       List(s);
       Valid(slot).Clear();
-      Filling(slot).Clear();
-      slot.version = f.validated;
+      SetVersion(slot, f.validated);
       slot.gen++;
       slot.rec_seq = seq_++;  // (its record may be written with a neighbour's)
       TableSet(s);
@@ -909,7 +941,6 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
     Slot& slot = slots_[s];
     const uint32_t p0 = static_cast<uint32_t>((lo - b * block) / kPage);
     const uint32_t np = static_cast<uint32_t>((hi - lo) / kPage);
-    for (uint32_t p = p0; p < p0 + np; ++p) SetBit(Filling(slot), p);
     Job job{};
     job.slot = s;
     job.gen = slot.gen;
@@ -984,7 +1015,6 @@ uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len,
         used_pages_--;
         changed = true;
       }
-      ClearBit(Filling(slot), p);
     }
     slot.inval++;
     if (changed) {
@@ -1145,13 +1175,10 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
   Slot& slot = slots_[job.slot];
   const uint32_t np = static_cast<uint32_t>(job.data.size() / kPage);
   auto current = [&] { return slot.gen == job.gen && slot.inval == job.inval; };
-  auto clear_filling = [&] {
-    for (uint32_t k = 0; k < np && slot.gen == job.gen; ++k) ClearBit(Filling(slot), job.first_page + k);
-  };
   // Checked before writing too: the slot may hold another block by now,
   // and pages valid already are as new as this data or newer (dirty ones
   // certainly), so only invalid pages are written.
-  if (!current()) return clear_filling();
+  if (!current()) return;
   PageBits fresh{};  // pages not valid yet
   for (uint32_t k = 0; k < np; ++k) {
     if (!TestBit(Valid(slot), job.first_page + k)) SetBit(fresh, job.first_page + k);
@@ -1176,7 +1203,6 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
     k = e;
   }
   lock.lock();
-  clear_filling();
   if (!wrote) return DeviceError("writing the cache", err);
   if (!current()) return;  // given to another block, or invalidated meanwhile
   uint32_t filled = 0;
@@ -1189,7 +1215,7 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
     ++filled;
   }
   if (filled == 0) return;
-  if (const FileState& f = FileOf(slot); f.have) slot.version = f.validated;
+  if (const FileState& f = FileOf(slot); f.have) SetVersion(slot, f.validated);
   stats_.pages_filled += filled;
   Persist(job.slot);
 }
@@ -1278,8 +1304,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       Attach(part.to, f, part.block);
       Valid(to).Clear();
       DirtyBits(to).Clear();
-      Filling(to).Clear();
-      to.version = f.validated;
+      SetVersion(to, f.validated);
       wb_.erase(part.to);
       to.gen++;
       to.rec_seq = seq_++;

@@ -346,15 +346,15 @@ class BlockCache {
   bool PageOutChecksums();
 
  private:
-  static constexpr uint32_t kNoFile = UINT32_MAX, kNoSlot = UINT32_MAX;
-  // Per slot (about 64 bytes, plus its page bitmaps in bits_, its CRCs in
+  static constexpr uint32_t kNoFile = UINT32_MAX, kNoSlot = UINT32_MAX, kNoVersion = UINT32_MAX;
+  // Per slot (48 bytes, plus its page bitmaps in bits_, its CRCs in
   // crcs_, one entry of the block table and the policy's share): what the
   // slot holds. Fields of the file it holds live in the file's FileState,
   // fields only write-back uses in wb_.
   struct Slot {
     uint64_t block = 0;
     uint64_t rec_seq = 0;  // of the record's last change (the newest claim wins)
-    FileVersion version;
+    uint32_t version = kNoVersion;  // what the pages were validated against: versions_
     uint32_t file = kNoFile;                   // FileState::id; kNoFile: free
     uint32_t next = kNoSlot, prev = kNoSlot;   // the file's other slots
     uint32_t gen = 0;    // bumped when the slot is given to another block
@@ -372,9 +372,9 @@ class BlockCache {
     std::vector<uint32_t> groups;
     std::chrono::steady_clock::time_point dirty_since;
   };
-  // A slot's page bitmaps (bits_): valid; being filled; dirty; flushed,
-  // clean mark not durable yet (still "dirty" to HasDirty).
-  enum BitKind { kValidBits, kFillingBits, kDirtyBits, kCleaningBits };
+  // A slot's page bitmaps (bits_): valid; dirty; flushed, clean mark not
+  // durable yet (still "dirty" to HasDirty).
+  enum BitKind { kValidBits, kDirtyBits, kCleaningBits, kBitKinds };
   struct BlockWrites {
     uint64_t last_begin = 0;
     int inflight = 0;
@@ -469,14 +469,17 @@ class BlockCache {
   // Per-slot storage outside Slot.
   uint32_t SlotNo(const Slot& sl) const { return static_cast<uint32_t>(&sl - slots_.data()); }
   BitsRef Bits(const Slot& sl, BitKind k) const {
-    return BitsRef(const_cast<uint64_t*>(bits_.data()) + (size_t{SlotNo(sl)} * 4 + k) * words(), words());
+    return BitsRef(const_cast<uint64_t*>(bits_.data()) + (size_t{SlotNo(sl)} * kBitKinds + k) * words(), words());
   }
   BitsRef Valid(const Slot& sl) const { return Bits(sl, kValidBits); }
-  BitsRef Filling(const Slot& sl) const { return Bits(sl, kFillingBits); }
   BitsRef DirtyBits(const Slot& sl) const { return Bits(sl, kDirtyBits); }
   BitsRef Cleaning(const Slot& sl) const { return Bits(sl, kCleaningBits); }
   uint32_t* PageCrcs(const Slot& sl) const { return const_cast<CrcTable&>(*crcs_).at(SlotNo(sl)); }
   WbSlot& Wb(uint32_t s) REQUIRES(mu_) { return wb_[s]; }
+  // Slot versions are interned (the slots of a file mostly share one).
+  const FileVersion& VersionOf(const Slot& sl) const REQUIRES(mu_);
+  void SetVersion(Slot& sl, const FileVersion& v) REQUIRES(mu_);
+  void ReleaseVersion(Slot& sl) REQUIRES(mu_);
   const WbSlot& WbOf(uint32_t s) const REQUIRES(mu_);
   // The file a slot in use holds.
   const std::string& Fh(const Slot& sl) const { return *file_ids_[sl.file]->fh; }
@@ -555,9 +558,22 @@ class BlockCache {
   std::condition_variable cv_;       // writer: work or stop
   std::condition_variable idle_cv_;  // Quiesce(): queue drained
   std::vector<Slot> slots_ GUARDED_BY(mu_);
-  std::vector<uint64_t> bits_ GUARDED_BY(mu_);  // 4 bitmaps of words() words per slot
+  std::vector<uint64_t> bits_ GUARDED_BY(mu_);  // kBitKinds bitmaps of words() words per slot
   std::unique_ptr<CrcTable> crcs_ GUARDED_BY(mu_);
   std::unordered_map<uint32_t, WbSlot> wb_ GUARDED_BY(mu_);
+  struct VersionHash {
+    size_t operator()(const FileVersion& v) const {
+      return std::hash<uint64_t>()(v.size * 31 + static_cast<uint64_t>(v.mtime_ns) * 17 +
+                                   static_cast<uint64_t>(v.ctime_ns));
+    }
+  };
+  struct VersionEntry {
+    FileVersion v;
+    uint32_t refs = 0;  // slots using it
+  };
+  std::vector<VersionEntry> versions_ GUARDED_BY(mu_);
+  std::vector<uint32_t> free_versions_ GUARDED_BY(mu_);
+  std::unordered_map<FileVersion, uint32_t, VersionHash> version_ids_ GUARDED_BY(mu_);
   std::unique_ptr<TwoQueue> policy_ GUARDED_BY(mu_);
   std::vector<uint32_t> block_table_ GUARDED_BY(mu_);  // kNoSlot: empty
   std::unordered_map<std::string, FileState> files_ GUARDED_BY(mu_);

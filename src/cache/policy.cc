@@ -54,9 +54,10 @@ void TwoQueue::Touch(uint32_t slot) {
   where_[slot] = Where::kMain;
 }
 
-size_t TwoQueue::GhostFind(uint64_t key) const {
+size_t TwoQueue::GhostFind(uint64_t key) const { return GhostFindFp(GhostKey(key)); }
+
+size_t TwoQueue::GhostFindFp(uint32_t key) const {
   if (ghost_table_.empty()) return SIZE_MAX;
-  key = GhostKey(key);
   const size_t mask = ghost_table_.size() - 1;
   for (size_t i = Mix(key) & mask;; i = (i + 1) & mask) {
     if (ghost_table_[i].key == key) return i;
@@ -64,13 +65,12 @@ size_t TwoQueue::GhostFind(uint64_t key) const {
   }
 }
 
-void TwoQueue::GhostAdd(uint64_t key) {
+void TwoQueue::GhostAdd(uint32_t key) {
   if (ghost_table_.empty()) {
     size_t n = 16;
     while (n < 2 * ghost_limit_) n *= 2;  // load at most 1/2
     ghost_table_.assign(n, GhostEntry{});
   }
-  key = GhostKey(key);
   const size_t mask = ghost_table_.size() - 1;
   for (size_t i = Mix(key) & mask;; i = (i + 1) & mask) {
     if (ghost_table_[i].key == key) {
@@ -84,8 +84,8 @@ void TwoQueue::GhostAdd(uint64_t key) {
   }
 }
 
-void TwoQueue::GhostSub(uint64_t key, bool all) {
-  size_t i = GhostFind(key);
+void TwoQueue::GhostSub(uint32_t key, bool all) {
+  size_t i = GhostFindFp(key);
   if (i == SIZE_MAX) return;
   if (!all && --ghost_table_[i].count > 0) return;
   // Backward-shift deletion keeps every probe chain unbroken.
@@ -109,9 +109,10 @@ void TwoQueue::Remember(uint64_t key) {
     ring_head_ = (ring_head_ + 1) % ring_.size();
     ring_size_--;
   }
-  ring_[(ring_head_ + ring_size_) % ring_.size()] = key;
+  const uint32_t fp = GhostKey(key);
+  ring_[(ring_head_ + ring_size_) % ring_.size()] = fp;
   ring_size_++;
-  GhostAdd(key);
+  GhostAdd(fp);
 }
 
 bool TwoQueue::Admit(uint64_t key) {
@@ -150,7 +151,7 @@ std::optional<uint32_t> TwoQueue::Allocate(uint64_t key, bool* evicted) {
     *evicted = true;
   }
   const bool hot = Ghost(key);
-  if (hot) GhostSub(key, /*all=*/true);
+  if (hot) GhostSub(GhostKey(key), /*all=*/true);
   Adopt(slot, key, hot);
   return slot;
 }

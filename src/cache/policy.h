@@ -24,9 +24,10 @@
 // two keys that collide only make the policy take one block for the other
 // when deciding what is hot, never what data is served. The queues are
 // linked through per-slot arrays (11 bytes per slot in all, free slots
-// too, in a third queue), and the
-// ghost list is a ring of keys with a count per key in an open-addressing
-// table (about 24 bytes per ghost entry, at most capacity/2 of them). A key
+// too, in a third queue), and the ghost list is a ring of 32-bit key
+// fingerprints with a count per fingerprint in an open-addressing table
+// (about 20 bytes per ghost entry, at most capacity/2 of them; two keys
+// with one fingerprint count as one, again only policy precision). A key
 // remembered again while on the ghost list keeps one ring entry per time;
 // a key taken off the ghost list (admitted hot) leaves its ring entries
 // behind, and their later expiry may end a newer stay early: only policy
@@ -93,10 +94,14 @@ class TwoQueue {
   void PushFront(Queue& q, uint32_t slot);
   void Remember(uint64_t key);
   // The ghost table: open addressing, linear probing; key 0 marks empty.
-  static uint64_t GhostKey(uint64_t key) { return key == 0 ? 1 : key; }
+  static uint32_t GhostKey(uint64_t key) {
+    const uint32_t f = static_cast<uint32_t>(key ^ (key >> 32));
+    return f == 0 ? 1 : f;
+  }
   size_t GhostFind(uint64_t key) const;
-  void GhostAdd(uint64_t key);
-  void GhostSub(uint64_t key, bool all);
+  void GhostAdd(uint32_t fp);
+  void GhostSub(uint32_t fp, bool all);
+  size_t GhostFindFp(uint32_t fp) const;
 
   const uint32_t capacity_;
   const bool admit_second_;
@@ -112,10 +117,10 @@ class TwoQueue {
   // Ghost list (A1out): a ring of keys, oldest at ring_head_, and per key
   // the number of its ring entries.
   size_t ghost_limit_ = 1;
-  std::vector<uint64_t> ring_;
+  std::vector<uint32_t> ring_;  // fingerprints
   size_t ring_head_ = 0, ring_size_ = 0;
   struct GhostEntry {
-    uint64_t key = 0;
+    uint32_t key = 0;  // fingerprint; 0: empty
     uint32_t count = 0;
   };
   std::vector<GhostEntry> ghost_table_;
