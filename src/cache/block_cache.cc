@@ -361,30 +361,51 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   const uint32_t ppb = pages();
   // Every claim to a block, loaded or not: when a crash left two slots
   // claiming one block (a copy-on-write move whose old slot was not freed
-  // yet), the newer claim wins, even one with nothing valid left.
+  // yet), the newer claim wins, even one with nothing valid left. A loaded
+  // claim is found through the block table; claims with nothing valid
+  // (rare: left by a crash) are kept aside while loading.
   struct Claim {
     uint32_t slot;
     uint64_t seq;
   };
-  std::unordered_map<std::string, Claim> claims;
+  std::unordered_map<std::string, Claim> empty_claims;
   std::vector<uint32_t> superseded;
   auto st = journal_->Load([&](uint32_t s, Record&& r) {
     seq_ = std::max(seq_, r.seq + 1);
-    const std::string key = Key(r.fh, r.block);
-    if (auto it = claims.find(key); it != claims.end()) {
-      if (it->second.seq > r.seq) {
+    uint32_t other = kNoSlot;
+    uint64_t other_seq = 0;
+    bool other_loaded = false;
+    std::string key;
+    if (auto fit = files_.find(r.fh); fit != files_.end() && fit->second.id != kNoFile) {
+      other = Lookup(fit->second.id, r.block);
+      if (other != kNoSlot) {
+        other_seq = slots_[other].rec_seq;
+        other_loaded = true;
+      }
+    }
+    if (other == kNoSlot && !empty_claims.empty()) {
+      key = Key(r.fh, r.block);
+      if (auto it = empty_claims.find(key); it != empty_claims.end()) {
+        other = it->second.slot;
+        other_seq = it->second.seq;
+        empty_claims.erase(it);
+      }
+    }
+    if (other != kNoSlot) {
+      if (other_seq > r.seq) {
+        if (!other_loaded) empty_claims[key] = Claim{other, other_seq};  // (still the newest)
         superseded.push_back(s);
         return;
       }
-      const uint32_t other = it->second.slot;
-      if (slots_[other].file != kNoFile) {
+      if (other_loaded) {
         FreeSlot(other, false);
         policy_->Release(other);
       }
       superseded.push_back(other);
     }
-    claims[key] = Claim{s, r.seq};
     if (!AnyBit(r.valid)) {
+      if (key.empty()) key = Key(r.fh, r.block);
+      empty_claims[key] = Claim{s, r.seq};
       superseded.push_back(s);
       return;
     }
