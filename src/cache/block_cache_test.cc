@@ -684,5 +684,25 @@ TEST_F(BlockCacheTest, ChecksumsPushedOutOfMemoryStillCatchADamagedPage) {
   EXPECT_EQ(c->Read("fh1", 0, 3 * 4096), data.substr(0, 3 * 4096));  // the sound pages still serve
 }
 
+
+// Files with nothing cached are forgotten past 65536 of them; a read that
+// left before its file was forgotten, and a write to it since, must not
+// fill the cache with what the read brings back once the file is seen again
+// (write counters come from one cache-wide counter).
+TEST_F(BlockCacheTest, AReadOlderThanAForgottenFilesWriteNeverFills) {
+  auto c = Open();
+  c->Observe("fhX", kV1);
+  const uint64_t token = c->ReadStart("fhX");
+  const std::string fresh = Pattern(kBlock, 'n');
+  uint64_t t = c->WriteStart("fhX", 0, kBlock);
+  c->WriteDone("fhX", t, 0, fresh.data(), fresh.size(), true, /*admit=*/false, kV1, kV2);
+  for (int i = 0; i <= 65536; ++i) c->Observe("other" + std::to_string(i), kV1);
+  c->Observe("fhX", kV2);  // seen again (its entry was forgotten)
+  const std::string stale = Pattern(kBlock, 's');
+  c->Fill("fhX", token, 0, stale.data(), stale.size());
+  c->Quiesce();
+  EXPECT_FALSE(c->Read("fhX", 0, kBlock).has_value());
+}
+
 }  // namespace
 }  // namespace mpnfs::cache
