@@ -53,10 +53,10 @@
 // operation goes through the Disk seam (disk.h), except the page checksum
 // table's mapping (crc_table.h), which holds nothing durable.
 //
-// Memory. What the cache keeps in RAM grows with its slots, about 120
-// bytes per slot at 64 pages a block (under 0.5 MiB per GiB of cache at the
-// default 256 KiB block; contrib/bench/COST.md): the Slot (64 bytes), its
-// four page bitmaps sized to the block (bits_), its entry in the block
+// Memory. What the cache keeps in RAM grows with its slots, about 100
+// bytes per slot at 64 pages a block (under 0.4 MiB per GiB of cache at the
+// default 256 KiB block; contrib/bench/COST.md): the Slot (48 bytes, its
+// version interned), its three page bitmaps sized to the block (bits_), its entry in the block
 // table (block_table_, open addressing over slot numbers) and its share of
 // the 2Q policy's arrays (policy.h). The page CRCs (4 bytes per 4 KiB page,
 // 1 MiB per GiB) are in the file-backed CrcTable, which the kernel may push
