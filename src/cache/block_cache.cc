@@ -60,6 +60,159 @@ std::string BlockCache::Key(const std::string& fh, uint64_t block) {
   return k;
 }
 
+uint64_t BlockCache::PolicyKey(const std::string& fh, uint64_t block) {
+  return std::hash<std::string_view>()(fh) ^ (block * 0x9E3779B97F4A7C15ull);
+}
+
+namespace {
+uint64_t MixKey(uint32_t file, uint64_t block) {
+  uint64_t x = (uint64_t{file} << 32) ^ block ^ (block >> 32) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+}  // namespace
+
+size_t BlockCache::TableHome(uint32_t file, uint64_t block) const {
+  return static_cast<size_t>((static_cast<unsigned __int128>(MixKey(file, block)) * block_table_.size()) >> 64);
+}
+
+uint32_t BlockCache::Lookup(uint32_t file, uint64_t block) const {
+  const size_t n = block_table_.size();
+  for (size_t i = TableHome(file, block);; i = i + 1 == n ? 0 : i + 1) {
+    const uint32_t s = block_table_[i];
+    if (s == kNoSlot) return kNoSlot;
+    if (slots_[s].file == file && slots_[s].block == block) return s;
+  }
+}
+
+uint32_t BlockCache::Lookup(const std::string& fh, uint64_t block) const {
+  auto it = files_.find(fh);
+  if (it == files_.end() || it->second.id == kNoFile) return kNoSlot;
+  return Lookup(it->second.id, block);
+}
+
+void BlockCache::TableSet(uint32_t s) {
+  const Slot& slot = slots_[s];
+  const size_t n = block_table_.size();
+  for (size_t i = TableHome(slot.file, slot.block);; i = i + 1 == n ? 0 : i + 1) {
+    const uint32_t o = block_table_[i];
+    if (o == kNoSlot || (slots_[o].file == slot.file && slots_[o].block == slot.block)) {
+      block_table_[i] = s;
+      return;
+    }
+  }
+}
+
+void BlockCache::TableErase(uint32_t s) {
+  const Slot& slot = slots_[s];
+  const size_t n = block_table_.size();
+  auto next = [n](size_t i) { return i + 1 == n ? 0 : i + 1; };
+  size_t i = TableHome(slot.file, slot.block);
+  while (block_table_[i] != s) {
+    if (block_table_[i] == kNoSlot) return;  // not its block's slot
+    i = next(i);
+  }
+  // Backward-shift deletion: no tombstones, probe chains stay whole.
+  block_table_[i] = kNoSlot;
+  for (size_t j = next(i); block_table_[j] != kNoSlot; j = next(j)) {
+    const Slot& o = slots_[block_table_[j]];
+    const size_t home = TableHome(o.file, o.block);
+    // Move j back to the hole at i unless its home lies in (i, j] (cyclically).
+    if ((j + n - home) % n >= (j + n - i) % n) {
+      block_table_[i] = block_table_[j];
+      block_table_[j] = kNoSlot;
+      i = j;
+    }
+  }
+}
+
+const FileVersion& BlockCache::VersionOf(const Slot& sl) const {
+  static const FileVersion kNone{};
+  return sl.version == kNoVersion ? kNone : versions_[sl.version].v;
+}
+
+void BlockCache::ReleaseVersion(Slot& sl) {
+  if (sl.version == kNoVersion) return;
+  VersionEntry& e = versions_[sl.version];
+  if (--e.refs == 0) {
+    version_ids_.erase(e.v);
+    free_versions_.push_back(sl.version);
+  }
+  sl.version = kNoVersion;
+}
+
+void BlockCache::SetVersion(Slot& sl, const FileVersion& v) {
+  if (sl.version != kNoVersion && versions_[sl.version].v == v) return;
+  ReleaseVersion(sl);
+  auto [it, made] = version_ids_.try_emplace(v, 0);
+  if (made) {
+    if (free_versions_.empty()) {
+      it->second = static_cast<uint32_t>(versions_.size());
+      versions_.push_back(VersionEntry{v, 0});
+    } else {
+      it->second = free_versions_.back();
+      free_versions_.pop_back();
+      versions_[it->second] = VersionEntry{v, 0};
+    }
+  }
+  versions_[it->second].refs++;
+  sl.version = it->second;
+}
+
+const BlockCache::WbSlot& BlockCache::WbOf(uint32_t s) const {
+  static const WbSlot kNone{};
+  auto it = wb_.find(s);
+  return it == wb_.end() ? kNone : it->second;
+}
+
+void BlockCache::Attach(uint32_t s, FileState& f, uint64_t block) {
+  Slot& slot = slots_[s];
+  if (f.id == kNoFile) {
+    if (free_file_ids_.empty()) {
+      f.id = static_cast<uint32_t>(file_ids_.size());
+      file_ids_.push_back(&f);
+    } else {
+      f.id = free_file_ids_.back();
+      free_file_ids_.pop_back();
+      file_ids_[f.id] = &f;
+    }
+  }
+  slot.file = f.id;
+  slot.block = block;
+  slot.listed = false;
+  f.nslots++;
+}
+
+void BlockCache::List(uint32_t s) {
+  Slot& slot = slots_[s];
+  if (slot.listed) return;
+  FileState& f = FileOf(slot);
+  slot.prev = kNoSlot;
+  slot.next = f.head;
+  if (f.head != kNoSlot) slots_[f.head].prev = s;
+  f.head = s;
+  slot.listed = true;
+}
+
+void BlockCache::Unlist(uint32_t s) {
+  Slot& slot = slots_[s];
+  if (!slot.listed) return;
+  FileState& f = FileOf(slot);
+  if (slot.prev != kNoSlot) slots_[slot.prev].next = slot.next; else f.head = slot.next;
+  if (slot.next != kNoSlot) slots_[slot.next].prev = slot.prev;
+  slot.prev = slot.next = kNoSlot;
+  slot.listed = false;
+}
+
+std::vector<uint32_t> BlockCache::SlotsOf(const FileState& f) const {
+  std::vector<uint32_t> out;
+  out.reserve(f.nslots);
+  for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) out.push_back(s);
+  return out;
+}
+
 Result<std::unique_ptr<BlockCache>> BlockCache::Open(const CacheOptions& opts) {
   if (opts.block < 64 * 1024 || opts.block > kMaxPages * kPage || (opts.block & (opts.block - 1))) {
     return Error::Errno(EINVAL, "cache_block must be a power of two from 64 to 1024 KiB");
@@ -165,8 +318,17 @@ Result<bool> BlockCache::Init() {
   }
 
   slots_.resize(nslots_);
-  for (auto& slot : slots_) slot.crc.assign(pages(), 0);
-  policy_ = std::make_unique<TwoQueue>(nslots_, opts_.admit_second);
+  bits_.assign(size_t{nslots_} * kBitKinds * words(), 0);
+  crcs_ = CrcTable::Open(dir, nslots_, pages());
+  if (!crcs_) return Sys("mapping the page checksum table");
+  block_table_.assign(size_t{nslots_} + nslots_ / 2 + 16, kNoSlot);  // load at most 2/3
+  // The policy asks for the key of a slot it evicts (under mu_, while the
+  // slot still holds its block) rather than keeping one per slot.
+  policy_ = std::make_unique<TwoQueue>(nslots_, opts_.admit_second,
+                                       [this](uint32_t s) NO_THREAD_SAFETY_ANALYSIS {
+                                         const Slot& slot = slots_[s];
+                                         return slot.file == kNoFile ? 0 : PolicyKey(Fh(slot), slot.block);
+                                       });
   stats_.mode = ModeName(opts_.mode);
   if (reuse) {
     if (auto r = LoadIndex(); !r) {
@@ -181,7 +343,7 @@ Result<bool> BlockCache::Init() {
   if (dirty_slots_ > 0 && opts_.mode != CacheMode::kWriteBack) {
     uint64_t pages_dirty = 0;
     for (uint32_t s : dirty_set_) {
-      for (auto w : slots_[s].dirty) pages_dirty += static_cast<uint64_t>(__builtin_popcountll(w));
+      for (auto w : DirtyBits(slots_[s])) pages_dirty += static_cast<uint64_t>(__builtin_popcountll(w));
     }
     return Error::Errno(EBUSY, fmt::format("cache_dir {} holds {} KiB of write-back data not yet on "
                                            "the server; mount it with cache_mode=writeback to flush it",
@@ -199,53 +361,81 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   const uint32_t ppb = pages();
   // Every claim to a block, loaded or not: when a crash left two slots
   // claiming one block (a copy-on-write move whose old slot was not freed
-  // yet), the newer claim wins, even one with nothing valid left.
+  // yet), the newer claim wins, even one with nothing valid left. A loaded
+  // claim is found through the block table; claims with nothing valid
+  // (rare: left by a crash) are kept aside while loading.
   struct Claim {
     uint32_t slot;
     uint64_t seq;
   };
-  std::unordered_map<std::string, Claim> claims;
+  std::unordered_map<std::string, Claim> empty_claims;
   std::vector<uint32_t> superseded;
   auto st = journal_->Load([&](uint32_t s, Record&& r) {
     seq_ = std::max(seq_, r.seq + 1);
-    const std::string key = Key(r.fh, r.block);
-    if (auto it = claims.find(key); it != claims.end()) {
-      if (it->second.seq > r.seq) {
+    uint32_t other = kNoSlot;
+    uint64_t other_seq = 0;
+    bool other_loaded = false;
+    std::string key;
+    if (auto fit = files_.find(r.fh); fit != files_.end() && fit->second.id != kNoFile) {
+      other = Lookup(fit->second.id, r.block);
+      if (other != kNoSlot) {
+        other_seq = slots_[other].rec_seq;
+        other_loaded = true;
+      }
+    }
+    if (other == kNoSlot && !empty_claims.empty()) {
+      key = Key(r.fh, r.block);
+      if (auto it = empty_claims.find(key); it != empty_claims.end()) {
+        other = it->second.slot;
+        other_seq = it->second.seq;
+        empty_claims.erase(it);
+      }
+    }
+    if (other != kNoSlot) {
+      if (other_seq > r.seq) {
+        if (!other_loaded) empty_claims[key] = Claim{other, other_seq};  // (still the newest)
         superseded.push_back(s);
         return;
       }
-      const uint32_t other = it->second.slot;
-      if (!slots_[other].fh.empty()) {
+      if (other_loaded) {
         FreeSlot(other, false);
         policy_->Release(other);
       }
       superseded.push_back(other);
     }
-    claims[key] = Claim{s, r.seq};
     if (!AnyBit(r.valid)) {
+      if (key.empty()) key = Key(r.fh, r.block);
+      empty_claims[key] = Claim{s, r.seq};
       superseded.push_back(s);
       return;
     }
     Slot& slot = slots_[s];
-    slot.fh = r.fh;
-    slot.block = r.block;
-    slot.valid = r.valid;
-    slot.dirty = r.dirty;
-    slot.fsize = r.fsize;
-    slot.uid = r.uid;
-    slot.groups = r.groups;
-    slot.gid = r.gid;
-    slot.crc = std::move(r.crc);
-    slot.version = r.version;
+    auto [fit, made] = files_.try_emplace(r.fh);  // (no pruning while loading)
+    FileState& f = fit->second;
+    if (made) {
+      f.fh = &fit->first;
+      f.write_counter = f.pruned_upto = ++counter_;
+    }
+    Attach(s, f, r.block);
+    List(s);
+    Valid(slot) = r.valid;
+    DirtyBits(slot) = r.dirty;
+    std::copy_n(r.crc.begin(), std::min<size_t>(r.crc.size(), ppb), PageCrcs(slot));
+    if (r.fsize != 0 || AnyBit(r.dirty) || r.uid != 0 || r.gid != 0 || !r.groups.empty()) {
+      WbSlot& wb = Wb(s);
+      wb.fsize = r.fsize;
+      wb.uid = r.uid;
+      wb.groups = std::move(r.groups);
+      wb.gid = r.gid;
+      wb.dirty_since = std::chrono::steady_clock::now();
+    }
+    SetVersion(slot, r.version);
     slot.rec_seq = r.seq;
-    slot.dirty_since = std::chrono::steady_clock::now();
-    index_[key] = s;
-    FileState& f = files_[slot.fh];
-    f.slots.insert(s);
-    policy_->Adopt(s, key, /*hot=*/false);
-    if (AnyBit(slot.dirty)) f.wb_size = std::max(f.wb_size, slot.fsize);
+    TableSet(s);
+    policy_->Adopt(s, PolicyKey(r.fh, r.block), /*hot=*/false);
+    if (AnyBit(DirtyBits(slot))) f.wb_size = std::max(f.wb_size, r.fsize);
     SetDirtyPin(s);
-    for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(slot.valid, p) ? 1 : 0;
+    for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(Valid(slot), p) ? 1 : 0;
   });
   if (!st) return st;
   // What was read may be in the page cache only (the last mount was killed):
@@ -255,7 +445,7 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   // A superseded claim must not come back once the newer one is gone: free
   // it on disk too (queued, written by the writer).
   for (uint32_t s : superseded) {
-    if (slots_[s].fh.empty()) Persist(s);
+    if (slots_[s].file == kNoFile) Persist(s);
   }
   return Ok{};
 }
@@ -311,11 +501,11 @@ BlockCache::~BlockCache() {
     // right: record the new version so that the next mount keeps them.
     for (uint32_t s = 0; s < slots_.size(); ++s) {
       Slot& slot = slots_[s];
-      if (slot.fh.empty()) continue;
-      auto it = files_.find(slot.fh);
-      if (it == files_.end() || !it->second.have || it->second.writes_inflight != 0) continue;
-      if (slot.version != it->second.validated) {
-        slot.version = it->second.validated;
+      if (slot.file == kNoFile) continue;
+      const FileState& f = FileOf(slot);
+      if (!f.have || f.writes_inflight != 0) continue;
+      if (VersionOf(slot) != f.validated) {
+        SetVersion(slot, f.validated);
         Persist(s);
       }
     }
@@ -328,17 +518,23 @@ BlockCache::~BlockCache() {
 }
 
 BlockCache::FileState& BlockCache::State(const std::string& fh) {
-  if (files_.size() > 65536 && files_.find(fh) == files_.end()) {
-    // Forget files with nothing cached and nothing in flight.
+  if (auto it = files_.find(fh); it != files_.end()) return it->second;
+  if (files_.size() >= prune_at_) {
+    // Forget files with nothing cached and nothing in flight (a token of
+    // theirs still out compares older than anything of the new entry).
     for (auto it = files_.begin(); it != files_.end();) {
-      if (it->second.slots.empty() && it->second.writes_inflight == 0) {
+      if (it->second.nslots == 0 && it->second.writes_inflight == 0) {
         it = files_.erase(it);
       } else {
         ++it;
       }
     }
+    prune_at_ = std::max<size_t>(65536, 2 * files_.size());  // amortized
   }
-  return files_[fh];
+  auto [it, made] = files_.try_emplace(fh);
+  it->second.fh = &it->first;
+  it->second.write_counter = it->second.pruned_upto = ++counter_;
+  return it->second;
 }
 
 void BlockCache::Persist(uint32_t s) {
@@ -362,18 +558,19 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
       const Slot& slot = slots_[s];
       Record r;
       r.seq = slot.rec_seq;
-      if (!slot.fh.empty()) {
-        r.fh = slot.fh;
+      if (slot.file != kNoFile) {
+        r.fh = Fh(slot);
         r.block = slot.block;
-        r.valid = slot.valid;
+        r.valid = Valid(slot);
         // A page being cleaned is still dirty on disk until this write.
-        r.dirty = slot.dirty;
-        r.version = slot.version;
-        r.fsize = slot.fsize;
-        r.uid = slot.uid;
-        r.groups = slot.groups;
-        r.gid = slot.gid;
-        r.crc = slot.crc;
+        r.dirty = DirtyBits(slot);
+        r.version = VersionOf(slot);
+        const WbSlot& wb = WbOf(s);
+        r.fsize = wb.fsize;
+        r.uid = wb.uid;
+        r.groups = wb.groups;
+        r.gid = wb.gid;
+        r.crc.assign(PageCrcs(slot), PageCrcs(slot) + pages());
       }
       recs.push_back(std::move(r));
     }
@@ -436,7 +633,7 @@ void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-bool BlockCache::Dirtyish(const Slot& slot) const { return AnyBit(slot.dirty) || AnyBit(slot.cleaning); }
+bool BlockCache::Dirtyish(const Slot& slot) const { return AnyBit(DirtyBits(slot)) || AnyBit(Cleaning(slot)); }
 
 void BlockCache::SetDirtyPin(uint32_t s) {
   Slot& slot = slots_[s];
@@ -456,27 +653,32 @@ void BlockCache::SetDirtyPin(uint32_t s) {
 
 void BlockCache::FreeSlot(uint32_t s, bool persist) {
   Slot& slot = slots_[s];
-  if (slot.fh.empty()) return;
-  if (auto it = index_.find(Key(slot.fh, slot.block)); it != index_.end() && it->second == s) {
-    index_.erase(it);
+  if (slot.file == kNoFile) return;
+  TableErase(s);
+  Unlist(s);
+  FileState& f = FileOf(slot);
+  if (--f.nslots == 0) {
+    // The file's id goes with its last slot (its FileState stays, and is
+    // forgotten later if idle: State()).
+    file_ids_[f.id] = nullptr;
+    free_file_ids_.push_back(f.id);
+    f.id = kNoFile;
   }
-  if (auto it = files_.find(slot.fh); it != files_.end()) it->second.slots.erase(s);
-  for (uint32_t p = 0; p < pages(); ++p) used_pages_ -= TestBit(slot.valid, p) ? 1 : 0;
-  slot.fh.clear();
-  slot.valid = {};
-  slot.dirty = {};
-  slot.cleaning = {};
-  slot.fsize = 0;
+  for (uint32_t p = 0; p < pages(); ++p) used_pages_ -= TestBit(Valid(slot), p) ? 1 : 0;
+  slot.file = kNoFile;
+  ReleaseVersion(slot);
+  Valid(slot).Clear();
+  DirtyBits(slot).Clear();
+  Cleaning(slot).Clear();
   SetDirtyPin(s);
-  slot.filling = {};
-  slot.crc.assign(pages(), 0);
+  wb_.erase(s);
   slot.gen++;
   slot.inval++;
   if (persist) Persist(s);
 }
 
 void BlockCache::DropLocked(FileState& f) {
-  std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
+  std::vector<uint32_t> held = SlotsOf(f);
   for (uint32_t s : held) {
     if (KeepDirtyOnly(s)) continue;
     FreeSlot(s, /*persist=*/true);
@@ -494,8 +696,8 @@ bool BlockCache::KeepDirtyOnly(uint32_t s) {
   // Unflushed writes are never thrown away by coherence checks (write-back
   // assumes a single writer); the clean pages around them are.
   for (uint32_t p = 0; p < pages(); ++p) {
-    if (TestBit(slot.valid, p) && !TestBit(slot.dirty, p)) {
-      ClearBit(slot.valid, p);
+    if (TestBit(Valid(slot), p) && !TestBit(DirtyBits(slot), p)) {
+      ClearBit(Valid(slot), p);
       used_pages_--;
     }
   }
@@ -521,8 +723,8 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
     // Blocks found at start-up: keep those stored under this very version.
     f.verified = true;
     std::vector<uint32_t> stale;
-    for (uint32_t s : f.slots) {
-      if (slots_[s].version != f.validated) stale.push_back(s);
+    for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
+      if (VersionOf(slots_[s]) != f.validated) stale.push_back(s);
     }
     for (uint32_t s : stale) {
       if (KeepDirtyOnly(s)) continue;
@@ -538,7 +740,7 @@ void BlockCache::Drop(const std::string& fh) {
 }
 
 bool BlockCache::ForgetFile(FileState& f) {
-  std::vector<uint32_t> held(f.slots.begin(), f.slots.end());
+  std::vector<uint32_t> held = SlotsOf(f);
   bool dirty = false;
   for (uint32_t s : held) {
     dirty = dirty || Dirtyish(slots_[s]);
@@ -548,7 +750,7 @@ bool BlockCache::ForgetFile(FileState& f) {
   if (!held.empty()) stats_.files_dropped++;
   f.have = false;  // the next Observe sets the version
   f.wb_size = 0;
-  f.pruned_upto = ++f.write_counter;
+  f.pruned_upto = f.write_counter = ++counter_;
   f.writes.clear();
   return dirty;
 }
@@ -556,8 +758,8 @@ bool BlockCache::ForgetFile(FileState& f) {
 bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
   std::unique_lock lock(mu_);
   FileState& f = State(fh);
-  for (uint32_t s : f.slots) {
-    if (AnyBit(slots_[s].dirty)) return false;  // written since the flush: flush again
+  for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
+    if (AnyBit(DirtyBits(slots_[s]))) return false;  // written since the flush: flush again
   }
   const bool cleaning = ForgetFile(f);
   if (cleaning && writer_.joinable() && !stop_ && !index_broken_) {
@@ -579,7 +781,7 @@ uint64_t BlockCache::DropAll() {
   std::lock_guard lock(mu_);
   uint64_t n = 0;
   for (uint32_t s = 0; s < slots_.size(); ++s) {
-    if (slots_[s].fh.empty()) continue;
+    if (slots_[s].file == kNoFile) continue;
     if (KeepDirtyOnly(s)) continue;
     FreeSlot(s, /*persist=*/true);
     policy_->Release(s);
@@ -620,7 +822,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     uint64_t block;
     uint32_t first_page, npages;
     uint64_t inval;
-    std::vector<uint32_t> crc;
+    std::vector<uint32_t> crc;  // (copied: the table may change meanwhile)
   };
   std::vector<Piece> pieces;
   const uint64_t block = opts_.block;
@@ -643,17 +845,17 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
       len = static_cast<size_t>(std::min<uint64_t>(len, size - off));
     }
     for (uint64_t b = off / block; b * block < off + len; ++b) {
-      auto it = index_.find(Key(fh, b));
-      if (it == index_.end()) return miss();
-      const Slot& slot = slots_[it->second];
+      const uint32_t s = Lookup(fit->second.id, b);
+      if (s == kNoSlot) return miss();
+      const Slot& slot = slots_[s];
       const uint64_t lo = std::max(off, b * block) - b * block;
       const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
       const uint32_t p0 = static_cast<uint32_t>(lo / kPage), p1 = static_cast<uint32_t>((hi - 1) / kPage);
       for (uint32_t p = p0; p <= p1; ++p) {
-        if (!TestBit(slot.valid, p)) return miss();
+        if (!TestBit(Valid(slot), p)) return miss();
       }
-      pieces.push_back(Piece{it->second, b, p0, p1 - p0 + 1, slot.inval,
-                             std::vector<uint32_t>(slot.crc.begin() + p0, slot.crc.begin() + p1 + 1)});
+      pieces.push_back(Piece{s, b, p0, p1 - p0 + 1, slot.inval,
+                             std::vector<uint32_t>(PageCrcs(slot) + p0, PageCrcs(slot) + p1 + 1)});
     }
     for (const auto& p : pieces) {
       policy_->Pin(p.slot);
@@ -699,12 +901,12 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
   if (!ok) {
     const Piece& p = pieces[bad_piece];
     Slot& slot = slots_[p.slot];
-    if (slot.inval == p.inval && TestBit(slot.valid, bad_page)) {
+    if (slot.inval == p.inval && TestBit(Valid(slot), bad_page)) {
       // Not a race with an invalidation: the page on disk is damaged.
       stats_.checksum_failures++;
       Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped, read from the server",
                          p.slot, bad_page);
-      ClearBit(slot.valid, bad_page);
+      ClearBit(Valid(slot), bad_page);
       used_pages_--;
       slot.inval++;
       Persist(p.slot);
@@ -733,10 +935,10 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
   for (uint64_t b = first / block; b * block < end && first < end; ++b) {
     const uint64_t lo = std::max(first, b * block), hi = std::min(end, (b + 1) * block);
     if (lo >= hi || !allowed(b)) continue;
-    const std::string key = Key(fh, b);
+    const uint64_t key = PolicyKey(fh, b);
     uint32_t s;
-    if (auto it = index_.find(key); it != index_.end()) {
-      s = it->second;
+    if (const uint32_t found = f.id == kNoFile ? kNoSlot : Lookup(f.id, b); found != kNoSlot) {
+      s = found;
       if (count_write_hits) stats_.write_hits++;
     } else {
       if (!policy_->Admit(key)) continue;
@@ -749,21 +951,17 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
         FreeSlot(s, /*persist=*/false);  // the new record overwrites the old
       }
       Slot& slot = slots_[s];
-      slot.fh = fh;
-      slot.block = b;
-      slot.valid = {};
-      slot.filling = {};
-      slot.crc.assign(pages(), 0);
-      slot.version = f.validated;
+      Attach(s, f, b);
+      List(s);
+      Valid(slot).Clear();
+      SetVersion(slot, f.validated);
       slot.gen++;
       slot.rec_seq = seq_++;  // (its record may be written with a neighbour's)
-      index_[key] = s;
-      f.slots.insert(s);
+      TableSet(s);
     }
     Slot& slot = slots_[s];
     const uint32_t p0 = static_cast<uint32_t>((lo - b * block) / kPage);
     const uint32_t np = static_cast<uint32_t>((hi - lo) / kPage);
-    for (uint32_t p = p0; p < p0 + np; ++p) SetBit(slot.filling, p);
     Job job{};
     job.slot = s;
     job.gen = slot.gen;
@@ -797,7 +995,7 @@ void BlockCache::NoteChange(FileState& f, uint64_t block, uint32_t p0, uint32_t 
     f.pruned_upto = f.write_counter;
   }
   BlockWrites& w = f.writes[block];
-  w.last_begin = ++f.write_counter;
+  w.last_begin = f.write_counter = ++counter_;
   for (uint32_t p = p0; p < p0 + np; ++p) SetBit(w.pages, p);
 }
 
@@ -814,7 +1012,7 @@ uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len,
   if (invalidate) stats_.writes++;  // (not the flusher's)
   f.writes_inflight++;
   f.burst_concurrency = std::max(f.burst_concurrency, f.writes_inflight);
-  const uint64_t token = ++f.write_counter;
+  const uint64_t token = f.write_counter = ++counter_;
   const uint64_t block = opts_.block;
   for (uint64_t b = off / block; b * block < off + len; ++b) {
     BlockWrites& w = f.writes[b];
@@ -827,23 +1025,22 @@ uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len,
     } else {
       for (uint64_t p = lo / kPage; p <= (hi - 1) / kPage; ++p) SetBit(w.pages, static_cast<uint32_t>(p));
     }
-    auto it = index_.find(Key(fh, b));
-    if (it == index_.end() || !invalidate) continue;
-    Slot& slot = slots_[it->second];
+    const uint32_t s = f.id == kNoFile ? kNoSlot : Lookup(f.id, b);
+    if (s == kNoSlot || !invalidate) continue;
+    Slot& slot = slots_[s];
     bool changed = false;
     for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
-      if (TestBit(slot.dirty, p)) continue;  // unflushed: newer than any write sent around it
-      if (TestBit(slot.valid, p)) {
-        ClearBit(slot.valid, p);
+      if (TestBit(DirtyBits(slot), p)) continue;  // unflushed: newer than any write sent around it
+      if (TestBit(Valid(slot), p)) {
+        ClearBit(Valid(slot), p);
         used_pages_--;
         changed = true;
       }
-      ClearBit(slot.filling, p);
     }
     slot.inval++;
     if (changed) {
       stats_.invalidations++;
-      Persist(it->second);  // before the write leaves: a crash must not resurrect old data
+      Persist(s);  // before the write leaves: a crash must not resurrect old data
     }
   }
   return token;
@@ -999,16 +1196,13 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
   Slot& slot = slots_[job.slot];
   const uint32_t np = static_cast<uint32_t>(job.data.size() / kPage);
   auto current = [&] { return slot.gen == job.gen && slot.inval == job.inval; };
-  auto clear_filling = [&] {
-    for (uint32_t k = 0; k < np && slot.gen == job.gen; ++k) ClearBit(slot.filling, job.first_page + k);
-  };
   // Checked before writing too: the slot may hold another block by now,
   // and pages valid already are as new as this data or newer (dirty ones
   // certainly), so only invalid pages are written.
-  if (!current()) return clear_filling();
+  if (!current()) return;
   PageBits fresh{};  // pages not valid yet
   for (uint32_t k = 0; k < np; ++k) {
-    if (!TestBit(slot.valid, job.first_page + k)) SetBit(fresh, job.first_page + k);
+    if (!TestBit(Valid(slot), job.first_page + k)) SetBit(fresh, job.first_page + k);
   }
   lock.unlock();
   std::vector<uint32_t> crcs(np);
@@ -1030,22 +1224,19 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
     k = e;
   }
   lock.lock();
-  clear_filling();
   if (!wrote) return DeviceError("writing the cache", err);
   if (!current()) return;  // given to another block, or invalidated meanwhile
   uint32_t filled = 0;
   for (uint32_t k = 0; k < np; ++k) {
     const uint32_t p = job.first_page + k;
-    if (!TestBit(fresh, p) || TestBit(slot.valid, p)) continue;
+    if (!TestBit(fresh, p) || TestBit(Valid(slot), p)) continue;
     used_pages_++;
-    SetBit(slot.valid, p);
-    slot.crc[p] = crcs[k];
+    SetBit(Valid(slot), p);
+    PageCrcs(slot)[p] = crcs[k];
     ++filled;
   }
   if (filled == 0) return;
-  if (auto it = files_.find(slot.fh); it != files_.end() && it->second.have) {
-    slot.version = it->second.validated;
-  }
+  if (const FileState& f = FileOf(slot); f.have) SetVersion(slot, f.validated);
   stats_.pages_filled += filled;
   Persist(job.slot);
 }
@@ -1088,13 +1279,13 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     const uint64_t hi = std::min(end, (b + 1) * block) - b * block;
     part.p0 = static_cast<uint32_t>(lo / kPage);
     part.np = static_cast<uint32_t>((hi - 1) / kPage) - part.p0 + 1;
-    if (auto it = index_.find(Key(w.fh, b)); it != index_.end()) part.from = it->second;
+    if (f.id != kNoFile) part.from = Lookup(f.id, b);  // (kNoSlot == UINT32_MAX: none)
     // Pages covered in part: merged with the cache's copy or the server's.
     for (uint32_t p : {part.p0, part.p0 + part.np - 1}) {
       const uint64_t ps = uint64_t{p} * kPage;
       const bool partial = lo > ps || hi < ps + kPage;
       if (!partial) continue;
-      const bool cached = part.from != UINT32_MAX && TestBit(slots_[part.from].valid, p);
+      const bool cached = part.from != UINT32_MAX && TestBit(Valid(slots_[part.from]), p);
       if (!cached && !w.base.count(b * block + ps)) out.need.push_back(b * block + ps);
     }
     parts.push_back(std::move(part));
@@ -1111,13 +1302,13 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     bool cow = false;
     if (part.from != UINT32_MAX) {
       const Slot& from = slots_[part.from];
-      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) cow = cow || TestBit(from.dirty, p);
+      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) cow = cow || TestBit(DirtyBits(from), p);
     }
     if (part.from != UINT32_MAX && !cow) {
       part.to = part.from;
     } else {
       bool evicted = false;
-      auto got = policy_->Allocate(Key(w.fh, part.block), &evicted);
+      auto got = policy_->Allocate(PolicyKey(w.fh, part.block), &evicted);
       if (!got) {
         // Every slot is dirty or busy: this write goes to the server.
         UndoWb(parts);
@@ -1131,14 +1322,11 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
         FreeSlot(part.to, /*persist=*/false);
       }
       Slot& to = slots_[part.to];
-      to.fh = w.fh;
-      to.block = part.block;
-      to.valid = {};
-      to.dirty = {};
-      to.filling = {};
-      to.crc.assign(pages(), 0);
-      to.version = f.validated;
-      to.fsize = 0;
+      Attach(part.to, f, part.block);
+      Valid(to).Clear();
+      DirtyBits(to).Clear();
+      SetVersion(to, f.validated);
+      wb_.erase(part.to);
       to.gen++;
       to.rec_seq = seq_++;
       policy_->Pin(part.to);
@@ -1152,18 +1340,18 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       // Read from the current slot: the partial pages it holds, and on a
       // copy every valid page the write does not cover whole.
       for (uint32_t p = 0; p < pages(); ++p) {
-        if (!TestBit(from.valid, p)) continue;
+        if (!TestBit(Valid(from), p)) continue;
         const bool touched = p >= part.p0 && p < part.p0 + part.np;
         const bool edge = p == part.p0 || p == part.p0 + part.np - 1;
         if ((touched && edge) || (cow && !touched)) SetBit(plan.read, p);
       }
-      plan.crc = from.crc;
+      plan.crc.assign(PageCrcs(from), PageCrcs(from) + pages());
       if (!cow) {
         // In place: readers of the pages being rewritten go to the server
         // (they are clean, so it has them) until the new data is in.
         for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
-          if (TestBit(from.valid, p)) {
-            ClearBit(from.valid, p);
+          if (TestBit(Valid(from), p)) {
+            ClearBit(Valid(from), p);
             used_pages_--;
           }
         }
@@ -1240,22 +1428,20 @@ void BlockCache::UndoApplied(std::vector<WbPart>& parts) {
   for (size_t i = parts.size(); i-- > 0;) {
     WbPart& part = parts[i];
     Slot& to = slots_[part.to];
-    const std::string fh = to.fh;
     if (part.to != part.from) {
       // The block's home goes back to the slot it came from, if any.
-      const std::string key = Key(fh, part.block);
       FreeSlot(part.to, /*persist=*/true);
       policy_->Release(part.to);
-      if (part.pinned_from && slots_[part.from].gen == part.from_gen && !slots_[part.from].fh.empty()) {
-        index_[key] = part.from;
-        State(fh).slots.insert(part.from);
+      if (part.pinned_from && slots_[part.from].gen == part.from_gen && slots_[part.from].file != kNoFile) {
+        TableSet(part.from);
+        List(part.from);
       }
     } else {
       // In place: the pages written leave the cache (they were clean before).
       for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
-        if (TestBit(to.valid, p)) used_pages_--;
-        ClearBit(to.valid, p);
-        ClearBit(to.dirty, p);
+        if (TestBit(Valid(to), p)) used_pages_--;
+        ClearBit(Valid(to), p);
+        ClearBit(DirtyBits(to), p);
       }
       to.inval++;
       SetDirtyPin(part.to);
@@ -1328,35 +1514,36 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       for (uint32_t p = part.img0; p < part.img0 + part.image.size() / kPage; ++p) {
         const bool touched = p >= part.p0 && p < part.p0 + part.np;
         if (!touched && !TestBit(part.copied, p)) continue;
-        if (!TestBit(to.valid, p)) used_pages_++;
-        SetBit(to.valid, p);
-        to.crc[p] = part.crc[p - part.img0];
-        if (touched || (from && TestBit(from->dirty, p))) SetBit(to.dirty, p);
+        if (!TestBit(Valid(to), p)) used_pages_++;
+        SetBit(Valid(to), p);
+        PageCrcs(to)[p] = part.crc[p - part.img0];
+        if (touched || (from && TestBit(DirtyBits(*from), p))) SetBit(DirtyBits(to), p);
         // A page whose clean mark is not durable yet stays "dirty" to
         // HasDirty in its new slot too (Flushed clears it there).
-        if (!touched && from && moved && TestBit(from->cleaning, p)) SetBit(to.cleaning, p);
+        if (!touched && from && moved && TestBit(Cleaning(*from), p)) SetBit(Cleaning(to), p);
       }
+      WbSlot& twb = Wb(part.to);
       if (from && moved) {
-        to.wgen = from->wgen;
-        to.fsize = from->fsize;
-        to.dirty_since = AnyBit(from->dirty) ? from->dirty_since : now;
+        const WbSlot& fwb = WbOf(part.from);
+        twb.wgen = fwb.wgen;
+        twb.fsize = fwb.fsize;
+        twb.dirty_since = AnyBit(DirtyBits(*from)) ? fwb.dirty_since : now;
         stats_.copies++;
       } else if (!to.dirty_pin) {
-        to.dirty_since = now;
+        twb.dirty_since = now;
       }
-      to.wgen++;
-      to.fsize = std::max({to.fsize, w.off + w.len, LogicalSize(f)});
-      to.uid = w.uid;
-      to.groups = w.groups;
-      to.gid = w.gid;
+      twb.wgen++;
+      twb.fsize = std::max({twb.fsize, w.off + w.len, LogicalSize(f)});
+      twb.uid = w.uid;
+      twb.groups = w.groups;
+      twb.gid = w.gid;
       to.inval++;
       if (from) stats_.write_hits++;
       if (moved) {
-        const std::string key = Key(w.fh, part.block);
-        index_[key] = part.to;
-        f.slots.insert(part.to);
+        TableSet(part.to);
+        List(part.to);
         if (from) {
-          f.slots.erase(part.from);
+          Unlist(part.from);
           retire.push_back(part.from);
         }
       }
@@ -1422,14 +1609,14 @@ bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
   if (dirty_slots_ == 0) return false;
   const uint64_t block = opts_.block;
   for (uint64_t b = off / block; b * block < off + len; ++b) {
-    auto it = index_.find(Key(fh, b));
-    if (it == index_.end()) continue;
-    const Slot& slot = slots_[it->second];
+    const uint32_t s = Lookup(fh, b);
+    if (s == kNoSlot) continue;
+    const Slot& slot = slots_[s];
     if (!slot.dirty_pin) continue;
     const uint64_t lo = std::max(off, b * block) - b * block;
     const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
     for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
-      if (TestBit(slot.dirty, p) || TestBit(slot.cleaning, p)) return true;
+      if (TestBit(DirtyBits(slot), p) || TestBit(Cleaning(slot), p)) return true;
     }
   }
   return false;
@@ -1484,17 +1671,17 @@ std::optional<OverlayResult> BlockCache::PlanOverlay(const std::string& fh, uint
     FileState& f = fit->second;
     if (f.wb_size > off + have) len = static_cast<size_t>(std::min<uint64_t>(want, f.wb_size - off));
     for (uint64_t b = off / block; b * block < off + len; ++b) {
-      auto it = index_.find(Key(fh, b));
-      const Slot* slot = it == index_.end() ? nullptr : &slots_[it->second];
+      const uint32_t s = f.id == kNoFile ? kNoSlot : Lookup(f.id, b);
+      const Slot* slot = s == kNoSlot ? nullptr : &slots_[s];
       if (!Changed(f, b, token) && (!slot || !slot->dirty_pin)) continue;
       const uint64_t lo = std::max(off, b * block) - b * block;
       const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
       for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
         const bool changed = PageChanged(f, b, p, token);
-        const bool valid = slot && TestBit(slot->valid, p);
-        if (valid && (changed || TestBit(slot->dirty, p))) {
-          pieces.push_back(OverlayPlan::Piece{it->second, slot->gen, b, p, slot->crc[p]});
-          policy_->Pin(it->second);
+        const bool valid = slot && TestBit(Valid(*slot), p);
+        if (valid && (changed || TestBit(DirtyBits(*slot), p))) {
+          pieces.push_back(OverlayPlan::Piece{s, slot->gen, b, p, PageCrcs(*slot)[p]});
+          policy_->Pin(s);
         } else if (changed && !valid) {
           // Written or flushed since the read left, and not held here: the
           // server's answer may predate that.
@@ -1540,17 +1727,17 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
   if (res.kind == OverlayResult::kError) DeviceError("reading the cache", err);
   if (bad) {
     Slot& slot = slots_[bad->slot];
-    if (slot.gen == bad->gen && TestBit(slot.valid, bad->page) && slot.crc[bad->page] == bad->crc) {
+    if (slot.gen == bad->gen && TestBit(Valid(slot), bad->page) && PageCrcs(slot)[bad->page] == bad->crc) {
       // Damaged on disk, not a race.
       stats_.checksum_failures++;
-      if (TestBit(slot.dirty, bad->page)) {
+      if (TestBit(DirtyBits(slot), bad->page)) {
         Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
                             bad->slot, bad->page);
-        ClearBit(slot.dirty, bad->page);
+        ClearBit(DirtyBits(slot), bad->page);
         SetDirtyPin(bad->slot);
         res.kind = OverlayResult::kError;
       }
-      ClearBit(slot.valid, bad->page);
+      ClearBit(Valid(slot), bad->page);
       used_pages_--;
       slot.inval++;
       Persist(bad->slot);
@@ -1566,7 +1753,7 @@ BlockCache::DirtyLevel BlockCache::Dirty() const {
   d.slots = nslots_;
   d.urgent = health_ != Health::kHealthy;
   const auto now = std::chrono::steady_clock::now();
-  for (uint32_t s : dirty_set_) d.oldest = std::max(d.oldest, now - slots_[s].dirty_since);
+  for (uint32_t s : dirty_set_) d.oldest = std::max(d.oldest, now - WbOf(s).dirty_since);
   return d;
 }
 
@@ -1587,27 +1774,28 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     std::vector<uint32_t> cand;
     for (uint32_t s : dirty_set_) {
       const Slot& slot = slots_[s];
-      if ((!fh.empty() && slot.fh != fh) || slot.dirty_since > older_than) continue;
+      if ((!fh.empty() && Fh(slot) != fh) || WbOf(s).dirty_since > older_than) continue;
       // A block moved by copy-on-write keeps its old slot dirty until the
       // new one is durable; only the block's current slot is flushed (two
       // WRITEs of one range in one round could land in either order).
-      if (auto it = index_.find(Key(slot.fh, slot.block)); it == index_.end() || it->second != s) continue;
+      if (Lookup(slot.file, slot.block) != s) continue;
       cand.push_back(s);
     }
     // File order: by handle, then offset (the server sees ascending writes).
     std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
       const Slot &x = slots_[a], &y = slots_[b];
-      return x.fh != y.fh ? x.fh < y.fh : x.block < y.block;
+      return x.file != y.file ? Fh(x) < Fh(y) : x.block < y.block;
     });
     uint64_t bytes = 0;
     for (uint32_t s : cand) {
       if (bytes >= max_bytes) break;
       const Slot& slot = slots_[s];
-      auto fit = files_.find(slot.fh);
-      const uint64_t size = fit == files_.end() ? slot.fsize : std::max(LogicalSize(fit->second), slot.fsize);
-      picks.push_back(Pick{s, slot.fh, slot.block, slot.gen, slot.wgen, size, slot.dirty, slot.crc,
-                           slot.uid, slot.gid, slot.groups});
-      for (auto w : slot.dirty) bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+      const WbSlot& wb = WbOf(s);
+      const uint64_t size = std::max(LogicalSize(FileOf(slot)), wb.fsize);
+      picks.push_back(Pick{s, Fh(slot), slot.block, slot.gen, wb.wgen, size, DirtyBits(slot),
+                           std::vector<uint32_t>(PageCrcs(slot), PageCrcs(slot) + pages()), wb.uid,
+                           wb.gid, wb.groups});
+      for (auto w : DirtyBits(slot)) bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
       policy_->Pin(s);
     }
   }
@@ -1663,11 +1851,11 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   for (const auto& [s, p] : bad) {
     Slot& slot = slots_[s];
     auto pk = std::find_if(picks.begin(), picks.end(), [s = s](const Pick& x) { return x.slot == s; });
-    if (slot.gen != pk->gen || slot.crc[p] != pk->crc[p] || !TestBit(slot.dirty, p)) continue;
+    if (slot.gen != pk->gen || PageCrcs(slot)[p] != pk->crc[p] || !TestBit(DirtyBits(slot), p)) continue;
     stats_.checksum_failures++;
     Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost", s, p);
-    ClearBit(slot.dirty, p);
-    ClearBit(slot.valid, p);
+    ClearBit(DirtyBits(slot), p);
+    ClearBit(Valid(slot), p);
     used_pages_--;
     slot.inval++;
     SetDirtyPin(s);
@@ -1687,22 +1875,22 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
   };
   std::vector<Cleaned> cleaned;
   for (const auto& run : runs) {
-    auto it = index_.find(Key(run.fh, run.block));
-    if (it == index_.end()) continue;
-    Slot& slot = slots_[it->second];
+    const uint32_t s = Lookup(run.fh, run.block);
+    if (s == kNoSlot) continue;
+    Slot& slot = slots_[s];
     stats_.flushed_bytes += run.data.size();
     flush_window_.Add(NowSec(), run.data.size());
-    if (slot.wgen != run.wgen) continue;  // written again meanwhile: still dirty
+    if (WbOf(s).wgen != run.wgen) continue;  // written again meanwhile: still dirty
     PageBits pages{};
     for (uint32_t p = run.first_page; p < run.first_page + run.npages; ++p) {
-      if (!TestBit(slot.dirty, p)) continue;
-      ClearBit(slot.dirty, p);
-      SetBit(slot.cleaning, p);
+      if (!TestBit(DirtyBits(slot), p)) continue;
+      ClearBit(DirtyBits(slot), p);
+      SetBit(Cleaning(slot), p);
       SetBit(pages, p);
     }
-    cleaned.push_back(Cleaned{it->second, slot.gen, run.fh, run.block, pages});
+    cleaned.push_back(Cleaned{s, slot.gen, run.fh, run.block, pages});
     NoteChange(State(run.fh), run.block, run.first_page, run.npages);
-    Persist(it->second);
+    Persist(s);
   }
   if (cleaned.empty()) return;
   // Until the clean marks are durable the pages still count as dirty for
@@ -1711,14 +1899,14 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
   Barrier(lock);
   auto clear = [this](uint32_t s, const PageBits& pages) {
     Slot& slot = slots_[s];
-    for (size_t w = 0; w < pages.size(); ++w) slot.cleaning[w] &= ~pages[w];
+    for (size_t w = 0; w < Cleaning(slot).size(); ++w) Cleaning(slot)[w] &= ~pages[w];
     SetDirtyPin(s);
   };
   for (const auto& c : cleaned) {
     // In the slot flushed, and in the one the block was copied to since.
     if (slots_[c.slot].gen == c.gen) clear(c.slot, c.pages);
-    if (auto it = index_.find(Key(c.fh, c.block)); it != index_.end() && it->second != c.slot) {
-      clear(it->second, c.pages);
+    if (const uint32_t s = Lookup(c.fh, c.block); s != kNoSlot && s != c.slot) {
+      clear(s, c.pages);
     }
   }
   DiscardBrokenIndex(lock);
@@ -1752,16 +1940,27 @@ CacheStats BlockCache::Stats() const {
   s.slots = nslots_;
   s.slots_used = policy_->in_use();
   s.used_bytes = used_pages_ * kPage;
+  s.files_cached = file_ids_.size() - free_file_ids_.size();
   s.dirty_blocks = dirty_slots_;
   const auto now = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration oldest{};
   for (uint32_t k : dirty_set_) {
-    for (auto w : slots_[k].dirty) s.dirty_bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
-    oldest = std::max(oldest, now - slots_[k].dirty_since);
+    for (auto w : DirtyBits(slots_[k])) s.dirty_bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+    oldest = std::max(oldest, now - WbOf(k).dirty_since);
   }
   s.dirty_age_s = std::chrono::duration<double>(oldest).count();
   s.flush_rate_bps = flush_window_.PerSecond(NowSec());
   return s;
+}
+
+uint64_t BlockCache::ChecksumBytesResident() const {
+  std::lock_guard lock(mu_);
+  return crcs_->Resident();
+}
+
+bool BlockCache::PageOutChecksums() {
+  std::lock_guard lock(mu_);
+  return crcs_->PageOut();
 }
 
 }  // namespace mpnfs::cache

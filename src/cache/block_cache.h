@@ -50,7 +50,22 @@
 // Lookups (Read) and CollectDirty read the data file in the caller's thread:
 // call them from FUSE or flusher threads only. All state is under one
 // mutex, never held across disk I/O (slots are pinned instead). Every file
-// operation goes through the Disk seam (disk.h).
+// operation goes through the Disk seam (disk.h), except the page checksum
+// table's mapping (crc_table.h), which holds nothing durable.
+//
+// Memory. What the cache keeps in RAM grows with its slots, about 100
+// bytes per slot at 64 pages a block (under 0.4 MiB per GiB of cache at the
+// default 256 KiB block; contrib/bench/COST.md): the Slot (48 bytes, its
+// version interned), its three page bitmaps sized to the block (bits_), its entry in the block
+// table (block_table_, open addressing over slot numbers) and its share of
+// the 2Q policy's arrays (policy.h). The page CRCs (4 bytes per 4 KiB page,
+// 1 MiB per GiB) are in the file-backed CrcTable, which the kernel may push
+// out of memory and read back. A file's handle, version bookkeeping and
+// write counters are kept once per file (FileState, with an id the slots
+// name it by while they hold its blocks); write-back fields (writer's
+// credentials, implied size, dirty age) only for slots write-back reached
+// (wb_). Files with nothing cached and nothing in flight are forgotten once
+// there are more than 65536 of them.
 //
 // Durability order (write-back). What a crash may find is what index.h
 // allows: each index page as the last index sync left it or as a later
@@ -123,6 +138,7 @@
 #include <vector>
 
 #include "cache/aligned.h"
+#include "cache/crc_table.h"
 #include "cache/disk.h"
 #include "cache/format.h"
 #include "cache/index.h"
@@ -164,6 +180,7 @@ struct CacheStats {
   uint64_t writes = 0, write_hits = 0, write_bypasses = 0;
   uint64_t pages_filled = 0, evictions = 0, invalidations = 0, files_dropped = 0;
   uint64_t checksum_failures = 0, device_errors = 0;
+  uint64_t files_cached = 0;  // files with blocks in the cache
   // Write-back.
   uint64_t dirty_bytes = 0, dirty_blocks = 0, flushed_bytes = 0, flush_errors = 0;
   uint64_t copies = 0;       // copy-on-write of a block with dirty pages
@@ -323,28 +340,42 @@ class BlockCache {
   CacheStats Stats() const;
   // Waits until every queued store has been written (tests, unmount).
   void Quiesce();
+  // The page checksum table (crc_table.h): bytes in memory now, and a push
+  // out of memory as under memory pressure (tests, benchmarks; false if the
+  // table is not file-backed).
+  uint64_t ChecksumBytesResident() const;
+  bool PageOutChecksums();
 
  private:
+  static constexpr uint32_t kNoFile = UINT32_MAX, kNoSlot = UINT32_MAX, kNoVersion = UINT32_MAX;
+  // Per slot (48 bytes, plus its page bitmaps in bits_, its CRCs in
+  // crcs_, one entry of the block table and the policy's share): what the
+  // slot holds. Fields of the file it holds live in the file's FileState,
+  // fields only write-back uses in wb_.
   struct Slot {
-    std::string fh;  // empty: free
     uint64_t block = 0;
-    PageBits valid{};
-    PageBits filling{};
-    std::vector<uint32_t> crc;
-    FileVersion version;
-    uint64_t gen = 0;    // bumped when the slot is given to another block
-    uint64_t inval = 0;  // bumped when pages are invalidated
     uint64_t rec_seq = 0;  // of the record's last change (the newest claim wins)
-    // Write-back.
-    PageBits dirty{};
-    PageBits cleaning{};     // flushed, clean mark not durable yet: still "dirty" to HasDirty
+    uint32_t version = kNoVersion;  // what the pages were validated against: versions_
+    uint32_t file = kNoFile;                   // FileState::id; kNoFile: free
+    uint32_t next = kNoSlot, prev = kNoSlot;   // the file's other slots
+    uint32_t gen = 0;    // bumped when the slot is given to another block
+    uint32_t inval = 0;  // bumped when pages are invalidated
     bool dirty_pin = false;  // pinned in the policy while any page is dirty or cleaning
-    uint64_t wgen = 0;       // bumped by each write-back write (kept by copies)
+    bool listed = false;     // on the file's list (a block's old slot, moved by
+                             // copy-on-write, is not, until it is freed)
+  };
+  // Write-back fields of a slot, for slots a write-back write reached (and
+  // slots loaded with dirty pages), until the slot is freed.
+  struct WbSlot {
+    uint32_t wgen = 0;     // bumped by each write-back write (kept by copies)
     uint64_t fsize = 0;
     uint32_t uid = 0, gid = 0;
     std::vector<uint32_t> groups;
     std::chrono::steady_clock::time_point dirty_since;
   };
+  // A slot's page bitmaps (bits_): valid; dirty; flushed, clean mark not
+  // durable yet (still "dirty" to HasDirty).
+  enum BitKind { kValidBits, kDirtyBits, kCleaningBits, kBitKinds };
   struct BlockWrites {
     uint64_t last_begin = 0;
     int inflight = 0;
@@ -369,7 +400,12 @@ class BlockCache {
     // Sequential detection.
     uint64_t seq_next = 0, seq_run = 0;
     uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
-    std::unordered_set<uint32_t> slots;
+    // The slots holding blocks of the file: an id while there are any (the
+    // slots name the file by it), their number, and a list through them.
+    const std::string* fh = nullptr;  // the key of this entry in files_
+    uint32_t id = kNoFile;
+    uint32_t nslots = 0;  // slots naming the file (listed or not)
+    uint32_t head = kNoSlot;
   };
   struct Job {
     uint32_t slot;
@@ -427,7 +463,43 @@ class BlockCache {
   Status OpenFiles();
   Status LoadIndex();
   static std::string Key(const std::string& fh, uint64_t block);
+  static uint64_t PolicyKey(const std::string& fh, uint64_t block);
   uint32_t pages() const { return opts_.block / kPage; }
+  uint32_t words() const { return (pages() + 63) / 64; }
+
+  // Per-slot storage outside Slot.
+  uint32_t SlotNo(const Slot& sl) const { return static_cast<uint32_t>(&sl - slots_.data()); }
+  BitsRef Bits(const Slot& sl, BitKind k) const {
+    return BitsRef(const_cast<uint64_t*>(bits_.data()) + (size_t{SlotNo(sl)} * kBitKinds + k) * words(), words());
+  }
+  BitsRef Valid(const Slot& sl) const { return Bits(sl, kValidBits); }
+  BitsRef DirtyBits(const Slot& sl) const { return Bits(sl, kDirtyBits); }
+  BitsRef Cleaning(const Slot& sl) const { return Bits(sl, kCleaningBits); }
+  uint32_t* PageCrcs(const Slot& sl) const { return const_cast<CrcTable&>(*crcs_).at(SlotNo(sl)); }
+  WbSlot& Wb(uint32_t s) REQUIRES(mu_) { return wb_[s]; }
+  // Slot versions are interned (the slots of a file mostly share one).
+  const FileVersion& VersionOf(const Slot& sl) const REQUIRES(mu_);
+  void SetVersion(Slot& sl, const FileVersion& v) REQUIRES(mu_);
+  void ReleaseVersion(Slot& sl) REQUIRES(mu_);
+  const WbSlot& WbOf(uint32_t s) const REQUIRES(mu_);
+  // The file a slot in use holds.
+  const std::string& Fh(const Slot& sl) const { return *file_ids_[sl.file]->fh; }
+  FileState& FileOf(const Slot& sl) const { return *file_ids_[sl.file]; }
+  // Gives free slot `s` to block `block` of `f` (an entry of files_); the
+  // file keeps its id while any slot names it. List/Unlist: on the file's
+  // list of slots or not (SlotsOf).
+  void Attach(uint32_t s, FileState& f, uint64_t block) REQUIRES(mu_);
+  void List(uint32_t s) REQUIRES(mu_);
+  void Unlist(uint32_t s) REQUIRES(mu_);
+  // The slots on a file's list.
+  std::vector<uint32_t> SlotsOf(const FileState& f) const REQUIRES(mu_);
+  // The block table (block_table_): open addressing over slot numbers,
+  // keyed by the slot's (file, block), linear probing.
+  uint32_t Lookup(uint32_t file, uint64_t block) const REQUIRES(mu_);
+  uint32_t Lookup(const std::string& fh, uint64_t block) const REQUIRES(mu_);
+  void TableSet(uint32_t s) REQUIRES(mu_);    // s becomes its block's slot
+  void TableErase(uint32_t s) REQUIRES(mu_);  // if s is its block's slot
+  size_t TableHome(uint32_t file, uint64_t block) const;
 
   FileState& State(const std::string& fh) REQUIRES(mu_);
   void FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
@@ -487,9 +559,31 @@ class BlockCache {
   std::condition_variable cv_;       // writer: work or stop
   std::condition_variable idle_cv_;  // Quiesce(): queue drained
   std::vector<Slot> slots_ GUARDED_BY(mu_);
+  std::vector<uint64_t> bits_ GUARDED_BY(mu_);  // kBitKinds bitmaps of words() words per slot
+  std::unique_ptr<CrcTable> crcs_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, WbSlot> wb_ GUARDED_BY(mu_);
+  struct VersionHash {
+    size_t operator()(const FileVersion& v) const {
+      return std::hash<uint64_t>()(v.size * 31 + static_cast<uint64_t>(v.mtime_ns) * 17 +
+                                   static_cast<uint64_t>(v.ctime_ns));
+    }
+  };
+  struct VersionEntry {
+    FileVersion v;
+    uint32_t refs = 0;  // slots using it
+  };
+  std::vector<VersionEntry> versions_ GUARDED_BY(mu_);
+  std::vector<uint32_t> free_versions_ GUARDED_BY(mu_);
+  std::unordered_map<FileVersion, uint32_t, VersionHash> version_ids_ GUARDED_BY(mu_);
   std::unique_ptr<TwoQueue> policy_ GUARDED_BY(mu_);
-  std::unordered_map<std::string, uint32_t> index_ GUARDED_BY(mu_);
+  std::vector<uint32_t> block_table_ GUARDED_BY(mu_);  // kNoSlot: empty
   std::unordered_map<std::string, FileState> files_ GUARDED_BY(mu_);
+  std::vector<FileState*> file_ids_ GUARDED_BY(mu_);  // by FileState::id
+  std::vector<uint32_t> free_file_ids_ GUARDED_BY(mu_);
+  size_t prune_at_ GUARDED_BY(mu_) = 65536;  // files_ size that triggers forgetting idle files
+  // Write counters of all files: tokens of a file forgotten and seen again
+  // can never look newer than its writes.
+  uint64_t counter_ GUARDED_BY(mu_) = 0;
   std::deque<Job> jobs_ GUARDED_BY(mu_);
   bool writing_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;

@@ -631,5 +631,78 @@ TEST(RecordFormatTest, RoundTripsAndRejectsDamage) {
   EXPECT_FALSE(DecodeRecord(std::string(bytes.size(), '\0'), 16).has_value());
 }
 
+
+// The per-file table: a file holds an id while any slot names it; the id
+// goes with its last slot and is then given to another file, whose blocks
+// are never taken for the first file's.
+TEST_F(BlockCacheTest, AFilesEntryGoesWithItsLastSlotAndItsIdIsReusedSafely) {
+  auto c = Open();
+  c->Observe("fhA", kV1);
+  c->Observe("fhB", kV1);
+  FillFromServer(*c, "fhA", 0, Pattern(2 * kBlock, 'a'));
+  FillFromServer(*c, "fhB", 0, Pattern(kBlock, 'b'));
+  EXPECT_EQ(c->Stats().files_cached, 2u);
+  c->Drop("fhA");
+  EXPECT_EQ(c->Stats().files_cached, 1u);
+  c->Observe("fhC", kV1);
+  FillFromServer(*c, "fhC", 0, Pattern(kBlock, 'c'));
+  EXPECT_EQ(c->Stats().files_cached, 2u);
+  c->Observe("fhA", kV1);
+  EXPECT_FALSE(c->Read("fhA", 0, 4096).has_value());
+  EXPECT_EQ(c->Read("fhC", 0, kBlock), Pattern(kBlock, 'c'));
+  EXPECT_EQ(c->Read("fhB", 0, kBlock), Pattern(kBlock, 'b'));
+  c->Observe("fhB", kV2);  // changed elsewhere: its only block goes
+  EXPECT_EQ(c->Stats().files_cached, 1u);
+  c->Observe("fhC", kV2);
+  EXPECT_EQ(c->Stats().files_cached, 0u);
+  EXPECT_EQ(c->Stats().slots_used, 0u);
+}
+
+// Page CRCs live in a file-backed table (crc_table.h) that the kernel may
+// push out of memory: a read then takes them back from the file, and a
+// damaged page is still caught.
+TEST_F(BlockCacheTest, ChecksumsPushedOutOfMemoryStillCatchADamagedPage) {
+  auto c = Open();
+  c->Observe("fh1", kV1);
+  const std::string data = Pattern(kBlock, 'q');
+  FillFromServer(*c, "fh1", 0, data);
+  ASSERT_TRUE(c->PageOutChecksums());
+  EXPECT_EQ(c->ChecksumBytesResident(), 0u);
+  EXPECT_EQ(c->Read("fh1", 0, kBlock), data);
+  // Flip a byte of the slot's fourth page on disk, and push the CRCs out again.
+  int fd = open((dir_ + "/data").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(pread(fd, &byte, 1, 3 * 4096 + 5), 1);
+  byte ^= 0x01;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 3 * 4096 + 5), 1);
+  close(fd);
+  ASSERT_TRUE(c->PageOutChecksums());
+  EXPECT_EQ(c->ChecksumBytesResident(), 0u);
+  EXPECT_FALSE(c->Read("fh1", 0, kBlock).has_value());
+  EXPECT_EQ(c->Stats().checksum_failures, 1u);
+  EXPECT_EQ(c->Read("fh1", 0, 3 * 4096), data.substr(0, 3 * 4096));  // the sound pages still serve
+}
+
+
+// Files with nothing cached are forgotten past 65536 of them; a read that
+// left before its file was forgotten, and a write to it since, must not
+// fill the cache with what the read brings back once the file is seen again
+// (write counters come from one cache-wide counter).
+TEST_F(BlockCacheTest, AReadOlderThanAForgottenFilesWriteNeverFills) {
+  auto c = Open();
+  c->Observe("fhX", kV1);
+  const uint64_t token = c->ReadStart("fhX");
+  const std::string fresh = Pattern(kBlock, 'n');
+  uint64_t t = c->WriteStart("fhX", 0, kBlock);
+  c->WriteDone("fhX", t, 0, fresh.data(), fresh.size(), true, /*admit=*/false, kV1, kV2);
+  for (int i = 0; i <= 65536; ++i) c->Observe("other" + std::to_string(i), kV1);
+  c->Observe("fhX", kV2);  // seen again (its entry was forgotten)
+  const std::string stale = Pattern(kBlock, 's');
+  c->Fill("fhX", token, 0, stale.data(), stale.size());
+  c->Quiesce();
+  EXPECT_FALSE(c->Read("fhX", 0, kBlock).has_value());
+}
+
 }  // namespace
 }  // namespace mpnfs::cache

@@ -48,6 +48,47 @@ inline bool AnyBit(const PageBits& b) {
   return false;
 }
 
+// A view of a page bitmap stored elsewhere (a cache slot's, sized to its
+// block: one word per 64 pages). Assigning to it copies bits into it.
+class BitsRef {
+ public:
+  BitsRef(uint64_t* w, uint32_t n) : w_(w), n_(n) {}
+  BitsRef(const BitsRef&) = default;
+  const BitsRef& operator=(const BitsRef& o) const {
+    for (uint32_t i = 0; i < n_; ++i) w_[i] = i < o.n_ ? o.w_[i] : 0;
+    return *this;
+  }
+  const BitsRef& operator=(const PageBits& b) const {
+    for (uint32_t i = 0; i < n_; ++i) w_[i] = b[i];
+    return *this;
+  }
+  operator PageBits() const {
+    PageBits b{};
+    for (uint32_t i = 0; i < n_; ++i) b[i] = w_[i];
+    return b;
+  }
+  void Clear() const {
+    for (uint32_t i = 0; i < n_; ++i) w_[i] = 0;
+  }
+  uint64_t* begin() const { return w_; }
+  uint64_t* end() const { return w_ + n_; }
+  size_t size() const { return n_; }
+  uint64_t& operator[](size_t i) const { return w_[i]; }
+
+ private:
+  uint64_t* w_;
+  uint32_t n_;
+};
+inline bool TestBit(const BitsRef& b, uint32_t i) { return (b[i / 64] >> (i % 64)) & 1; }
+inline void SetBit(const BitsRef& b, uint32_t i) { b[i / 64] |= uint64_t{1} << (i % 64); }
+inline void ClearBit(const BitsRef& b, uint32_t i) { b[i / 64] &= ~(uint64_t{1} << (i % 64)); }
+inline bool AnyBit(const BitsRef& b) {
+  for (auto w : b) {
+    if (w != 0) return true;
+  }
+  return false;
+}
+
 // The change attributes cached pages are validated against.
 struct FileVersion {
   uint64_t size = 0;
