@@ -419,6 +419,16 @@ void Connection::Finish(std::shared_ptr<Request> r, const CallOutcome& o) {
       stats_.write_bytes[k].fetch_add(r->call->BytesOut(), std::memory_order_relaxed);
     }
   }
+  if (o.result == nullptr && loop_->InDirectSection()) {
+    // In a direct section (a submitting thread acting for the loop, see
+    // event_loop.h): the callback runs on the loop thread, as always, not on
+    // the submitter while it holds the loop.
+    auto later = [call = r->call, status = o.status, reissued = o.reissued,
+                  error = std::string(o.error)] {
+      call->Complete(CallOutcome{status, nullptr, reissued, error});
+    };
+    if (loop_->Run(later)) return;
+  }
   r->call->Complete(o);
 }
 

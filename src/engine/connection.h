@@ -24,10 +24,10 @@
 // Thread safety: everything but the atomics in `stats_` and `up_`, and the
 // history under `history_mu_`, is owned by the loop: its thread, or a thread
 // in one of its direct sections (event_loop.h), which holds the loop's
-// run_mu_. Deliver() from another thread tries a direct section first, so a
-// call's own completion callback may run on the submitting thread (when the
-// call fails at once) while it holds the loop: such callbacks must not
-// block. The picker in Engine reads only the atomics.
+// run_mu_. Deliver() from another thread tries a direct section first; a
+// call that ends inside a section (fails at once) is completed on the loop
+// thread afterwards (Finish), so completion callbacks run on loop threads
+// only, as before. The picker in Engine reads only the atomics.
 #pragma once
 
 #include <atomic>

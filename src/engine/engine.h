@@ -4,11 +4,16 @@
 // Design. The number of event-loop threads follows the cores, not the number
 // of connections: each connection belongs to one loop (round robin), and a
 // loop drives all of its connections with one epoll. A libnfs context is only
-// ever touched by its own loop thread. Submit() may be called from any thread:
-// it picks a connection (least outstanding work among the connections that
-// are up) and hands the request to that connection's loop through a mailbox
-// plus an eventfd wake-up. Nothing waits by polling or sleeping: loops block
-// in epoll_wait until a socket, the mailbox or the nearest deadline is due.
+// ever touched by one thread at a time: its loop thread, or a submitting
+// thread in a direct section of that loop. Submit() may be called from any
+// thread: it picks a connection (least outstanding work among the
+// connections that are up); if that connection's loop is asleep, the
+// submitting thread queues and sends the call itself (a direct section, see
+// event_loop.h: no thread hand-off, the loop wakes only for the reply), else
+// it hands the request over through a mailbox plus an eventfd wake-up. Loops
+// block in epoll_wait until a socket, the mailbox or the nearest deadline is
+// due; an idle loop also wakes every min(timeo, path_timeout/4) to find
+// nothing to do (the price of direct sends needing no wake-up).
 //
 // The engine owns what libnfs 4.0 cannot do safely itself:
 //  - the in-flight limit per connection (excess waits in the connection's

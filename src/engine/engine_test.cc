@@ -6,6 +6,7 @@
 #include <atomic>
 #include <future>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "engine/event_loop.h"
@@ -27,8 +28,10 @@ class ProbeCall : public RpcCall {
   int Issue(struct rpc_context*, NativeCb, void*) override { return -1; }  // fake never calls
   void Complete(const CallOutcome& o) override {
     ++completions;
+    completed_on = std::this_thread::get_id();
     done.set_value(std::make_pair(o.status, o.reissued));
   }
+  std::thread::id completed_on;  // read after `done` is ready
   std::promise<std::pair<CallStatus, bool>> done;
   std::atomic<int> completions{0};
 
@@ -498,6 +501,44 @@ TEST_F(EngineTest, ACallSubmittedWhileItsLoopSleepsIsSentByTheSubmittingThread) 
              net_.issuing_threads.back() == std::this_thread::get_id();
   }
   EXPECT_TRUE(direct) << "every call was handed to the loop thread";
+}
+
+TEST(LoopTest, AnExceptionInADirectSectionLeavesTheLoopWorking) {
+  Loop loop(0);
+  loop.Start();
+  bool threw = false;
+  for (int i = 0; i < 50 && !threw; ++i) {
+    std::this_thread::sleep_for(10ms);
+    try {
+      loop.TryRunHere([] { throw std::runtime_error("in a section"); });
+    } catch (const std::runtime_error&) {
+      threw = true;
+    }
+  }
+  ASSERT_TRUE(threw);
+  std::promise<void> ran;
+  ASSERT_TRUE(loop.Run([&] { ran.set_value(); }));
+  EXPECT_EQ(ran.get_future().wait_for(5s), std::future_status::ready) << "the loop is stuck";
+  loop.Stop();
+}
+
+TEST_F(EngineTest, ACallThatFailsAtOnceInADirectSectionCompletesOnTheLoopThread) {
+  auto o = Opts();
+  auto e = Started(o);
+  net_.Set([](FakeNet& n) { n.refuse_connect = true; });
+  net_.ResetOne();
+  for (int i = 0; i < 500 && e->Stats()[0].state == "up"; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_NE(e->Stats()[0].state, "up");
+  SubmitOptions so;
+  so.path = o.paths[0];
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(5ms);  // between reconnect attempts the loop sleeps
+    auto c = std::make_shared<ProbeCall>();
+    e->Submit(c, Cred{}, so);
+    EXPECT_EQ(Await(c).first, CallStatus::kTimedOut);
+    EXPECT_NE(c->completed_on, std::this_thread::get_id())
+        << "a callback ran on the submitting thread while it held the loop";
+  }
 }
 
 TEST_F(EngineTest, SubmitAfterWaitsThenSends) {

@@ -90,9 +90,7 @@ bool Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
 }
 
 bool Loop::EnterDirect() {
-  if (OnLoopThread() || holder_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
-    return false;
-  }
+  if (OnLoopThread() || InDirectSection() || awake_.load(std::memory_order_relaxed)) return false;
   if (!run_mu_.try_lock()) return false;
   bool ok = running_;
   if (ok) {
@@ -197,6 +195,7 @@ void Loop::Step(epoll_event* evs, int n) {
 
 void Loop::Main() {
   epoll_event evs[64];
+  loop_tid_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   std::unique_lock run(run_mu_);
   running_ = true;
   for (;;) {
@@ -224,8 +223,10 @@ void Loop::Main() {
       next = now0;
     }
     sleep_until_.store(next.time_since_epoch().count(), std::memory_order_relaxed);
+    awake_.store(false, std::memory_order_relaxed);
     run.unlock();
     int n = epoll_wait(epfd_, evs, 64, timeout_ms);
+    awake_.store(true, std::memory_order_relaxed);
     run.lock();
     Step(evs, n);
   }

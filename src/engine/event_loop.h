@@ -16,10 +16,17 @@
 // is refused (the caller posts as before) when the loop is busy, has mail
 // not yet drained (so calls are never sent ahead of earlier posted ones),
 // has not started or has ended, or when the caller already is in a section
-// of this loop or is the loop thread. After a section, the loop is woken if
-// the section left a deadline earlier than the one it sleeps until. An idle
-// loop sleeps at most `idle_cap` (the shortest deadline a new call sets), so
-// a direct call at idle does not need a wake-up for its deadlines.
+// of this loop or is the loop thread, and while the loop is awake (from
+// epoll_wait's return to its next sleep: the loop thread is never made to
+// wait behind submitters). After a section, the loop is woken if the section
+// left a deadline earlier than the one it sleeps until. An idle loop sleeps
+// at most `idle_cap` (the shortest deadline a new call sets: min(timeo,
+// path_timeout/4), 250 ms by default), so a direct call at idle needs no
+// wake-up for its deadlines; the price is that an idle loop wakes that often
+// to find nothing to do. Completions that a section produces (a call that
+// fails at once) are not run in it: Connection::Finish hands them to the
+// loop thread, so callbacks still run on loop threads only (see
+// connection.h).
 //
 // Lock order: run_mu_ before mu_; Loop::mu_ is a leaf lock (nothing is
 // called while holding it). run_mu_ of one loop is only ever try-locked by a
@@ -71,7 +78,13 @@ class Loop {
   // the loop stops, whichever is first). False once the loop has ended.
   bool RunAt(Clock::time_point when, std::function<void()> fn);
 
-  bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  bool OnLoopThread() const {
+    return std::this_thread::get_id() == loop_tid_.load(std::memory_order_relaxed);
+  }
+  // This thread is in a direct section of this loop.
+  bool InDirectSection() const {
+    return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
 
   // Any thread: if the loop is asleep with an empty mailbox, run `fn` now on
   // this thread as the loop would (see "Direct sections" above) and return
@@ -79,8 +92,11 @@ class Loop {
   template <typename Fn>
   bool TryRunHere(Fn&& fn) {
     if (!EnterDirect()) return false;
+    struct Leave {
+      Loop* loop;
+      ~Leave() { loop->LeaveDirect(); }
+    } leave{this};
     fn();
-    LeaveDirect();
     return true;
   }
   // Direct sections run since Start (for tests and statistics).
@@ -115,6 +131,11 @@ class Loop {
   std::atomic<Clock::rep> sleep_until_{Clock::time_point::max().time_since_epoch().count()};
   std::atomic<uint64_t> direct_{0};
   std::atomic<std::thread::id> holder_{};  // the thread in a direct section
+  std::atomic<std::thread::id> loop_tid_{};  // set by Main()
+  // Between epoll_wait's return and the loop's next sleep: the loop has
+  // work and takes run_mu_ next, so direct sections are refused (the loop
+  // is not made to wait behind submitters).
+  std::atomic<bool> awake_{true};
 
   std::mutex mu_;
   std::vector<Delivery> mail_ GUARDED_BY(mu_);

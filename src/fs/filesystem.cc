@@ -160,8 +160,17 @@ void Filesystem::NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a) {
   std::lock_guard lock(postop_mu_);
   auto it = dir_postop_.find(ino);
   if (it != dir_postop_.end()) {
-    // Replies may arrive out of order: the newest state wins.
-    if (a->ctime < it->second.attr.ctime) return;
+    // Replies may arrive out of order: the newest state wins. Two states
+    // with the same ctime (the server's clock ticks coarsely) cannot be
+    // ordered: then neither is served from here.
+    const nfs::Attr& old = it->second.attr;
+    if (a->ctime < old.ctime) return;
+    if (a->ctime == old.ctime &&
+        (a->mode != old.mode || a->uid != old.uid || a->gid != old.gid ||
+         a->nlink != old.nlink || a->size != old.size || !(a->mtime == old.mtime))) {
+      dir_postop_.erase(it);
+      return;
+    }
     it->second = PostOp{*a, now};
     return;
   }
@@ -200,7 +209,7 @@ std::optional<std::pair<nfs::Attr, double>> Filesystem::FreshDirAttr(uint64_t in
   return std::make_pair(it->second.attr, age);
 }
 
-AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
+AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a, std::optional<double> timeout) {
   AttrOut out;
   out.st = ToStat(a, opts_.wsize);
   {
@@ -215,7 +224,7 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a) {
     const uint64_t floor = cache->SizeFloor(inode->fh());
     if (floor > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = static_cast<off_t>(floor);
   }
-  out.timeout = AttrTimeout(inode, a);
+  out.timeout = timeout ? *timeout : AttrTimeout(inode, a);
   return out;
 }
 
@@ -266,8 +275,9 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   if (auto fresh = FreshDirAttr(ino)) {
     // A change made here answered with the directory's attributes just now
     // (filesystem.h, "Directory attributes").
-    AttrOut out = MakeAttr(inode, fresh->first);
-    out.timeout = std::max(0.0, out.timeout - fresh->second);
+    // Not a sign that the attributes are stable (the kernel would keep
+    // them longer each time): at most what remains of acdirmin.
+    AttrOut out = MakeAttr(inode, fresh->first, std::max(0.0, opts_.acdirmin - fresh->second));
     return cb(out);
   }
   {
@@ -555,6 +565,9 @@ void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, 
   if (!dir) return cb(Stale());
   nfs_.Rmdir(dir->fh(), name, c, [this, parent, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r) return cb(r.error());
+    // The removed directory's own entry must go too (its inode is not known
+    // here): it is gone, not as it was.
+    ForgetAllDirAttrs();
     NoteDirAttr(parent, r->after);
     cb(Ok{});
   });

@@ -248,7 +248,9 @@ class Filesystem {
   // The directory `parent`, after checking the length of `name` in it.
   Result<InodeP> Parent(uint64_t parent, const std::string& name);
   EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);
-  AttrOut MakeAttr(const InodeP& inode, const nfs::Attr& a);
+  // `timeout`: given, instead of the attribute cache's adaptive one.
+  AttrOut MakeAttr(const InodeP& inode, const nfs::Attr& a,
+                   std::optional<double> timeout = std::nullopt);
   double AttrTimeout(const InodeP& inode, const nfs::Attr& a);
   // Post-operation attributes of directory `ino` (see "Directory attributes").
   void NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a);

@@ -137,14 +137,20 @@ class FilesystemTest : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-  // A new file in the root holding `data`, written through the (still open) file.
+  // A new file in the root holding `data`, written UNSTABLE through a second
+  // open of it (the first write through the open that created a file may go
+  // FILE_SYNC, and then nothing is kept for a resend), still open.
   OpenFile* CreateWith(const std::string& name, const std::string& data) {
     auto c = Create(kRoot, name);
     EXPECT_TRUE(c.ok()) << c.error().what;
     if (!c) return nullptr;
-    auto w = Write(c->second.file, data, 0);
+    auto o = Open(c->first.ino, O_RDWR);
+    EXPECT_TRUE(o.ok()) << o.error().what;
+    Close(c->second.file);
+    if (!o) return nullptr;
+    auto w = Write(o->file, data, 0);
     EXPECT_TRUE(w.ok()) << w.error().what;
-    return c->second.file;
+    return o->file;
   }
   std::string ContentsOf(const std::string& path) {
     auto fh = nfs_.FhOf(path);
@@ -430,6 +436,7 @@ TEST_F(FilesystemTest, ODsyncDirectWriteIsFileSyncWhenItReturns) {
 TEST_F(FilesystemTest, ResendAfterRestartNeverReplacesNewerData) {
   const std::string a = Pattern(8192, 1), b = Pattern(4096, 2);
   OpenFile* f = CreateWith("n", a);
+  ASSERT_EQ(StableOf("n"), "") << "written stable: a restart would lose nothing";
   ASSERT_NE(f, nullptr);
   ASSERT_TRUE(nfs_.Quiesce());
   nfs_.Restart();  // `a` is lost
@@ -452,6 +459,7 @@ TEST_F(FilesystemTest, ResendOfTwoLostOverlappingWritesKeepsTheNewer) {
     const std::string name = "two" + std::to_string(seed);
     const std::string a = Pattern(65536, 1), b = Pattern(65536, 2);
     OpenFile* f = CreateWith(name, a);
+    ASSERT_EQ(StableOf(name), "") << "written stable: a restart would lose nothing";
     ASSERT_NE(f, nullptr);
     ASSERT_TRUE(Write(f, b, 0).ok());
     ASSERT_TRUE(nfs_.Quiesce());
@@ -464,6 +472,7 @@ TEST_F(FilesystemTest, ResendOfTwoLostOverlappingWritesKeepsTheNewer) {
 
 TEST_F(FilesystemTest, ResendAfterRestartDoesNotUndoALaterTruncate) {
   OpenFile* f = CreateWith("t", Pattern(8192, 3));
+  ASSERT_EQ(StableOf("t"), "") << "written stable: a restart would lose nothing";
   ASSERT_NE(f, nullptr);
   ASSERT_TRUE(nfs_.Quiesce());
   nfs_.Restart();
@@ -733,6 +742,37 @@ TEST_F(FilesystemTest, DirectoryGetattrAfterAChangeUsesItsPostOpAttributes) {
   EXPECT_EQ(a3->st.st_mode & 07777, 0700u);
 }
 
+// A directory removed right after a change in it is not answered from the
+// change's attributes: the server says it is gone.
+TEST_F(FilesystemTest, ARemovedDirectoryIsNotAnsweredFromCachedAttributes) {
+  auto d = Mkdir(kRoot, "gone");
+  ASSERT_TRUE(d.ok());
+  auto c = Create(d->ino, "x");
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  ASSERT_TRUE(Unlink(d->ino, "x").ok());
+  ASSERT_TRUE(Rmdir(kRoot, "gone").ok());
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); });
+  EXPECT_FALSE(a.ok()) << "attributes of a removed directory, nlink " << (a ? a->st.st_nlink : 0);
+}
+
+// Attributes served from a change's reply do not make the attribute cache
+// keep them longer (it grows only when the server finds them unchanged).
+TEST_F(FilesystemTest, CachedDirectoryAttributesDoNotLengthenTheTimeout) {
+  auto d = Mkdir(kRoot, "dd");
+  ASSERT_TRUE(d.ok());
+  auto c = Create(d->ino, "x");
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  const size_t before = CountOf(nfs_, Proc::kGetattr);
+  auto a1 = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); });
+  auto a2 = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, d->ino, cb); });
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before) << "not answered from the change";
+  EXPECT_LE(a1->timeout, fs_->options().acdirmin);
+  EXPECT_LE(a2->timeout, fs_->options().acdirmin);
+}
+
 // A directory renamed right after a change in it: its next GETATTR shows the
 // rename's ctime, not the attributes the earlier change brought.
 TEST_F(FilesystemTest, RenamedDirectoryIsNotAnsweredFromOlderPostOpAttributes) {
@@ -809,6 +849,7 @@ TEST_F(FilesystemTest, UnlinkRacingTheLastCloseLeavesNoHiddenName) {
 
 TEST_F(FilesystemTest, SizeDoesNotShrinkWhileLostDataAwaitsResend) {
   OpenFile* f = CreateWith("sz", Pattern(8192, 7));
+  ASSERT_EQ(StableOf("sz"), "") << "written stable: a restart would lose nothing";
   ASSERT_NE(f, nullptr);
   ASSERT_TRUE(nfs_.Quiesce());
   nfs_.Restart();
