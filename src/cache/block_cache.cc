@@ -961,7 +961,6 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
     }
     Slot& slot = slots_[s];
     const uint32_t p0 = static_cast<uint32_t>((lo - b * block) / kPage);
-    const uint32_t np = static_cast<uint32_t>((hi - lo) / kPage);
     Job job{};
     job.slot = s;
     job.gen = slot.gen;
