@@ -782,6 +782,9 @@ uint64_t BlockCache::DropAll() {
   uint64_t n = 0;
   for (uint32_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s].file == kNoFile) continue;
+    // A slot a write-back write or a fill holds (pinned) stays: freeing it
+    // would let another block or file take it under the write.
+    if (policy_->Pinned(s)) continue;
     if (KeepDirtyOnly(s)) continue;
     FreeSlot(s, /*persist=*/true);
     policy_->Release(s);
@@ -1296,6 +1299,16 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     parts.clear();
     return false;
   }
+  // Every block's current slot is pinned before any slot is allocated: an
+  // allocation for one block must not evict the slot another block of this
+  // write was found in (its data would then be written there as the other
+  // block's).
+  for (auto& part : parts) {
+    if (part.from == UINT32_MAX) continue;
+    part.from_gen = slots_[part.from].gen;
+    policy_->Pin(part.from);
+    part.pinned_from = true;
+  }
   for (auto& part : parts) {
     Plan plan;
     bool cow = false;
@@ -1333,9 +1346,6 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     }
     if (part.from != UINT32_MAX) {
       Slot& from = slots_[part.from];
-      part.from_gen = from.gen;
-      policy_->Pin(part.from);
-      part.pinned_from = true;
       // Read from the current slot: the partial pages it holds, and on a
       // copy every valid page the write does not cover whole.
       for (uint32_t p = 0; p < pages(); ++p) {
@@ -1531,7 +1541,9 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       } else if (!to.dirty_pin) {
         twb.dirty_since = now;
       }
-      twb.wgen++;
+      // Never repeats, not even in a slot freed and taken again: a flush
+      // round's Flushed() must not mistake a newer write for the one it sent.
+      twb.wgen = ++counter_;
       twb.fsize = std::max({twb.fsize, w.off + w.len, LogicalSize(f)});
       twb.uid = w.uid;
       twb.groups = w.groups;
@@ -1952,14 +1964,5 @@ CacheStats BlockCache::Stats() const {
   return s;
 }
 
-uint64_t BlockCache::ChecksumBytesResident() const {
-  std::lock_guard lock(mu_);
-  return crcs_->Resident();
-}
-
-bool BlockCache::PageOutChecksums() {
-  std::lock_guard lock(mu_);
-  return crcs_->PageOut();
-}
 
 }  // namespace mpnfs::cache

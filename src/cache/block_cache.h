@@ -340,11 +340,6 @@ class BlockCache {
   CacheStats Stats() const;
   // Waits until every queued store has been written (tests, unmount).
   void Quiesce();
-  // The page checksum table (crc_table.h): bytes in memory now, and a push
-  // out of memory as under memory pressure (tests, benchmarks; false if the
-  // table is not file-backed).
-  uint64_t ChecksumBytesResident() const;
-  bool PageOutChecksums();
 
  private:
   static constexpr uint32_t kNoFile = UINT32_MAX, kNoSlot = UINT32_MAX, kNoVersion = UINT32_MAX;

@@ -1,16 +1,19 @@
-// CrcTable: the CRC-32 of every page of every cache slot, kept out of the
-// heap. At 4 bytes per 4 KiB page it is 1 MiB per GiB of cache, twice the
-// RAM budget of everything else; so it lives in a shared mapping of an
-// unnamed file in the cache directory (O_TMPFILE): the kernel keeps the
-// pages in use in the page cache and may write the others out and drop
-// them, as it does with the data file's pages.
+// CrcTable: the CRC-32 of every page of every cache slot, in one flat
+// anonymous mapping (no allocation per slot; pages of it are touched only as
+// slots are used). At 4 bytes per 4 KiB page it is 1 MiB of RAM per GiB of
+// cache, more than everything else together (about 0.4 MiB per GiB).
+//
+// It was once a shared mapping of an unnamed file in cache_dir, so that the
+// kernel could write it out and drop it. That was withdrawn: a store to a
+// page of such a file raises SIGBUS (the gateway dies) when the cache
+// filesystem is full, and so does a read-back the disk fails; and its page
+// faults are cache-disk I/O on the engine's event loops and under the
+// cache's lock. Keeping the CRCs out of RAM safely would need reads and
+// writes through the Disk seam (errors reported, off the loops): not done.
 //
 // Nothing in it is durable or trusted across mounts: the index records
-// (format.h) remain the only durable copy of the CRCs, the table is rebuilt
-// from them at every mount and vanishes with the mapping. It is therefore
-// outside the durability rules of block_cache.h and outside the Disk seam.
-// Where the directory cannot hold such a file, anonymous memory is used
-// instead (then the CRCs do count as RAM).
+// (format.h) remain the only durable copy of the CRCs, and the table is
+// rebuilt from them at every mount.
 //
 // Thread safety: none; BlockCache reads and writes it under its lock.
 #pragma once
@@ -23,7 +26,7 @@ namespace mpnfs::cache {
 
 class CrcTable {
  public:
-  // A zeroed table of `slots` x `pages` CRCs, backed by a file in `dir`.
+  // A zeroed table of `slots` x `pages` CRCs (`dir`: unused, see above).
   static std::unique_ptr<CrcTable> Open(const std::string& dir, uint32_t slots, uint32_t pages);
   ~CrcTable();
   CrcTable(const CrcTable&) = delete;
@@ -31,21 +34,13 @@ class CrcTable {
 
   uint32_t* at(uint32_t slot) { return base_ + uint64_t{slot} * pages_; }
   const uint32_t* at(uint32_t slot) const { return base_ + uint64_t{slot} * pages_; }
-  bool file_backed() const { return file_backed_; }
   uint64_t bytes() const { return bytes_; }
-  // Bytes of the table in memory now (page cache or anonymous).
-  uint64_t Resident() const;
-  // Writes the table to its file and drops it from memory, as the kernel
-  // does under memory pressure (tests, benchmarks). False if anonymous.
-  bool PageOut();
 
  private:
   CrcTable() = default;
-  int fd_ = -1;
   uint32_t* base_ = nullptr;
   uint64_t bytes_ = 0;
   uint32_t pages_ = 0;
-  bool file_backed_ = false;
 };
 
 }  // namespace mpnfs::cache
