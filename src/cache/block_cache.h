@@ -59,8 +59,8 @@
 // version interned), its three page bitmaps sized to the block (bits_), its entry in the block
 // table (block_table_, open addressing over slot numbers) and its share of
 // the 2Q policy's arrays (policy.h). The page CRCs (4 bytes per 4 KiB page,
-// 1 MiB per GiB) are in the file-backed CrcTable, which the kernel may push
-// out of memory and read back. A file's handle, version bookkeeping and
+// 1 MiB per GiB) are in CrcTable, one flat anonymous mapping (crc_table.h
+// says why not a file). A file's handle, version bookkeeping and
 // write counters are kept once per file (FileState, with an id the slots
 // name it by while they hold its blocks); write-back fields (writer's
 // credentials, implied size, dirty age) only for slots write-back reached

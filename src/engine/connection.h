@@ -95,8 +95,10 @@ class Connection : public TransportSink {
     if (removed) removed_.store(true);
   }
 
-  // Any thread: hand `r` to this connection through its loop's mailbox. The
-  // call counts as queued from now on, so the picker sees it at once.
+  // Any thread: hand `r` to this connection: queued and sent at once from
+  // this thread if its loop sleeps (a direct section, event_loop.h), else
+  // through the loop's mailbox. The call counts as queued from now on, so
+  // the picker sees it at once.
   void Deliver(std::shared_ptr<Request> r);
 
   // --- loop thread only ---
