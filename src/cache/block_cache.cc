@@ -782,10 +782,12 @@ uint64_t BlockCache::DropAll() {
   uint64_t n = 0;
   for (uint32_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s].file == kNoFile) continue;
-    // A slot a write-back write or a fill holds (pinned) stays: freeing it
-    // would let another block or file take it under the write.
-    if (policy_->Pinned(s)) continue;
+    // Dirty blocks keep their unflushed pages only (their clean ones go).
     if (KeepDirtyOnly(s)) continue;
+    // A clean slot a write-back write, a read or a flush holds right now
+    // (pinned) stays: freeing it would let another block or file take it
+    // under that operation.
+    if (policy_->Pinned(s)) continue;
     FreeSlot(s, /*persist=*/true);
     policy_->Release(s);
     ++n;

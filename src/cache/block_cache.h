@@ -362,7 +362,7 @@ class BlockCache {
   // Write-back fields of a slot, for slots a write-back write reached (and
   // slots loaded with dirty pages), until the slot is freed.
   struct WbSlot {
-    uint32_t wgen = 0;     // bumped by each write-back write (kept by copies)
+    uint64_t wgen = 0;     // a new counter_ value at each write-back write (kept by copies)
     uint64_t fsize = 0;
     uint32_t uid = 0, gid = 0;
     std::vector<uint32_t> groups;

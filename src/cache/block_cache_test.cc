@@ -830,6 +830,21 @@ TEST_F(WbRaceTest, DropAllDuringAWriteBackWriteNeverLendsItsSlotToAnotherFile) {
   EXPECT_TRUE(*rb == b.substr(0, 4096)) << "B serves A's bytes";
 }
 
+// An online drop forgets the clean pages of a block with unflushed writes
+// and keeps the unflushed ones.
+TEST_F(WriteBackTest, DropAllForgetsTheCleanPagesOfADirtyBlock) {
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  const std::string clean = Pattern(kBlock, 'c');
+  FillFromServer(*c, "fh1", 0, clean);
+  const std::string dirty = Pattern(4096, 'd');
+  ASSERT_EQ(Wb(*c, "fh1", 0, dirty).kind, WbOutcome::kStored);
+  ASSERT_EQ(c->Read("fh1", 4 * 4096, 4096), clean.substr(4 * 4096, 4096));
+  c->DropAll();
+  EXPECT_FALSE(c->Read("fh1", 4 * 4096, 4096).has_value()) << "a clean page survived the drop";
+  EXPECT_EQ(Collected(*c, "fh1", 0, 4096), dirty) << "the unflushed page was lost";
+}
+
 TEST_F(WbRaceTest, DropAllDuringAWriteBackWriteAloneLeavesACoherentCache) {
   GateDisk disk;
   auto c = Open(16 * kBlock, &disk);
