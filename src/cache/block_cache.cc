@@ -1345,6 +1345,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       to.rec_seq = seq_++;
       policy_->Pin(part.to);
       part.allocated = true;
+      part.to_gen = to.gen;
     }
     if (part.from != UINT32_MAX) {
       Slot& from = slots_[part.from];
@@ -1508,6 +1509,9 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     bool raced = false;
     for (const auto& part : it.parts) {
       raced = raced || (part.pinned_from && slots_[part.from].gen != part.from_gen);
+      // A coherence drop or a forgotten file freed the slot allocated for
+      // the write (pinned, so nobody else has it): the write starts over.
+      raced = raced || (part.allocated && slots_[part.to].gen != part.to_gen);
     }
     if (!wrote || raced) {
       if (!wrote) DeviceError("writing the cache", err);

@@ -420,6 +420,7 @@ class BlockCache {
     uint32_t from = UINT32_MAX;  // the slot holding the block now, if any
     uint32_t to = 0;             // where the new pages go (== from: in place)
     uint64_t from_gen = 0;
+    uint64_t to_gen = 0;         // `to`'s gen once allocated (a drop meanwhile bumps it)
     bool allocated = false;      // `to` was taken for this write
     bool pinned_from = false;
     uint32_t p0 = 0, np = 0;     // pages the write touches

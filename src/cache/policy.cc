@@ -137,10 +137,14 @@ std::optional<uint32_t> TwoQueue::Victim() {
 
 std::optional<uint32_t> TwoQueue::Allocate(uint64_t key, bool* evicted) {
   *evicted = false;
-  uint32_t slot;
-  if (free_.head != kNone) {
-    slot = free_.head;
-  } else {
+  // A free slot still pinned (released while an operation held it, e.g. a
+  // coherence drop during a write-back write) is not handed out until that
+  // operation lets go: it would find its slot holding another block.
+  uint32_t slot = kNone;
+  for (uint32_t s = free_.head; s != kNone && slot == kNone; s = next_[s]) {
+    if (pins_[s] == 0) slot = s;
+  }
+  if (slot == kNone) {
     auto v = Victim();
     if (!v) return std::nullopt;
     slot = *v;

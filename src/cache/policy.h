@@ -58,7 +58,8 @@ class TwoQueue {
   // admit=second a first miss answers false and remembers the key.
   bool Admit(uint64_t key);
   // A free slot for `key`, evicting if needed. nullopt if every slot is
-  // pinned. `*evicted` is set to the slot's previous user when one was evicted.
+  // pinned. A pinned slot is never handed out, not even a free one (one
+  // released while an operation held it). `*evicted` is set to the slot's previous user when one was evicted.
   std::optional<uint32_t> Allocate(uint64_t key, bool* evicted);
   // Puts `slot` (already holding `key`, e.g. found at start-up) in use.
   void Adopt(uint32_t slot, uint64_t key, bool hot);

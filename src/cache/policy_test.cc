@@ -33,6 +33,22 @@ TEST(TwoQueueTest, FillsFreeSlotsBeforeEvicting) {
   EXPECT_EQ(q.in_use(), 8u);
 }
 
+// A slot released while an operation still holds it (pinned) is not handed
+// out again until that operation lets go.
+TEST(TwoQueueTest, AReleasedSlotStillPinnedIsNotHandedOut) {
+  TwoQueue q(4);
+  const uint32_t held = Alloc(q, K(1));
+  q.Pin(held);
+  q.Release(held);
+  const uint32_t other = Alloc(q, K(2));
+  EXPECT_NE(other, held);
+  for (int i = 3; i < 10; ++i) EXPECT_NE(Alloc(q, K(i)), held) << "allocation " << i;
+  q.Unpin(held);
+  std::set<uint32_t> got;
+  for (int i = 10; i < 20; ++i) got.insert(Alloc(q, K(i)));
+  EXPECT_TRUE(got.count(held)) << "the slot never came back once unpinned";
+}
+
 TEST(TwoQueueTest, AScanDoesNotEvictBlocksUsedTwice) {
   TwoQueue q(100);
   std::vector<uint32_t> hot;
