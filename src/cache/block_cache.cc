@@ -511,7 +511,7 @@ BlockCache::~BlockCache() {
     }
     // (The writer is gone: this thread is the index's only writer now.)
     if (data_) data_->Sync();
-    WriteRecords(lock, /*sync=*/true);
+    Commit(lock);
     DiscardBrokenIndex(lock);  // again: the disk may take it now
   }
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
@@ -545,6 +545,9 @@ void BlockCache::Persist(uint32_t s) {
 }
 
 bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
+  // Rule 1: no record may declare write-back data that is not synced, and a
+  // record reflects every page of its group as it is in memory now.
+  if (wb_unsynced_) SyncWbData(lock);
   if (index_broken_) {
     queued_groups_.clear();
     return false;
@@ -602,7 +605,7 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
 
 void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
   if (!writer_.joinable() || stop_ || writer_.get_id() == std::this_thread::get_id()) {
-    WriteRecords(lock, /*sync=*/true);
+    Commit(lock);
     return;
   }
   bool done = false;
@@ -1134,6 +1137,23 @@ void BlockCache::WriterMain() {
   std::unique_lock lock(mu_);
   auto next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (true) {
+    if (WbPending() && (stop_ || commit_asked_ || !durable_waiters_.empty() ||
+                        std::chrono::steady_clock::now() >= commit_due_ ||
+                        wb_retire_.size() > nslots_ / 8)) {
+      // Acknowledged write-back writes become durable: asked for (fsync,
+      // Quiesce, unmount), a second after the first of them, or when the
+      // old slots of moved blocks waiting for it grow many.
+      writing_ = true;
+      Commit(lock);
+      continue;
+    }
+    if (jobs_.empty() && WbPending()) {
+      // Records wait for the commit too (writing them would sync the data).
+      writing_ = false;
+      idle_cv_.notify_all();
+      cv_.wait_until(lock, commit_due_);
+      continue;
+    }
     if (jobs_.empty() && !queued_groups_.empty()) {
       // Record changes made outside the writer (invalidations, frees,
       // version updates): written now, synced by the next barrier.
@@ -1173,15 +1193,16 @@ void BlockCache::WriterMain() {
       // Everything queued before it is durable before it runs.
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
-      WriteRecords(lock, /*sync=*/true);
+      Commit(lock);
       lock.unlock();
       job.barrier();
       lock.lock();
       continue;
     }
     if (jobs_.front().wb) {
-      // Write-back writes are committed in batches: one sync of the data
-      // file and one of the index for all of them.
+      // Write-back writes are applied in batches and acknowledged; a later
+      // commit makes them durable (one sync of the data file and one of the
+      // index for all of them).
       std::vector<Job> batch;
       while (!jobs_.empty() && jobs_.front().wb && batch.size() < 64) {
         batch.push_back(std::move(jobs_.front()));
@@ -1436,32 +1457,6 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
   return true;
 }
 
-void BlockCache::UndoApplied(std::vector<WbPart>& parts) {
-  for (size_t i = parts.size(); i-- > 0;) {
-    WbPart& part = parts[i];
-    Slot& to = slots_[part.to];
-    if (part.to != part.from) {
-      // The block's home goes back to the slot it came from, if any.
-      FreeSlot(part.to, /*persist=*/true);
-      policy_->Release(part.to);
-      if (part.pinned_from && slots_[part.from].gen == part.from_gen && slots_[part.from].file != kNoFile) {
-        TableSet(part.from);
-        List(part.from);
-      }
-    } else {
-      // In place: the pages written leave the cache (they were clean before).
-      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
-        if (TestBit(Valid(to), p)) used_pages_--;
-        ClearBit(Valid(to), p);
-        ClearBit(DirtyBits(to), p);
-      }
-      to.inval++;
-      SetDirtyPin(part.to);
-      Persist(part.to);
-    }
-  }
-}
-
 void BlockCache::UndoWb(std::vector<WbPart>& parts) {
   for (auto& part : parts) {
     if (part.allocated) {
@@ -1480,11 +1475,9 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
   struct Item {
     std::vector<WbPart> parts;
     WbOutcome out;
-    bool ok = false;       // applied in memory
-    bool durable = true;   // and its records written
+    bool ok = false;  // applied in memory
   };
   std::vector<Item> items(batch.size());
-  std::vector<uint32_t> retire;  // slots whose blocks moved (freed after the sync)
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < batch.size(); ++i) {
     const WbWrite& w = *batch[i].wb;
@@ -1559,66 +1552,118 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       if (moved) {
         TableSet(part.to);
         List(part.to);
-        if (from) {
-          Unlist(part.from);
-          retire.push_back(part.from);
-        }
+        if (from) Unlist(part.from);  // freed after the commit (below)
       }
       SetDirtyPin(part.to);
       NoteChange(f, part.block, part.p0, part.np);
     }
     f.wb_size = std::max(f.wb_size, w.off + w.len);
+    f.wb_commit = commits_ + 1;  // (no commit runs while this thread applies writes)
     stats_.writes++;
     it.ok = true;
   }
-  // Group commit (the order rules of block_cache.h): the data is synced,
-  // then the records that declare it are written and synced, then the old
-  // slots of moved blocks are freed; then the writes are answered.
-  lock.unlock();
-  const bool data_synced = data_->Sync();
-  const int data_err = errno;
-  lock.lock();
-  bool index_synced = false;
-  if (!data_synced) {
-    // Nothing of this batch can be trusted on disk: its pages leave the
-    // cache (newest first) and the writes go to the server. The old slots
-    // keep the older dirty data, which the caller flushes before its write.
-    DeviceError("syncing the cache data", data_err);
-    health_ = Health::kOut;
-    for (size_t i = items.size(); i-- > 0;) {
-      if (items[i].ok) UndoApplied(items[i].parts);
-    }
-    retire.clear();
-  } else {
-    for (auto& it : items) {
-      if (!it.ok) continue;
-      for (const auto& part : it.parts) Persist(part.to);
-    }
-    index_synced = WriteRecords(lock, /*sync=*/true);
-  }
-  for (uint32_t s : retire) {
-    // After the new records are durable: a crash keeps one or both claims,
-    // and the newer wins. (If they are not, the index is broken and will
-    // be emptied; the old slot must not be flushed after the new one.)
-    FreeSlot(s, /*persist=*/true);
-    policy_->Release(s);
-  }
+  // Acknowledged now, durable at the next commit (Commit): their records
+  // are written only once the data is synced, and the old slots of moved
+  // blocks stay pinned, holding the older claims, until those records are.
+  const bool was_pending = WbPending();
+  bool any = false;
   for (auto& it : items) {
     for (auto& part : it.parts) {
       if (part.allocated) policy_->Unpin(part.to);
-      if (part.pinned_from) policy_->Unpin(part.from);
+      if (!part.pinned_from) continue;
+      if (it.ok && part.to != part.from) {
+        wb_retire_.push_back(Retire{part.from, slots_[part.from].gen});  // keeps the pin
+      } else {
+        policy_->Unpin(part.from);
+      }
     }
-    if (it.ok && !index_synced) {
-      // The caller is told the pages are not durable, and writes them to
-      // the server itself (in memory they are there, and will be flushed).
-      it.out.kind = WbOutcome::kUnavailable;
-      stats_.wb_arounds++;
-    }
+    if (!it.ok) continue;
+    for (const auto& part : it.parts) wb_persist_.push_back(part.to);
+    any = true;
+  }
+  if (any) {
+    if (!was_pending) commit_due_ = now + opts_.commit_interval;
+    wb_unsynced_ = true;
   }
   lock.unlock();
   for (size_t i = 0; i < batch.size(); ++i) batch[i].done(std::move(items[i].out));
   batch.clear();
   lock.lock();
+}
+
+bool BlockCache::SyncWbData(std::unique_lock<std::mutex>& lock) {
+  if (!wb_unsynced_) return true;
+  // (Only the writer thread writes write-back data, and it is here: no
+  // write-back write is applied while the lock is released.)
+  lock.unlock();
+  const bool ok = data_->Sync();
+  const int err = errno;
+  lock.lock();
+  wb_unsynced_ = false;
+  if (ok) return true;
+  // Acknowledged writes whose data may not be on the disk: no record may
+  // ever declare them (the index is broken from now on: the last synced
+  // records, with the older copies they name, are what a crash keeps), the
+  // cache goes out of service, and the flusher takes their pages to the
+  // server from the data file (checked by their CRCs). Durable() answers
+  // false from now on: fsync goes to the server.
+  DeviceError("syncing the cache data", err);
+  health_ = Health::kOut;
+  if (!index_broken_) {
+    index_broken_ = true;
+    queued_groups_.clear();
+  }
+  return false;
+}
+
+bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
+  bool ok = SyncWbData(lock);
+  for (uint32_t s : wb_persist_) Persist(s);
+  wb_persist_.clear();
+  // (WriteRecords fails, writing nothing, once the index is broken.)
+  ok = WriteRecords(lock, /*sync=*/true) && ok;
+  for (const Retire& r : wb_retire_) {
+    // After the new records are durable: a crash keeps one or both claims,
+    // and the newer wins. (If they are not, the index is broken and will
+    // be emptied; the old slot must not be flushed after the new one.)
+    if (slots_[r.slot].gen == r.gen) {
+      FreeSlot(r.slot, /*persist=*/true);
+      policy_->Release(r.slot);
+    }
+    policy_->Unpin(r.slot);
+  }
+  wb_retire_.clear();
+  commit_asked_ = false;
+  commits_++;
+  auto waiters = std::move(durable_waiters_);
+  durable_waiters_.clear();
+  idle_cv_.notify_all();
+  if (!waiters.empty()) {
+    lock.unlock();
+    for (auto& w : waiters) w(ok);
+    lock.lock();
+  }
+  return ok;
+}
+
+void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) {
+  std::unique_lock lock(mu_);
+  if (index_broken_ || !journal_) {
+    lock.unlock();
+    return done(false);
+  }
+  auto it = files_.find(fh);
+  if (!WbPending() || it == files_.end() || it->second.wb_commit <= commits_) {
+    lock.unlock();
+    return done(true);
+  }
+  if (!writer_.joinable() || stop_) {
+    const bool ok = Commit(lock);
+    lock.unlock();
+    return done(ok);
+  }
+  durable_waiters_.push_back(std::move(done));
+  cv_.notify_all();
 }
 
 bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
@@ -1944,9 +1989,16 @@ void BlockCache::NoteFlushError() {
   stats_.flush_errors++;
 }
 
-void BlockCache::Quiesce() {
+void BlockCache::Quiesce(bool commit) {
   std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [this] { return jobs_.empty() && !writing_ && queued_groups_.empty(); });
+  if (!writer_.joinable() || stop_) return;
+  if (commit) {
+    commit_asked_ = true;
+    cv_.notify_all();
+  }
+  idle_cv_.wait(lock, [this, commit] {
+    return jobs_.empty() && !writing_ && (commit ? queued_groups_.empty() && !WbPending() : true);
+  });
 }
 
 CacheStats BlockCache::Stats() const {

@@ -71,9 +71,16 @@
 // allows: each index page as the last index sync left it or as a later
 // whole state. On that, the cache keeps these rules, and the crash-state
 // explorer (crash_test.cc) checks them over every state a crash may leave:
-//  1. Data before records: a write-back write's pages are synced before the
-//     records declaring them are written, and those records are synced
-//     before the write is acknowledged (one pair of syncs per batch).
+//  1. Data before records: no record declaring a write-back write's pages
+//     is written before those pages are synced (WriteRecords syncs the
+//     data written since the last sync first). A write-back write is
+//     acknowledged once its pages are in the data file ("durable at
+//     fsync", as a local filesystem): a commit (Commit) then syncs the
+//     data, writes and syncs the records, and frees old slots; it runs
+//     when asked by Durable() (fsync, O_SYNC/O_DSYNC writes), Quiesce() or
+//     unmount, within commit_interval (1 s) of the first write it covers,
+//     and when many old slots wait for it. A crash may lose writes no
+//     commit covered, never ones a Durable() call covered.
 //  2. New before retired: the old slot of a block moved by copy-on-write is
 //     freed only after the block's new record is synced. When a crash leaves
 //     both, the record with the higher sequence number wins.
@@ -97,17 +104,19 @@
 // write makes the whole index untrusted for the next mount: no record is
 // written after it, and it is emptied (in write-back mode once the flusher,
 // which drains a cache out of service, has left nothing dirty). A failed
-// sync of the data of a write-back batch takes the batch's pages back out of
-// the cache (the writes go to the server) and the cache out of service.
+// sync of write-back data does the same (no record may declare data that
+// may not be on the disk) and fails the Durable() calls waiting for it:
+// fsync then sends the file's writes to the server, and the flusher drains
+// the rest from the data file (each page checked by its CRC).
 //
 // Write-back (cache_mode=writeback). A write is stored as dirty pages and
-// answered once they are durable here: the data is written and synced, then
-// the records that declare it, then those are synced (one sync pair per
-// batch of writes: group commit). A dirty page is never overwritten in
-// place: a write that touches one copies the block to a fresh slot and the
-// newer record wins at load (copy-on-write), so a crash leaves each page
-// either as the last acknowledged write left it or as the new one, never
-// torn. Dirty slots are pinned (never evicted). A write that covers part of
+// answered once they are written to the data file; it is durable after the
+// next commit (rule 1: data synced, then the records that declare it, then
+// those synced; one sync pair for every write since the last commit), which
+// fsync waits for (Durable). A dirty page is never overwritten in place: a
+// write that touches one copies the block to a fresh slot and the newer
+// record wins at load (copy-on-write), so a crash leaves each page as the
+// last commit left it or as a later write left it, never torn. Dirty slots are pinned (never evicted). A write that covers part of
 // a page the cache does not hold asks the caller for the server's page
 // first (kNeedPages) and merges. The flusher (fs/flusher.h) takes dirty
 // runs in file order (CollectDirty), writes them UNSTABLE, COMMITs, and
@@ -169,6 +178,9 @@ struct CacheOptions {
   bool flush_on_unmount = true;   // wb_noflush clears it
   Disk* disk = nullptr;           // the file-I/O seam; nullptr: RealDisk()
   uint32_t index_per_page = 0;    // tests: records per index page (index.h); 0: all that fit
+  // Write-back: the longest an acknowledged write waits for a commit when
+  // nothing asks for one (tests set it long, to commit only when asked).
+  std::chrono::milliseconds commit_interval{1000};
   // How long Open() waits for another mount to release the directory.
   std::chrono::seconds lock_wait{0};
 };
@@ -192,7 +204,7 @@ struct CacheStats {
 // What became of a write-back write.
 struct WbOutcome {
   enum Kind {
-    kStored,       // durable in the cache
+    kStored,       // in the cache; durable once a Durable() call made after this returns
     kNeedPages,    // send again with the server's copy of these pages (base)
     kRetry,        // raced with a truncate or drop: send again
     kUnavailable,  // no room, or the cache disk failed: write to the server
@@ -293,7 +305,8 @@ class BlockCache {
 
   // --- write-back
   // Stores the write as dirty pages; `done` runs on the cache's writer
-  // thread once they are durable (or with why not).
+  // thread once they are in the data file (durable at the next commit:
+  // Durable()), or with why not.
   void WriteBack(WbWrite w, std::function<void(WbOutcome)> done);
   // Whether [off, off+len) holds dirty pages (such a write must not bypass).
   bool HasDirty(const std::string& fh, uint64_t off, size_t len);
@@ -330,6 +343,14 @@ class BlockCache {
   // event loop).
   void Flushed(const std::vector<DirtyRun>& runs);
   void NoteFlushError();
+  // fsync (write-back): every write-back write to `fh` acknowledged before
+  // this call is made durable in the cache (a commit, which covers every
+  // file's), then `done(true)` runs (on the writer thread, or at once in the
+  // caller's if none of the file's writes waits for a commit).
+  // done(false): the cache could not make them durable (a failed sync, a
+  // broken index): they are only in memory and the data file, and the
+  // caller must get them to the server (flush the file) before it answers.
+  void Durable(const std::string& fh, std::function<void(bool)> done);
   // Online detach: WriteBack() answers kUnavailable from now on (until Resume).
   void StopWriteBack();
   void ResumeWriteBack();
@@ -338,8 +359,9 @@ class BlockCache {
   uint64_t DropAll();
 
   CacheStats Stats() const;
-  // Waits until every queued store has been written (tests, unmount).
-  void Quiesce();
+  // Waits until every queued store has been written (tests, unmount),
+  // and, if `commit`, every write-back write made durable.
+  void Quiesce(bool commit = true);
 
  private:
   static constexpr uint32_t kNoFile = UINT32_MAX, kNoSlot = UINT32_MAX, kNoVersion = UINT32_MAX;
@@ -395,6 +417,7 @@ class BlockCache {
     // Sequential detection.
     uint64_t seq_next = 0, seq_run = 0;
     uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
+    uint64_t wb_commit = 0;  // write-back: the commit that makes its last write durable
     // The slots holding blocks of the file: an id while there are any (the
     // slots name the file by it), their number, and a list through them.
     const std::string* fh = nullptr;  // the key of this entry in files_
@@ -527,8 +550,16 @@ class BlockCache {
   void DeviceError(const char* what, int err) REQUIRES(mu_);
   void WriterMain();
   void WriteFill(Job& job, std::unique_lock<std::mutex>& lock);
-  // A batch whose data could not be synced: its pages leave the cache.
-  void UndoApplied(std::vector<WbPart>& parts) REQUIRES(mu_);
+  // Write-back writes acknowledged but not durable yet: data written since
+  // the last data sync, records not yet written, old slots not yet freed.
+  bool WbPending() const REQUIRES(mu_) { return wb_unsynced_ || !wb_persist_.empty() || !wb_retire_.empty(); }
+  // Syncs the write-back data written since the last sync; on failure the
+  // index is broken (no record may declare that data) and the cache out.
+  bool SyncWbData(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
+  // Makes every applied write-back write durable (data sync, their records
+  // written and synced, old slots of moved blocks freed) and answers the
+  // Durable() waiters; false if that failed. Writer thread, or no writer.
+  bool Commit(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
   // Processes a batch of write-back jobs (group commit).
   void WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock);
   // Steps 1-2 of one write-back write; false with `out` set if it cannot go on.
@@ -581,6 +612,18 @@ class BlockCache {
   // can never look newer than its writes.
   uint64_t counter_ GUARDED_BY(mu_) = 0;
   std::deque<Job> jobs_ GUARDED_BY(mu_);
+  // Durable at fsync (write-back): see "Durability order".
+  struct Retire {
+    uint32_t slot;
+    uint32_t gen;
+  };
+  bool wb_unsynced_ GUARDED_BY(mu_) = false;
+  std::vector<uint32_t> wb_persist_ GUARDED_BY(mu_);  // slots whose records wait for the commit
+  std::vector<Retire> wb_retire_ GUARDED_BY(mu_);     // old slots of moved blocks (pinned till then)
+  std::chrono::steady_clock::time_point commit_due_ GUARDED_BY(mu_);
+  bool commit_asked_ GUARDED_BY(mu_) = false;          // Quiesce()
+  uint64_t commits_ GUARDED_BY(mu_) = 0;               // commits ended (FileState::wb_commit)
+  std::vector<std::function<void(bool)>> durable_waiters_ GUARDED_BY(mu_);
   bool writing_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;
   bool wb_stopped_ GUARDED_BY(mu_) = false;

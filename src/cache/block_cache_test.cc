@@ -48,6 +48,7 @@ class BlockCacheTest : public ::testing::Test {
     o.mode = mode;
     o.seq_cutoff = 4 << 20;
     o.admit_second = admit_second;
+    o.commit_interval = commit_interval_;
     auto c = BlockCache::Open(o);
     EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().what);
     return c.ok() ? std::move(c.value()) : nullptr;
@@ -73,6 +74,7 @@ class BlockCacheTest : public ::testing::Test {
     return c;
   }
   std::string dir_;
+  std::chrono::milliseconds commit_interval_{1000};
 };
 
 TEST_F(BlockCacheTest, AFilledRangeIsServedFromTheCache) {
@@ -387,6 +389,30 @@ TEST_F(WriteBackTest, AStoredWriteIsReadBackAndSurvivesAReopen) {
   EXPECT_EQ(*got, data);
 }
 
+// Durable at fsync: a write-back write returns before a commit; fsync of a
+// file waits for one only if that file has writes no commit covered yet.
+TEST_F(WriteBackTest, FsyncWaitsForACommitOnlyWhenTheFileHasWritesWaitingForOne) {
+  commit_interval_ = std::chrono::hours(1);  // commits only when asked
+  auto c = OpenWb();
+  c->Observe("fhA", kV1);
+  c->Observe("fhB", kV1);
+  ASSERT_EQ(Wb(*c, "fhA", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
+  const auto me = std::this_thread::get_id();
+  std::thread::id ran{};
+  bool ok = false;
+  c->Durable("fhB", [&](bool r) { ok = r, ran = std::this_thread::get_id(); });
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(ran, me) << "fhB's fsync waited for a commit of fhA's writes";
+  std::promise<std::pair<bool, std::thread::id>> a;
+  c->Durable("fhA", [&a](bool r) { a.set_value({r, std::this_thread::get_id()}); });
+  auto [a_ok, a_thread] = a.get_future().get();
+  EXPECT_TRUE(a_ok);
+  EXPECT_NE(a_thread, me) << "fhA's fsync returned without a commit";
+  ran = {};
+  c->Durable("fhA", [&](bool r) { ok = r, ran = std::this_thread::get_id(); });
+  EXPECT_EQ(ran, me) << "a second fsync waited although nothing was written since";
+}
+
 TEST_F(WriteBackTest, ANonWriteBackMountRefusesACacheHoldingDirtyData) {
   {
     auto c = OpenWb();
@@ -435,6 +461,7 @@ TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
     ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '1')).kind, WbOutcome::kStored);
     ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '2')).kind, WbOutcome::kStored);
     EXPECT_EQ(c->Stats().copies, 1u);
+    c->Quiesce();  // a commit: the new record is durable
     EXPECT_EQ(c->Stats().slots_used, 1u);  // the old slot was freed
     EXPECT_EQ(c->Stats().dirty_bytes, 4096u);  // the clean pages came along clean
     auto got = c->Read("fh1", 0, kBlock);

@@ -11,10 +11,14 @@
 // landed, i.e. a killed process), reopens the cache from each, lets it flush
 // what it holds to a copy of the server as the server was at that point, and
 // checks every byte of every file:
-//  - every write acknowledged before the crash point reads back (unless a
-//    write issued later, acknowledged or not, replaced it);
-//  - nothing older than an acknowledged write comes back, to the cache or
-//    to the server (a resurrected stale dirty page would be flushed over it);
+//  - every write made durable before the crash point reads back (unless a
+//    write issued later, durable or not, replaced it): a write sent to the
+//    server once answered, a write-back write once a Durable() call (fsync)
+//    made after its answer returned, or an unmount after it ended;
+//  - nothing older than a durable write comes back, to the cache or to the
+//    server (a resurrected stale dirty page would be flushed over it);
+//  - a write-back write answered but not yet durable may be lost, but then
+//    the byte holds what an earlier write left (some write's value);
 //  - what the cache serves after recovery is what the server then holds.
 //
 // MPNFS_CRASH_SEED, MPNFS_CRASH_OPS and MPNFS_CRASH_SAMPLES change the seed,
@@ -87,6 +91,7 @@ class Explorer {
     o.seq_cutoff = 0;
     o.disk = &disk;
     o.index_per_page = per_page_;
+    o.commit_interval = std::chrono::hours(1);  // commits only when asked: a deterministic log
     auto c = BlockCache::Open(o);
     if (!c) {
       if (err) *err = c.error().what;
@@ -198,7 +203,7 @@ class Explorer {
       WbOutcome o = p.got.get_future().get();
       const Logical& w = writes_[p.wid];
       if (o.kind == WbOutcome::kStored) {
-        writes_[p.wid].acked = p.ack;
+        undurable_.push_back(p.wid);  // durable at the next Durable() or unmount
         return;
       }
       if (o.kind == WbOutcome::kUnavailable || attempt > 8) return WriteAround(p.wid);
@@ -233,8 +238,30 @@ class Explorer {
     const std::string data = cur.substr(off, kBlock);
     cache_->Fill(fh, token, off, data.data(), data.size());
   }
+  // fsync: every write-back write to `fh` answered so far is durable once it returns.
+  void Fsync(const std::string& fh) {
+    std::promise<bool> got;
+    cache_->Durable(fh, [&got](bool ok) { got.set_value(ok); });
+    const bool ok = got.get_future().get();
+    EXPECT_TRUE(ok) << "Durable failed on a sound disk";
+    MadeDurable(&fh);
+  }
+  // (A commit covers every file's writes, but only `fh`'s are promised.)
+  void MadeDurable(const std::string* fh = nullptr) {
+    const size_t at = disk_.Mark();
+    std::vector<size_t> rest;
+    for (size_t wid : undurable_) {
+      if (fh && writes_[wid].fh != *fh) {
+        rest.push_back(wid);
+      } else {
+        writes_[wid].acked = at;
+      }
+    }
+    undurable_ = std::move(rest);
+  }
   void Remount() {
     cache_.reset();
+    MadeDurable();  // an unmount commits
     std::string err;
     cache_ = OpenOn(disk_, &err);
     ASSERT_NE(cache_, nullptr) << err;
@@ -258,6 +285,7 @@ class Explorer {
           at += len + (rng_() % 8) * 4096;
         }
         WriteBackBatch(ranges, fh);
+        if (rng_() % 3 == 0) Fsync(fh);  // as a database's write + fdatasync
       } else if (what < 55) {
         const uint64_t off = rng_() % kSpan, len = 1 + rng_() % 9000;
         WriteBackBatch({{off, len}}, fh);
@@ -273,8 +301,10 @@ class Explorer {
         FlushRound("", (1 + rng_() % 8) * 4096);
       } else if (what < 91) {
         Truncate(fh, rng_() % kSpan);
-      } else if (what < 94) {
+      } else if (what < 92) {
         cache_->Observe(fh, Current(fh));
+      } else if (what < 94) {
+        Fsync(kFiles[rng_() % 2]);
       } else if (what < 97) {
         // Detach: write-back stops, everything is flushed, the cache goes.
         cache_->StopWriteBack();
@@ -283,10 +313,11 @@ class Explorer {
       } else {
         Remount();
       }
-      cache_->Quiesce();
+      cache_->Quiesce(/*commit=*/false);
       if (::testing::Test::HasFatalFailure()) return;
     }
     cache_.reset();
+    MadeDurable();
   }
 
   // Per byte of each file, the values it may hold after a crash at `point`.
@@ -434,6 +465,7 @@ class Explorer {
   const uint32_t per_page_;
   std::string dir_;
   std::vector<Logical> writes_;
+  std::vector<size_t> undurable_;  // write-back writes answered, not yet made durable
   std::vector<ServerEvent> events_;
 };
 
@@ -458,15 +490,17 @@ TEST(CrashExplorerTest, EveryCrashStateKeepsAcknowledgedWritesAndNothingOlder) {
 // The production layout (records share index pages).
 TEST(CrashExplorerTest, TheSameHoldsWithFullIndexPages) { ExploreWith(0); }
 
-// A write-back batch whose data cannot be synced is not acknowledged, and
-// its pages leave the cache: nothing of it is flushed later (or forever).
-TEST(CacheDiskFaultTest, AFailedDataSyncSendsTheWriteToTheServerAndLeavesNothingDirty) {
+// Write-back writes answered whose data then cannot be synced: fsync
+// (Durable) fails, so the filesystem sends them to the server; the cache
+// goes out of service; the pages are still there for the flusher, no record
+// ever declares them, and once flushed nothing is dirty, now or at the next
+// mount.
+TEST(CacheDiskFaultTest, AFailedDataSyncFailsFsyncKeepsThePagesForTheFlusherAndDeclaresNothing) {
   Explorer x(1, 0);
   std::string err;
   x.cache_ = x.OpenOn(x.disk_, &err);
   ASSERT_NE(x.cache_, nullptr) << err;
   x.cache_->Observe("fhA", FileVersion{});
-  x.disk_.set_fail([](const CrashDisk::Op& op) { return op.kind == CrashDisk::Op::kSync && op.inode == 0; });
   std::string data(8192, 'x');
   WbWrite w;
   w.fh = "fhA";
@@ -475,15 +509,30 @@ TEST(CacheDiskFaultTest, AFailedDataSyncSendsTheWriteToTheServerAndLeavesNothing
   w.len = data.size();
   std::promise<WbOutcome> got;
   x.cache_->WriteBack(std::move(w), [&got](WbOutcome o) { got.set_value(std::move(o)); });
-  EXPECT_EQ(got.get_future().get().kind, WbOutcome::kUnavailable);
+  ASSERT_EQ(got.get_future().get().kind, WbOutcome::kStored);
+  x.disk_.set_fail([](const CrashDisk::Op& op) { return op.kind == CrashDisk::Op::kSync && op.inode == 0; });
+  std::promise<bool> durable;
+  x.cache_->Durable("fhA", [&durable](bool ok) { durable.set_value(ok); });
+  EXPECT_FALSE(durable.get_future().get()) << "fsync succeeded although the data was never synced";
   x.disk_.set_fail(nullptr);
-  EXPECT_FALSE(x.cache_->HasDirty("fhA", 0, data.size()));
-  EXPECT_TRUE(x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
   EXPECT_EQ(x.cache_->Stats().state, "out");
+  std::promise<bool> again;
+  x.cache_->Durable("fhA", [&again](bool ok) { again.set_value(ok); });
+  EXPECT_FALSE(again.get_future().get()) << "a later fsync trusted the cache again";
+  ASSERT_TRUE(x.cache_->HasDirty("fhA", 0, data.size()));
+  auto runs = x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].data, data) << "the flusher cannot get the answered write";
+  x.cache_->Flushed(runs);
+  EXPECT_FALSE(x.cache_->HasDirty("fhA", 0, data.size()));
+  x.cache_.reset();
+  x.cache_ = x.OpenOn(x.disk_, &err);
+  ASSERT_NE(x.cache_, nullptr) << err;
+  EXPECT_TRUE(x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
 }
 
 // Found by the PostgreSQL write-back test: while a rewritten dirty block
-// waits for its data sync, its old slot is still dirty; a flush round then
+// waits for its commit, its old slot is still dirty; a flush round then
 // must not send both copies (they could land in either order, the older
 // last, and the newer would be marked clean).
 TEST(CacheDiskFaultTest, AFlushDuringACopyOnWriteSendsOnlyTheNewestCopy) {
@@ -505,24 +554,11 @@ TEST(CacheDiskFaultTest, AFlushDuringACopyOnWriteSendsOnlyTheNewestCopy) {
   };
   const std::string older(8192, 'o'), newer(8192, 'n');
   ASSERT_EQ(store(older).get().kind, WbOutcome::kStored);
-  // Hold the second write's data sync (the writer has left the lock).
-  std::promise<void> at_sync, release;
-  auto release_f = release.get_future().share();
-  bool held = false;
-  x.disk_.set_fail([&](const CrashDisk::Op& op) {
-    if (op.kind == CrashDisk::Op::kSync && op.inode == 0 && !held) {
-      held = true;
-      at_sync.set_value();
-      release_f.wait();
-    }
-    return false;
-  });
-  auto second = store(newer);
-  at_sync.get_future().wait();
+  x.cache_->Quiesce();  // committed: the older copy is durable and dirty
+  // The newer copy goes to a new slot; no commit has freed the old one.
+  ASSERT_EQ(store(newer).get().kind, WbOutcome::kStored);
+  EXPECT_EQ(x.cache_->Stats().copies, 1u);
   auto runs = x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
-  release.set_value();
-  EXPECT_EQ(second.get().kind, WbOutcome::kStored);
-  x.disk_.set_fail(nullptr);
   size_t covering = 0;
   for (const auto& r : runs) {
     if (r.off <= 8192 && r.off + r.data.size() >= 16384) {

@@ -221,17 +221,27 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
                base = w.base](cache::WbOutcome o) mutable {
     switch (o.kind) {
       case cache::WbOutcome::kStored: {
-        const bool sync = f->flags & O_DSYNC;  // O_SYNC includes O_DSYNC's bit
+        // O_SYNC includes O_DSYNC's bit; -o sync makes every write so.
+        const bool sync = opts_.sync || (f->flags & O_DSYNC);
+        if (!sync) return cb(data->size());  // durable at fsync
+        const size_t n = data->size();
         auto cache = cache_.load();
-        if (sync && cache && cache->options().fsync_server) {
-          // wb_fsync=server: an O_SYNC write is on the server when it returns.
-          const size_t n = data->size();
-          return FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
-            if (!r) return cb(r.error());
-            cb(n);
+        if (cache && !cache->options().fsync_server) {
+          // Durable in the cache before it returns (or on the server, if
+          // the cache cannot make it so).
+          return cache->Durable(inode->fh(), [this, inode, cb = std::move(cb), n](bool ok) mutable {
+            if (ok) return cb(n);
+            FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
+              if (!r) return cb(r.error());
+              cb(n);
+            });
           });
         }
-        return cb(data->size());
+        // wb_fsync=server: an O_SYNC write is on the server when it returns.
+        return FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
+          if (!r) return cb(r.error());
+          cb(n);
+        });
       }
       case cache::WbOutcome::kNeedPages: {
         if (attempt >= 8) break;  // keeps racing: go around the cache
@@ -477,13 +487,22 @@ void Filesystem::Resend(const InodeP& inode, const std::vector<std::shared_ptr<B
   one_done(Ok{});
 }
 
-void Filesystem::Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb) {
+void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
   InodeP inode = f->inode;
   auto cache = cache_.load();
-  if (cache && cache->options().fsync_server && cache->mode() == cache::CacheMode::kWriteBack) {
-    // wb_fsync=server: the file's cached writes go to the server first.
-    return FlushFile(inode, [this, c, f, cb = std::move(cb)](Result<Ok> r) mutable {
-      if (!r) return cb(r.error());
+  if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    auto to_server = [this, f, inode](Cb<Ok> cb) {
+      // The file's cached writes go to the server first.
+      FlushFile(inode, [this, f, cb = std::move(cb)](Result<Ok> r) mutable {
+        if (!r) return cb(r.error());
+        CommitAfterDrain(f, std::move(cb));
+      });
+    };
+    if (cache->options().fsync_server) return to_server(std::move(cb));  // wb_fsync=server
+    // Write-back writes answered so far become durable in the cache (a
+    // commit); if the cache cannot make them so, they go to the server.
+    return cache->Durable(inode->fh(), [this, f, to_server, cb = std::move(cb)](bool ok) mutable {
+      if (!ok) return to_server(std::move(cb));
       CommitAfterDrain(f, std::move(cb));
     });
   }

@@ -131,7 +131,8 @@ def test_data_reads_back_before_and_after_the_flush(mount_factory, cache_dir, io
 
 
 # Rewrites 8 KiB pieces at random among 512 offsets of a 4 MiB file, printing the
-# sequence number of each write once pwrite() has returned (acknowledged).
+# sequence number of each write once pwrite() has returned (acknowledged), and
+# after every 10th write an fdatasync, printing "s" once it returned (durable).
 WRITER = r"""
 import os, random, sys
 fd = os.open(sys.argv[1], os.O_WRONLY)
@@ -141,14 +142,20 @@ while True:
     o = rnd.randrange(0, 512) * 8192
     try:
         os.pwrite(fd, random.Random(i).randbytes(8192), o)
+        print(i, o, flush=True)
+        if i % 10 == 9:
+            os.fdatasync(fd)
+            print("s", flush=True)
     except OSError:
         break
-    print(i, o, flush=True)
     i += 1
 """
 
 
-def test_kill9_while_writing_loses_no_acknowledged_write(mount_factory, cache_dir, tmp_path):
+def test_kill9_while_writing_loses_no_fsynced_write(mount_factory, cache_dir, tmp_path):
+    """mpnfs killed while a program writes and fdatasyncs: every write an
+    fdatasync covered survives; a later write (answered or not) is there or
+    not, piece by piece, and nothing older than the last durable write is."""
     m = mount_factory(wb_opts(cache_dir))
     f = m.path / "wb-crash"
     base = random.Random(3).randbytes(4 << 20)
@@ -159,14 +166,16 @@ def test_kill9_while_writing_loses_no_acknowledged_write(mount_factory, cache_di
         w = subprocess.Popen([sys.executable, "-c", WRITER, str(f)], stdout=lf)
         # Let it write (and rewrite: copy-on-write of unflushed pages) for a while.
         deadline = time.time() + 60
-        while time.time() < deadline and len(log.read_text().splitlines()) < 3000:
+        while time.time() < deadline and len(log.read_text().splitlines()) < 3300:
             time.sleep(0.05)
         os.kill(m.pid, signal.SIGKILL)
         w.wait(timeout=30)
     m.proc.wait(timeout=10)
     subprocess.run(["umount", "-l", str(m.path)], capture_output=True)
-    acked = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
-    assert len(acked) >= 500, len(acked)
+    lines = log.read_text().splitlines()
+    acked = [tuple(map(int, line.split())) for line in lines if line != "s"]
+    durable = sum(1 for line in lines if line == "s") * 10  # writes 0 .. durable-1
+    assert len(acked) >= 500 and durable >= 400, (len(acked), durable)
     assert server_bytes(f.name) != base  # the writes were in the cache only
     # While the cache holds them, nothing else may mount the export.
     r, _ = run_mount(tmp_path, f"{SERVER}:{EXPORT}", "mountport=20048")
@@ -181,24 +190,27 @@ def test_kill9_while_writing_loses_no_acknowledged_write(mount_factory, cache_di
     # The cache's own mount flushes them before it is offered.
     m2 = mount_factory(wb_opts(cache_dir))
     assert "left by an earlier mount" in m2.log_text()
-    want = bytearray(base)
-    for i, o in acked:
-        want[o:o + 8192] = random.Random(i).randbytes(8192)
-    got = server_bytes(f.name)
-    # The write in progress at the kill (not acknowledged) may be there or not.
+    # Per piece: what the last durable write left, or any later write's data
+    # (answered after the last fdatasync, or in progress at the kill).
     offsets = random.Random(7)
-    nxt = [offsets.randrange(0, 512) * 8192 for _ in range(len(acked) + 1)][-1]
-    pending = random.Random(len(acked)).randbytes(8192)
-    if got[nxt:nxt + 8192] == pending:
-        want[nxt:nxt + 8192] = pending
-    assert len(got) == len(want)
-    bad = [k for k in range(0, len(want), 8192) if got[k:k + 8192] != want[k:k + 8192]]
-    assert not bad, f"{len(bad)} pieces differ, first at {bad[0]}"
+    allowed = {k: {base[k:k + 8192]} for k in range(0, len(base), 8192)}
+    for i in range(len(acked) + 1):
+        o = offsets.randrange(0, 512) * 8192
+        assert i == len(acked) or acked[i] == (i, o)
+        if i < durable:
+            allowed[o] = set()
+        allowed[o].add(random.Random(i).randbytes(8192))
+    got = server_bytes(f.name)
+    assert len(got) == len(base)
+    bad = [k for k in range(0, len(base), 8192) if got[k:k + 8192] not in allowed[k]]
+    assert not bad, f"{len(bad)} pieces hold what no allowed write left, first at {bad[0]}"
+    lost = sum(1 for i, o in acked[durable:] if got[o:o + 8192] != random.Random(i).randbytes(8192))
+    print(f"{len(acked)} writes answered, {durable} made durable; {lost} pieces of later writes not there")
     assert cache_stats(m2)["dirty_bytes"] == 0
     m2.unmount()
     assert not owner_record()
     m3 = mount_factory()  # free again for anyone
-    assert hashlib.md5((m3.path / f.name).read_bytes()).digest() == hashlib.md5(want).digest()
+    assert hashlib.md5((m3.path / f.name).read_bytes()).digest() == hashlib.md5(got).digest()
 
 
 def test_ownership_record_keeps_other_mounts_out(mount_factory, cache_dir, tmp_path):
@@ -298,8 +310,11 @@ def test_a_cache_full_of_dirty_data_sends_writes_to_the_server(mount_factory, ca
                                                                                 "cache_size=1M"))
     f, data = file_with_dirty_pieces(m, "wb-full", 4, 8, 65536, at=4096)  # one per 64 KiB block
     st = cache_stats(m)
-    # (the file's first 4 MiB, before seq_cutoff, went to the cache too)
-    assert st["dirty_blocks"] == 16 and st["writes_around"] >= 48, st
+    # (the file's first 4 MiB, before seq_cutoff, went to the cache too.) Of
+    # the 64 O_DIRECT pieces, one per block, 16 fit at a time; the flusher
+    # makes room only when all 16 blocks are dirty (dirty_high=100), in a
+    # round every 200 ms at most, so many pieces find the cache full.
+    assert 1 <= st["dirty_blocks"] <= 16 and st["writes_around"] >= 16, st
     assert hashlib.md5(f.read_bytes()).digest() == hashlib.md5(data).digest()
     m.unmount()  # flushes
     assert server_bytes(f.name) == bytes(data)
@@ -337,8 +352,23 @@ def test_a_failing_cache_disk_loses_no_write(mount_factory, cache_dir, broken):
             new = os.urandom(8192)
             direct_write(f, o, new)
             data[o:o + 8192] = new
+        # fsync: a broken index cannot make the writes durable in the cache
+        # (its commit fails), so they go to the server, and fsync succeeds.
+        fd = os.open(f, os.O_WRONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         st = cache_stats(m)
         assert st["device_errors"] >= 1 and st["state"] in ("degraded", "out"), st
+        if broken == "index":
+            assert server_bytes(f.name) == bytes(data)  # fsync sent the file's writes there
+        for _ in range(5):  # the cache takes no new writes now
+            o = rnd.randrange(0, 2 << 20, 8192)
+            new = os.urandom(8192)
+            direct_write(f, o, new)
+            data[o:o + 8192] = new
+        st = cache_stats(m)
         assert st["writes_around"] >= 1, st
         assert direct_read(f, 0, 2 << 20) == data
         deadline = time.time() + 20  # a cache out of service is drained at once
