@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "cache/cache_dir.h"
 #include "common/log.h"
@@ -1137,9 +1138,9 @@ void BlockCache::WriterMain() {
   std::unique_lock lock(mu_);
   auto next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (true) {
-    if (WbPending() && (stop_ || commit_asked_ || !durable_waiters_.empty() ||
-                        std::chrono::steady_clock::now() >= commit_due_ ||
-                        wb_retire_.size() > nslots_ / 8)) {
+    if (!durable_waiters_.empty() ||
+        (WbPending() && (stop_ || commit_asked_ || std::chrono::steady_clock::now() >= commit_due_ ||
+                         wb_retire_.size() > nslots_ / 8))) {
       // Acknowledged write-back writes become durable: asked for (fsync,
       // Quiesce, unmount), a second after the first of them, or when the
       // old slots of moved blocks waiting for it grow many.
@@ -1646,14 +1647,26 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
   return ok;
 }
 
+bool BlockCache::TakeLost(const std::string& fh) {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(fh);
+  if (it == files_.end()) return false;
+  FileState& f = it->second;
+  bool lost = std::exchange(f.lost, false);
+  for (uint32_t s = f.head; s != kNoSlot && !lost; s = slots_[s].next) lost = Dirtyish(slots_[s]);
+  return lost;
+}
+
 void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) {
   std::unique_lock lock(mu_);
   if (index_broken_ || !journal_) {
     lock.unlock();
     return done(false);
   }
+  // (Exactly: commits_ counts commits ended, their records synced, and a
+  // commit in progress covers every write applied when it began.)
   auto it = files_.find(fh);
-  if (!WbPending() || it == files_.end() || it->second.wb_commit <= commits_) {
+  if (it == files_.end() || it->second.wb_commit <= commits_) {
     lock.unlock();
     return done(true);
   }
@@ -1795,6 +1808,7 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
       if (TestBit(DirtyBits(slot), bad->page)) {
         Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
                             bad->slot, bad->page);
+        FileOf(slot).lost = true;
         ClearBit(DirtyBits(slot), bad->page);
         SetDirtyPin(bad->slot);
         res.kind = OverlayResult::kError;
@@ -1916,6 +1930,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     if (slot.gen != pk->gen || PageCrcs(slot)[p] != pk->crc[p] || !TestBit(DirtyBits(slot), p)) continue;
     stats_.checksum_failures++;
     Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost", s, p);
+    FileOf(slot).lost = true;
     ClearBit(DirtyBits(slot), p);
     ClearBit(Valid(slot), p);
     used_pages_--;
@@ -1992,7 +2007,7 @@ void BlockCache::NoteFlushError() {
 void BlockCache::Quiesce(bool commit) {
   std::unique_lock lock(mu_);
   if (!writer_.joinable() || stop_) return;
-  if (commit) {
+  if (commit && WbPending()) {
     commit_asked_ = true;
     cv_.notify_all();
   }

@@ -351,6 +351,11 @@ class BlockCache {
   // broken index): they are only in memory and the data file, and the
   // caller must get them to the server (flush the file) before it answers.
   void Durable(const std::string& fh, std::function<void(bool)> done);
+  // After Durable(false) and a flush of `fh` to the server: true if some
+  // of its unflushed writes could not be sent (a page that failed its
+  // checksum, so was dropped, since the last call; or pages still dirty,
+  // which the flush could not read): fsync must then fail (EIO).
+  bool TakeLost(const std::string& fh);
   // Online detach: WriteBack() answers kUnavailable from now on (until Resume).
   void StopWriteBack();
   void ResumeWriteBack();
@@ -418,6 +423,7 @@ class BlockCache {
     uint64_t seq_next = 0, seq_run = 0;
     uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
     uint64_t wb_commit = 0;  // write-back: the commit that makes its last write durable
+    bool lost = false;       // an unflushed page was dropped (bad checksum): TakeLost
     // The slots holding blocks of the file: an id while there are any (the
     // slots name the file by it), their number, and a list through them.
     const std::string* fh = nullptr;  // the key of this entry in files_

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <cstdlib>
@@ -734,12 +735,15 @@ TEST_F(BlockCacheTest, AReadOlderThanAForgottenFilesWriteNeverFills) {
 
 // Races of write-back writes (found by review): a disk whose data file holds
 // one write of a given length until released.
+// It can also hold the index's next sync, and fail the data file's syncs
+// and reads.
 struct GateFile : File {
   std::unique_ptr<File> f;
   struct GateDisk* d;
-  bool ReadAt(char* p, size_t n, uint64_t off) override { return f->ReadAt(p, n, off); }
+  bool index = false;
+  bool ReadAt(char* p, size_t n, uint64_t off) override;
   bool WriteAt(const char* p, size_t n, uint64_t off) override;
-  bool Sync() override { return f->Sync(); }
+  bool Sync() override;
   bool Truncate(uint64_t size) override { return f->Truncate(size); }
   bool Allocate(uint64_t size) override { return f->Allocate(size); }
   uint64_t Size() override { return f->Size(); }
@@ -749,13 +753,18 @@ struct GateDisk : Disk {
   std::condition_variable cv;
   bool armed = false, held = false, release = false;
   size_t hold_len = 0;
+  bool hold_index_sync = false;  // like armed/held/release, for the index's next sync
+  std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
     auto r = RealDisk().Open(path, flags);
     if (!r) return r;
-    if (path.size() < 5 || path.substr(path.size() - 5) != "/data") return r;
+    const bool data = path.size() >= 5 && path.substr(path.size() - 5) == "/data";
+    const bool index = path.size() >= 6 && path.substr(path.size() - 6) == "/index";
+    if (!data && !index) return r;
     auto g = std::make_unique<GateFile>();
     g->f = std::move(*r);
     g->d = this;
+    g->index = index;
     return std::unique_ptr<File>(std::move(g));
   }
   bool Exists(const std::string& p) override { return RealDisk().Exists(p); }
@@ -778,7 +787,31 @@ struct GateDisk : Disk {
     cv.notify_all();
   }
 };
+bool GateFile::ReadAt(char* p, size_t n, uint64_t off) {
+  if (!index && d->fail_data_read) {
+    errno = EIO;
+    return false;
+  }
+  return f->ReadAt(p, n, off);
+}
+bool GateFile::Sync() {
+  if (!index && d->fail_data_sync) {
+    errno = EIO;
+    return false;
+  }
+  if (index) {
+    std::unique_lock l(d->mu);
+    if (d->hold_index_sync) {
+      d->hold_index_sync = false;
+      d->held = true;
+      d->cv.notify_all();
+      d->cv.wait(l, [&] { return d->release; });
+    }
+  }
+  return f->Sync();
+}
 bool GateFile::WriteAt(const char* p, size_t n, uint64_t off) {
+  if (index) return f->WriteAt(p, n, off);
   {
     std::unique_lock l(d->mu);
     if (d->armed && n == d->hold_len) {
@@ -795,6 +828,15 @@ class WbRaceTest : public WriteBackTest {
  protected:
   std::unique_ptr<BlockCache> Open(uint64_t size, Disk* disk = nullptr) {
     return BlockCacheTest::Open(CacheMode::kWriteBack, size, false, disk);
+  }
+  // A cache on `disk` that commits only when asked, holding one answered
+  // write-back write of fhA (8 KiB at 0) that no commit covered yet.
+  std::unique_ptr<BlockCache> OpenWithAWriteNotCommitted(GateDisk& disk) {
+    commit_interval_ = std::chrono::hours(1);
+    auto c = Open(1 << 20, &disk);
+    c->Observe("fhA", kV1);
+    if (Wb(*c, "fhA", 0, Pattern(8192, 'a')).kind != WbOutcome::kStored) return nullptr;
+    return c;
   }
   // A write-back write whose outcome arrives through `p`.
   static void WbAsync(BlockCache& c, const std::string& fh, uint64_t off, const std::string& data,
@@ -905,6 +947,61 @@ TEST_F(WbRaceTest, DropAllDuringAWriteBackWriteAloneLeavesACoherentCache) {
   if (o.kind == WbOutcome::kStored) {
     EXPECT_TRUE(Collected(*c, "fhA", 0, a.size()) == a);
   }
+}
+
+// Found by review: an fsync arriving while a commit writes and syncs the
+// records of the file's write must wait for that sync (it answered at once:
+// nothing looked pending any more).
+TEST_F(WbRaceTest, AnFsyncDuringACommitsIndexSyncWaitsForIt) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);
+  ASSERT_NE(c, nullptr);
+  {
+    std::lock_guard l(disk.mu);
+    disk.hold_index_sync = true;
+  }
+  std::promise<bool> first;
+  c->Durable("fhA", [&first](bool ok) { first.set_value(ok); });
+  disk.AwaitHeld();
+  std::atomic<bool> answered{false};
+  c->Durable("fhA", [&answered](bool) { answered = true; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool early = answered.load();
+  disk.Release();
+  EXPECT_TRUE(first.get_future().get());
+  EXPECT_FALSE(early) << "fsync answered while the commit's index sync was still pending";
+  c->Quiesce();
+  EXPECT_TRUE(answered.load());
+}
+
+// Found by review: after a failed data sync, dirty pages the cache can no
+// longer read back are not silently dropped: the file's fsync reports them.
+TEST_F(WbRaceTest, DirtyPagesLostAfterAFailedDataSyncAreReportedToFsync) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);
+  ASSERT_NE(c, nullptr);
+  disk.fail_data_sync = true;
+  std::promise<bool> d;
+  c->Durable("fhA", [&d](bool ok) { d.set_value(ok); });
+  EXPECT_FALSE(d.get_future().get());
+  disk.fail_data_sync = false;
+  // The data file cannot be read: the flush sends nothing, the pages stay.
+  disk.fail_data_read = true;
+  EXPECT_TRUE(c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
+  disk.fail_data_read = false;
+  EXPECT_TRUE(c->TakeLost("fhA")) << "unsendable writes were not reported";
+  // The pages read back as something else (a dropped page cache page).
+  {
+    std::string zeros(1 << 20, '\0');
+    const int fd = open((dir_ + "/data").c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pwrite(fd, zeros.data(), zeros.size(), 0), static_cast<ssize_t>(zeros.size()));
+    close(fd);
+  }
+  EXPECT_TRUE(c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
+  EXPECT_TRUE(c->TakeLost("fhA")) << "the lost write was not reported";
+  EXPECT_FALSE(c->TakeLost("fhA")) << "reported twice";
+  EXPECT_FALSE(c->TakeLost("fhB"));
 }
 
 }  // namespace

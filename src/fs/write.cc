@@ -229,10 +229,13 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
         if (cache && !cache->options().fsync_server) {
           // Durable in the cache before it returns (or on the server, if
           // the cache cannot make it so).
-          return cache->Durable(inode->fh(), [this, inode, cb = std::move(cb), n](bool ok) mutable {
+          return cache->Durable(inode->fh(), [this, inode, cache, cb = std::move(cb), n](bool ok) mutable {
             if (ok) return cb(n);
-            FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
+            FlushFile(inode, [inode, cache, cb = std::move(cb), n](Result<Ok> r) {
               if (!r) return cb(r.error());
+              if (cache->TakeLost(inode->fh())) {
+                return cb(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
+              }
               cb(n);
             });
           });
@@ -491,10 +494,14 @@ void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
   InodeP inode = f->inode;
   auto cache = cache_.load();
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
-    auto to_server = [this, f, inode](Cb<Ok> cb) {
+    auto to_server = [this, f, inode, cache](Cb<Ok> cb) {
       // The file's cached writes go to the server first.
-      FlushFile(inode, [this, f, cb = std::move(cb)](Result<Ok> r) mutable {
+      FlushFile(inode, [this, f, inode, cache, cb = std::move(cb)](Result<Ok> r) mutable {
         if (!r) return cb(r.error());
+        if (cache->TakeLost(inode->fh())) {
+          // (Pages the cache disk lost, or could not read back to send.)
+          return cb(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
+        }
         CommitAfterDrain(f, std::move(cb));
       });
     };
