@@ -2025,10 +2025,13 @@ CacheStats BlockCache::Stats() const {
   s.slots_used = policy_->in_use();
   s.used_bytes = used_pages_ * kPage;
   s.files_cached = file_ids_.size() - free_file_ids_.size();
-  s.dirty_blocks = dirty_slots_;
   const auto now = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration oldest{};
   for (uint32_t k : dirty_set_) {
+    // (The old copy of a block moved by copy-on-write stays dirty until the
+    // commit that frees it: it is not more unflushed data.)
+    if (Lookup(slots_[k].file, slots_[k].block) != k) continue;
+    s.dirty_blocks++;
     for (auto w : DirtyBits(slots_[k])) s.dirty_bytes += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
     oldest = std::max(oldest, now - WbOf(k).dirty_since);
   }
