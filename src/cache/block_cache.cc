@@ -813,10 +813,19 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // write-behind requests of one stream arrive slightly out of order. How
   // close scales with the request, so that small random requests in a small
   // file do not look like a stream.
+  // Only new ground lengthens a run: a request behind its end (a rewrite,
+  // a random access near it) adds nothing, so random I/O in a file smaller
+  // than the slack never becomes a "stream" however long it goes on.
   const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
+  const uint64_t end = off + len;
   const bool near = off + slack >= f.seq_next && off <= f.seq_next + slack;
-  f.seq_run = near && f.seq_run > 0 ? f.seq_run + len : len;
-  f.seq_next = near ? std::max(f.seq_next, off + len) : off + len;
+  if (near && f.seq_run > 0) {
+    f.seq_run += end > f.seq_next ? end - f.seq_next : 0;
+    f.seq_next = std::max(f.seq_next, end);
+  } else {
+    f.seq_run = len;
+    f.seq_next = end;
+  }
   return opts_.seq_cutoff > 0 && f.seq_run > opts_.seq_cutoff;
 }
 
