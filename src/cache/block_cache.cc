@@ -1175,6 +1175,7 @@ void BlockCache::WriterMain() {
       DiscardBrokenIndex(lock);
       if (!jobs_.empty() || !queued_groups_.empty()) continue;
       writing_ = false;
+      commit_asked_ = false;  // (nothing pending: a Quiesce() is answered)
       idle_cv_.notify_all();
       if (stop_) return;
       if (health_ != Health::kHealthy) {
@@ -2016,12 +2017,13 @@ void BlockCache::NoteFlushError() {
 void BlockCache::Quiesce(bool commit) {
   std::unique_lock lock(mu_);
   if (!writer_.joinable() || stop_) return;
-  if (commit && WbPending()) {
+  if (commit) {
+    // (Also for writes still queued: they are pending once applied.)
     commit_asked_ = true;
     cv_.notify_all();
   }
   idle_cv_.wait(lock, [this, commit] {
-    return jobs_.empty() && !writing_ && (commit ? queued_groups_.empty() && !WbPending() : true);
+    return jobs_.empty() && !writing_ && (!commit || (queued_groups_.empty() && !WbPending()));
   });
 }
 

@@ -236,6 +236,9 @@ class Filesystem {
   void WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
   // The file's dirty cache pages to the server (now if there is no flusher).
   void FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done);
+  // FlushFile for fsync and O_SYNC writes: EIO if the cache disk lost some
+  // of the file's unflushed writes (BlockCache::TakeLost).
+  void FlushFileForSync(const InodeP& inode, std::function<void(Result<Ok>)> done);
   void CommitAfterDrain(OpenFile* f, Cb<Ok> cb);
   void ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inode, const Cred& c,
                  uint64_t off, size_t buf_off, size_t len);

@@ -229,19 +229,16 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
         if (cache && !cache->options().fsync_server) {
           // Durable in the cache before it returns (or on the server, if
           // the cache cannot make it so).
-          return cache->Durable(inode->fh(), [this, inode, cache, cb = std::move(cb), n](bool ok) mutable {
+          return cache->Durable(inode->fh(), [this, inode, cb = std::move(cb), n](bool ok) mutable {
             if (ok) return cb(n);
-            FlushFile(inode, [inode, cache, cb = std::move(cb), n](Result<Ok> r) {
+            FlushFileForSync(inode, [cb = std::move(cb), n](Result<Ok> r) {
               if (!r) return cb(r.error());
-              if (cache->TakeLost(inode->fh())) {
-                return cb(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
-              }
               cb(n);
             });
           });
         }
         // wb_fsync=server: an O_SYNC write is on the server when it returns.
-        return FlushFile(inode, [cb = std::move(cb), n](Result<Ok> r) {
+        return FlushFileForSync(inode, [cb = std::move(cb), n](Result<Ok> r) {
           if (!r) return cb(r.error());
           cb(n);
         });
@@ -494,14 +491,10 @@ void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
   InodeP inode = f->inode;
   auto cache = cache_.load();
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
-    auto to_server = [this, f, inode, cache](Cb<Ok> cb) {
+    auto to_server = [this, f, inode](Cb<Ok> cb) {
       // The file's cached writes go to the server first.
-      FlushFile(inode, [this, f, inode, cache, cb = std::move(cb)](Result<Ok> r) mutable {
+      FlushFileForSync(inode, [this, f, cb = std::move(cb)](Result<Ok> r) mutable {
         if (!r) return cb(r.error());
-        if (cache->TakeLost(inode->fh())) {
-          // (Pages the cache disk lost, or could not read back to send.)
-          return cb(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
-        }
         CommitAfterDrain(f, std::move(cb));
       });
     };
@@ -514,6 +507,17 @@ void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
     });
   }
   CommitAfterDrain(f, std::move(cb));
+}
+
+void Filesystem::FlushFileForSync(const InodeP& inode, std::function<void(Result<Ok>)> done) {
+  FlushFile(inode, [this, inode, done = std::move(done)](Result<Ok> r) {
+    if (!r) return done(std::move(r));
+    // (Pages the cache disk lost, or could not read back to send.)
+    if (auto cache = cache_.load(); cache && cache->TakeLost(inode->fh())) {
+      return done(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
+    }
+    done(Ok{});
+  });
 }
 
 void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
