@@ -1271,6 +1271,12 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
     PageCrcs(slot)[p] = crcs[k];
     ++filled;
   }
+  // Filled pages are not in a copy-on-write partner (WbSlot::delta).
+  if (auto it = wb_.find(job.slot); it != wb_.end()) {
+    for (uint32_t k = 0; k < np; ++k) {
+      if (TestBit(fresh, job.first_page + k)) SetBit(it->second.delta, job.first_page + k);
+    }
+  }
   if (filled == 0) return;
   if (const FileState& f = FileOf(slot); f.have) SetVersion(slot, f.validated);
   stats_.pages_filled += filled;
@@ -1350,11 +1356,27 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       const Slot& from = slots_[part.from];
       for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) cow = cow || TestBit(DirtyBits(from), p);
     }
+    // A copy goes back to the block's partner when that still holds what
+    // it held (see WbSlot): then only the pages changed since are copied.
+    // (Safe as any copy: the partner's last claim, if a crash leaves it,
+    // is older than `from`'s durable one, and its new record is written
+    // only after its data is synced, by the commit.)
+    const WbSlot* fwb = nullptr;
+    if (part.from != UINT32_MAX && cow) {
+      auto it = wb_.find(part.from);
+      if (it != wb_.end() && it->second.partner != kNoSlot &&
+          slots_[it->second.partner].file == kNoFile &&
+          slots_[it->second.partner].gen == it->second.partner_gen &&
+          policy_->Take(it->second.partner, PolicyKey(w.fh, part.block), policy_->InMain(part.from))) {
+        fwb = &it->second;
+      }
+    }
     if (part.from != UINT32_MAX && !cow) {
       part.to = part.from;
     } else {
       bool evicted = false;
-      auto got = policy_->Allocate(PolicyKey(w.fh, part.block), &evicted);
+      auto got = fwb ? std::optional<uint32_t>(fwb->partner)
+                     : policy_->Allocate(PolicyKey(w.fh, part.block), &evicted);
       if (!got) {
         // Every slot is dirty or busy: this write goes to the server.
         UndoWb(parts);
@@ -1363,6 +1385,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
         return false;
       }
       part.to = *got;
+      part.to_partner = fwb != nullptr;
       if (evicted) {
         stats_.evictions++;
         FreeSlot(part.to, /*persist=*/false);
@@ -1387,7 +1410,11 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
         if (!TestBit(Valid(from), p)) continue;
         const bool touched = p >= part.p0 && p < part.p0 + part.np;
         const bool edge = p == part.p0 || p == part.p0 + part.np - 1;
-        if ((touched && edge) || (cow && !touched)) SetBit(plan.read, p);
+        if (cow && !touched && fwb && !TestBit(fwb->delta, p)) {
+          SetBit(part.reuse, p);
+        } else if ((touched && edge) || (cow && !touched)) {
+          SetBit(plan.read, p);
+        }
       }
       plan.crc.assign(PageCrcs(from), PageCrcs(from) + pages());
       if (!cow) {
@@ -1505,8 +1532,19 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     lock.unlock();
     bool wrote = true;
     for (const auto& part : it.parts) {
-      const uint64_t at = uint64_t{part.to} * opts_.block + uint64_t{part.img0} * kPage;
-      wrote = wrote && data_->WriteAt(part.image.data(), part.image.size(), at);
+      // The image's pages, but those the partner holds already.
+      const uint32_t n = static_cast<uint32_t>(part.image.size() / kPage);
+      for (uint32_t k = 0; k < n && wrote;) {
+        if (TestBit(part.reuse, part.img0 + k)) {
+          ++k;
+          continue;
+        }
+        uint32_t e = k;
+        while (e < n && !TestBit(part.reuse, part.img0 + e)) ++e;
+        const uint64_t at = uint64_t{part.to} * opts_.block + uint64_t{part.img0 + k} * kPage;
+        wrote = data_->WriteAt(part.image.data() + size_t{k} * kPage, size_t{e - k} * kPage, at);
+        k = e;
+      }
     }
     const int err = errno;
     lock.lock();
@@ -1530,12 +1568,17 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       Slot& to = slots_[part.to];
       const Slot* from = part.pinned_from ? &slots_[part.from] : nullptr;
       const bool moved = part.to != part.from;
-      for (uint32_t p = part.img0; p < part.img0 + part.image.size() / kPage; ++p) {
+      uint64_t carried = 0;
+      for (uint32_t p = 0; p < pages(); ++p) {
         const bool touched = p >= part.p0 && p < part.p0 + part.np;
-        if (!touched && !TestBit(part.copied, p)) continue;
+        const bool reused = TestBit(part.reuse, p);
+        if (!touched && !TestBit(part.copied, p) && !reused) continue;
         if (!TestBit(Valid(to), p)) used_pages_++;
         SetBit(Valid(to), p);
-        PageCrcs(to)[p] = part.crc[p - part.img0];
+        // (`from` is pinned and only this thread writes pages: a reused
+        // page's CRC is the one it had when the write was planned.)
+        PageCrcs(to)[p] = reused ? PageCrcs(*from)[p] : part.crc[p - part.img0];
+        if (!touched && !reused) carried++;
         if (touched || (from && TestBit(DirtyBits(*from), p))) SetBit(DirtyBits(to), p);
         // A page whose clean mark is not durable yet stays "dirty" to
         // HasDirty in its new slot too (Flushed clears it there).
@@ -1548,9 +1591,14 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         twb.fsize = fwb.fsize;
         twb.dirty_since = AnyBit(DirtyBits(*from)) ? fwb.dirty_since : now;
         stats_.copies++;
+        stats_.copied_pages += carried;
+        stats_.copies_to_partner += part.to_partner ? 1 : 0;
       } else if (!to.dirty_pin) {
         twb.dirty_since = now;
       }
+      // What `to` holds that its partner-to-be (`from`, once freed) or its
+      // partner does not: the pages written now (a copy starts with none).
+      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) SetBit(twb.delta, p);
       // Never repeats, not even in a slot freed and taken again: a flush
       // round's Flushed() must not mistake a newer write for the one it sent.
       twb.wgen = ++counter_;
@@ -1583,7 +1631,8 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       if (part.allocated) policy_->Unpin(part.to);
       if (!part.pinned_from) continue;
       if (it.ok && part.to != part.from) {
-        wb_retire_.push_back(Retire{part.from, slots_[part.from].gen});  // keeps the pin
+        wb_retire_.push_back(Retire{part.from, slots_[part.from].gen, part.to,
+                                    slots_[part.to].gen});  // keeps the pin
       } else {
         policy_->Unpin(part.from);
       }
@@ -1640,6 +1689,16 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
     if (slots_[r.slot].gen == r.gen) {
       FreeSlot(r.slot, /*persist=*/true);
       policy_->Release(r.slot);
+      // The freed slot still holds, in the data file, what the block's
+      // new slot held when copied, but its delta: it is the new slot's
+      // partner (ok only after a successful commit: else the old slot's
+      // claim may be the one a crash keeps, and it must not be written).
+      if (ok && slots_[r.to].gen == r.to_gen) {
+        if (auto it = wb_.find(r.to); it != wb_.end()) {
+          it->second.partner = r.slot;
+          it->second.partner_gen = slots_[r.slot].gen;
+        }
+      }
     }
     policy_->Unpin(r.slot);
   }

@@ -114,9 +114,13 @@
 // next commit (rule 1: data synced, then the records that declare it, then
 // those synced; one sync pair for every write since the last commit), which
 // fsync waits for (Durable). A dirty page is never overwritten in place: a
-// write that touches one copies the block to a fresh slot and the newer
+// write that touches one copies the block to another slot and the newer
 // record wins at load (copy-on-write), so a crash leaves each page as the
-// last commit left it or as a later write left it, never torn. Dirty slots are pinned (never evicted). A write that covers part of
+// last commit left it or as a later write left it, never torn. The slot a
+// block left stays its partner once the commit frees it: the next copy of
+// that block goes back there and writes only the pages changed since
+// (WbSlot::delta), so a page rewritten at every commit (a database log's
+// last page) costs its own pages, not a whole block, each time. Dirty slots are pinned (never evicted). A write that covers part of
 // a page the cache does not hold asks the caller for the server's page
 // first (kNeedPages) and merges. The flusher (fs/flusher.h) takes dirty
 // runs in file order (CollectDirty), writes them UNSTABLE, COMMITs, and
@@ -196,6 +200,8 @@ struct CacheStats {
   // Write-back.
   uint64_t dirty_bytes = 0, dirty_blocks = 0, flushed_bytes = 0, flush_errors = 0;
   uint64_t copies = 0;       // copy-on-write of a block with dirty pages
+  uint64_t copies_to_partner = 0;  // of them, back to the block's previous slot (WbSlot::partner)
+  uint64_t copied_pages = 0;  // pages those copies read and wrote again (a partner holds the rest)
   uint64_t wb_arounds = 0;   // writes sent to the server: no room or device trouble
   double dirty_age_s = 0;        // age of the oldest unflushed write (0: none)
   uint64_t flush_rate_bps = 0;   // bytes flushed per second over the last 10 s
@@ -394,6 +400,16 @@ class BlockCache {
     uint32_t uid = 0, gid = 0;
     std::vector<uint32_t> groups;
     std::chrono::steady_clock::time_point dirty_since;
+    // Copy-on-write partner: the slot this one was copied from, once a
+    // commit freed it (partner_gen: its gen then; a slot given to anything
+    // since has another). `delta`: pages whose data here may differ from
+    // the partner's (written or filled since the copy). The partner's
+    // other pages hold, in the data file, exactly what this slot holds, so
+    // the next copy-on-write of this block goes back to the partner and
+    // writes only the delta and the new pages (PrepareWb).
+    uint32_t partner = kNoSlot;
+    uint32_t partner_gen = 0;
+    PageBits delta{};
   };
   // A slot's page bitmaps (bits_): valid; dirty; flushed, clean mark not
   // durable yet (still "dirty" to HasDirty).
@@ -451,11 +467,13 @@ class BlockCache {
     uint64_t from_gen = 0;
     uint64_t to_gen = 0;         // `to`'s gen once allocated (a drop meanwhile bumps it)
     bool allocated = false;      // `to` was taken for this write
+    bool to_partner = false;     // `to` is `from`'s copy-on-write partner
     bool pinned_from = false;
     uint32_t p0 = 0, np = 0;     // pages the write touches
     AlignedBuf image;            // pages [img0, img0 + image/kPage) of `to`
     uint32_t img0 = 0;
-    PageBits copied{};           // pages of `from` carried into `to`
+    PageBits copied{};           // pages of `from` carried into `to` (read and written)
+    PageBits reuse{};            // pages of `from` that `to` (its partner) holds already
     std::vector<uint32_t> crc;   // of image pages
   };
   enum class Health { kHealthy, kDegraded, kOut };
@@ -622,6 +640,7 @@ class BlockCache {
   struct Retire {
     uint32_t slot;
     uint32_t gen;
+    uint32_t to, to_gen;  // the slot the block moved to (its partner-to-be)
   };
   bool wb_unsynced_ GUARDED_BY(mu_) = false;
   std::vector<uint32_t> wb_persist_ GUARDED_BY(mu_);  // slots whose records wait for the commit

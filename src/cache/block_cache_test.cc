@@ -484,6 +484,115 @@ TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
   EXPECT_EQ(Collected(*c, "fh1", 8192, 4096), Pattern(4096, '2'));
 }
 
+// A page rewritten after every commit (a database log's last page): the
+// block goes back and forth between two slots, and each copy writes only
+// the pages changed since the block left the slot it goes back to.
+TEST_F(WriteBackTest, ARewriteAfterACommitGoesBackToThePartnerAndCopiesOnlyWhatChanged) {
+  const uint32_t pages = kBlock / 4096;
+  std::string want = Pattern(kBlock, 'c');
+  auto put = [&](BlockCache& c, uint32_t page, char v) {
+    ASSERT_EQ(Wb(c, "fh1", uint64_t{page} * 4096, Pattern(4096, v)).kind, WbOutcome::kStored);
+    want.replace(size_t{page} * 4096, 4096, Pattern(4096, v));
+    c.Quiesce();  // a commit (fsync)
+  };
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));
+    put(*c, 2, '1');  // clean page: in place
+    EXPECT_EQ(c->Stats().copies, 0u);
+    put(*c, 2, '2');  // dirty and committed: copied to a fresh slot, every other page read
+    EXPECT_EQ(c->Stats().copies, 1u);
+    EXPECT_EQ(c->Stats().copies_to_partner, 0u);
+    EXPECT_EQ(c->Stats().copied_pages, pages - 1);
+    put(*c, 2, '3');  // back to the first slot: nothing else changed, nothing read
+    EXPECT_EQ(c->Stats().copies, 2u);
+    EXPECT_EQ(c->Stats().copies_to_partner, 1u);
+    EXPECT_EQ(c->Stats().copied_pages, pages - 1);
+    put(*c, 5, '4');  // a clean page: in place, but it now differs from the partner's
+    EXPECT_EQ(c->Stats().copies, 2u);
+    put(*c, 2, '5');  // back again: page 5 alone is copied
+    EXPECT_EQ(c->Stats().copies, 3u);
+    EXPECT_EQ(c->Stats().copies_to_partner, 2u);
+    EXPECT_EQ(c->Stats().copied_pages, pages);
+    // Two writes to one page between commits: the second copies to a
+    // fresh slot (the first one's slot has no partner before the commit).
+    ASSERT_EQ(Wb(*c, "fh1", 2 * 4096, Pattern(4096, '6')).kind, WbOutcome::kStored);
+    put(*c, 2, '7');
+    EXPECT_EQ(c->Stats().copies, 5u);
+    EXPECT_EQ(c->Stats().copies_to_partner, 3u);
+    EXPECT_EQ(c->Stats().copied_pages, 2 * pages - 1);
+    EXPECT_EQ(c->Stats().slots_used, 1u);
+    auto got = c->Read("fh1", 0, kBlock);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(*got, want);
+  }
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  auto got = c->Read("fh1", 0, kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, want);
+  EXPECT_EQ(Collected(*c, "fh1", 2 * 4096, 4096), Pattern(4096, '7'));
+  EXPECT_EQ(Collected(*c, "fh1", 5 * 4096, 4096), Pattern(4096, '4'));
+}
+
+// Pages filled after a copy are not in the partner: going back copies them.
+TEST_F(WriteBackTest, PagesFilledAfterACopyAreCarriedBackToThePartner) {
+  const uint32_t pages = kBlock / 4096;
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  const std::string server = Pattern(kBlock, 's');
+  FillFromServer(*c, "fh1", 0, server.substr(0, kBlock / 2));  // the first half
+  ASSERT_EQ(Wb(*c, "fh1", 2 * 4096, Pattern(4096, '1')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  ASSERT_EQ(Wb(*c, "fh1", 2 * 4096, Pattern(4096, '2')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  ASSERT_EQ(c->Stats().copied_pages, pages / 2 - 1);
+  FillFromServer(*c, "fh1", kBlock / 2, server.substr(kBlock / 2));  // the second half, after the copy
+  ASSERT_EQ(Wb(*c, "fh1", 2 * 4096, Pattern(4096, '3')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  EXPECT_EQ(c->Stats().copies_to_partner, 1u);
+  EXPECT_EQ(c->Stats().copied_pages, pages / 2 - 1 + pages / 2);
+  std::string want = server;
+  want.replace(2 * 4096, 4096, Pattern(4096, '3'));
+  auto got = c->Read("fh1", 0, kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, want);
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+}
+
+// A partner given to another block meanwhile is not gone back to: the copy
+// takes a fresh slot and carries every page, as the first copy did.
+TEST_F(WriteBackTest, APartnerTakenByAnotherBlockIsNotWrittenOver) {
+  const uint32_t pages = kBlock / 4096;
+  auto c = OpenWb();  // 16 slots
+  c->Observe("fh1", kV1);
+  c->Observe("fh2", kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '1')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '2')).kind, WbOutcome::kStored);
+  c->Quiesce();  // the first slot is free now, fh1's partner
+  ASSERT_EQ(c->Stats().copies, 1u);
+  // Fill every other slot: the partner, handed out last, is taken too.
+  for (uint64_t b = 0; b < 15; ++b) FillFromServer(*c, "fh2", b * kBlock, Pattern(kBlock, 'a' + b));
+  ASSERT_EQ(c->Stats().slots_used, 16u);
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '3')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  EXPECT_EQ(c->Stats().copies, 2u);
+  EXPECT_EQ(c->Stats().copies_to_partner, 0u);
+  EXPECT_EQ(c->Stats().copied_pages, 2 * (pages - 1));
+  std::string want = Pattern(kBlock, 'c');
+  want.replace(0, 4096, Pattern(4096, '3'));
+  auto got = c->Read("fh1", 0, kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, want);
+  for (uint64_t b = 0; b < 15; ++b) {
+    auto other = c->Read("fh2", b * kBlock, kBlock);
+    if (other) EXPECT_EQ(*other, Pattern(kBlock, 'a' + b)) << "block " << b;  // (one was evicted)
+  }
+}
+
 TEST_F(WriteBackTest, ATruncateNeverDropsUnflushedWrites) {
   // A write acknowledged after the flush that precedes a truncate: the cache
   // refuses to forget the file until it is flushed too.

@@ -130,6 +130,15 @@ class Explorer {
     return VersionOf(Server(SIZE_MAX)[fh], Changes(fh, SIZE_MAX));
   }
 
+  void Unmount() {
+    if (cache_) {
+      const CacheStats k = cache_->Stats();
+      copies_ += k.copies;
+      copies_to_partner_ += k.copies_to_partner;
+    }
+    cache_.reset();
+  }
+
   // --- the workload's operations, each as the filesystem layer does it
   void ServerApply(const std::string& fh, bool truncate, uint64_t off, std::string data) {
     events_.push_back(ServerEvent{disk_.Mark(), fh, truncate, off, std::move(data)});
@@ -260,7 +269,7 @@ class Explorer {
     undurable_ = std::move(rest);
   }
   void Remount() {
-    cache_.reset();
+    Unmount();
     MadeDurable();  // an unmount commits
     std::string err;
     cache_ = OpenOn(disk_, &err);
@@ -316,7 +325,7 @@ class Explorer {
       cache_->Quiesce(/*commit=*/false);
       if (::testing::Test::HasFatalFailure()) return;
     }
-    cache_.reset();
+    Unmount();
     MadeDurable();
   }
 
@@ -459,6 +468,7 @@ class Explorer {
   CrashDisk disk_;
   std::unique_ptr<BlockCache> cache_;
   size_t overflows_ = 0;  // bytes with too many candidates to check
+  uint64_t copies_ = 0, copies_to_partner_ = 0;  // over the workload's mounts
 
  private:
   std::mt19937 rng_;
@@ -479,8 +489,13 @@ void ExploreWith(uint32_t per_page) {
   EXPECT_EQ(why, "") << "seed " << seed;
   EXPECT_GT(states, 100u);
   EXPECT_EQ(x.overflows_, 0u) << "some bytes were not checked";
-  std::printf("explored %zu crash states over %zu disk operations (seed %llu, %u records per index page)\n",
-              states, x.disk_.Mark(), static_cast<unsigned long long>(seed), per_page);
+  // The workload reaches copy-on-write, to fresh slots and back to partners.
+  EXPECT_GT(x.copies_to_partner_, 0u);
+  EXPECT_GT(x.copies_, x.copies_to_partner_);
+  std::printf("explored %zu crash states over %zu disk operations (seed %llu, %u records per index page; "
+              "%llu copies, %llu to a partner)\n",
+              states, x.disk_.Mark(), static_cast<unsigned long long>(seed), per_page,
+              static_cast<unsigned long long>(x.copies_), static_cast<unsigned long long>(x.copies_to_partner_));
 }
 
 // One record per index page: every record change lands on its own, in any

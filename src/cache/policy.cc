@@ -38,6 +38,15 @@ void TwoQueue::PushFront(Queue& q, uint32_t slot) {
   q.size++;
 }
 
+void TwoQueue::PushBack(Queue& q, uint32_t slot) {
+  next_[slot] = kNone;
+  prev_[slot] = q.tail;
+  if (q.tail != kNone) next_[q.tail] = slot;
+  q.tail = slot;
+  if (q.head == kNone) q.head = slot;
+  q.size++;
+}
+
 void TwoQueue::Unlink(uint32_t slot) {
   Queue& q = where_[slot] == Where::kProbation ? a1in_ : where_[slot] == Where::kMain ? am_ : free_;
   if (prev_[slot] != kNone) next_[prev_[slot]] = next_[slot]; else q.head = next_[slot];
@@ -168,11 +177,17 @@ void TwoQueue::Adopt(uint32_t slot, uint64_t key, bool hot) {
   where_[slot] = hot ? Where::kMain : Where::kProbation;
 }
 
+bool TwoQueue::Take(uint32_t slot, uint64_t key, bool hot) {
+  if (where_[slot] != Where::kFree || pins_[slot] != 0) return false;
+  Adopt(slot, key, hot);
+  return true;
+}
+
 void TwoQueue::Release(uint32_t slot) {
   if (where_[slot] == Where::kFree) return;
   Unlink(slot);
   if (!key_of_) key_[slot] = 0;
-  PushFront(free_, slot);
+  PushBack(free_, slot);
   --used_;
 }
 

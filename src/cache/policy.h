@@ -63,7 +63,12 @@ class TwoQueue {
   std::optional<uint32_t> Allocate(uint64_t key, bool* evicted);
   // Puts `slot` (already holding `key`, e.g. found at start-up) in use.
   void Adopt(uint32_t slot, uint64_t key, bool hot);
-  // `slot` no longer holds anything (invalidated); it becomes free.
+  // `slot`, free and not pinned, for `key` (hot: into the main queue, as
+  // the block's previous slot was). False if it is in use or pinned.
+  bool Take(uint32_t slot, uint64_t key, bool hot);
+  // `slot` no longer holds anything (invalidated); it becomes free, handed
+  // out after the slots free before it (a copy-on-write partner, freed by
+  // a commit, is thus kept as long as other free slots last).
   void Release(uint32_t slot);
   void Pin(uint32_t slot) { ++pins_[slot]; }
   void Unpin(uint32_t slot) { --pins_[slot]; }
@@ -94,6 +99,7 @@ class TwoQueue {
   uint64_t KeyOf(uint32_t slot) const { return key_of_ ? key_of_(slot) : key_[slot]; }
   void Unlink(uint32_t slot);
   void PushFront(Queue& q, uint32_t slot);
+  void PushBack(Queue& q, uint32_t slot);
   void Remember(uint64_t key);
   // The ghost table: open addressing, linear probing; key 0 marks empty.
   static uint32_t GhostKey(uint64_t key) {

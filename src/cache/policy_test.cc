@@ -93,6 +93,25 @@ TEST(TwoQueueTest, PinnedSlotsAreNotEvicted) {
   EXPECT_EQ(Alloc(q, K(3)), b);
 }
 
+// Released slots are handed out after the slots free before them (a
+// copy-on-write partner waits at the back), and Take claims a given free
+// slot unless it is in use or pinned.
+TEST(TwoQueueTest, AReleasedSlotIsHandedOutLastAndCanBeTakenBack) {
+  TwoQueue q(4);
+  const uint32_t a = Alloc(q, K(1));
+  q.Release(a);
+  std::set<uint32_t> got;
+  for (int i = 2; i < 5; ++i) got.insert(Alloc(q, K(i)));
+  EXPECT_FALSE(got.count(a)) << "a released slot was handed out before the free ones";
+  EXPECT_FALSE(q.Take(*got.begin(), TwoQueue::Hash(K(9)), false)) << "took a slot in use";
+  q.Pin(a);
+  EXPECT_FALSE(q.Take(a, TwoQueue::Hash(K(9)), false)) << "took a pinned slot";
+  q.Unpin(a);
+  EXPECT_TRUE(q.Take(a, TwoQueue::Hash(K(9)), true));
+  EXPECT_TRUE(q.InMain(a));
+  EXPECT_EQ(q.in_use(), 4u);
+}
+
 TEST(TwoQueueTest, ReleasedAndAdoptedSlotsKeepTheCountRight) {
   TwoQueue q(4);
   q.Adopt(2, K(2), true);

@@ -188,6 +188,10 @@ void CacheMetrics(Families& f, const Labels& mount, const cache::CacheStats& k) 
   counter("mpnfs_cache_flush_errors_total", "Flusher rounds that failed", k.flush_errors);
   counter("mpnfs_cache_copies_total", "Blocks copied because a write overwrote unflushed pages",
           k.copies);
+  counter("mpnfs_cache_copies_to_partner_total",
+          "Copies that went back to the block's previous slot, writing only what changed",
+          k.copies_to_partner);
+  counter("mpnfs_cache_copied_pages_total", "Pages copies read and wrote again", k.copied_pages);
   counter("mpnfs_cache_writes_around_total", "Writes sent to the server: no room or degraded cache",
           k.wb_arounds);
 }
