@@ -424,6 +424,7 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     std::copy_n(r.crc.begin(), std::min<size_t>(r.crc.size(), ppb), PageCrcs(slot));
     if (r.fsize != 0 || AnyBit(r.dirty) || r.uid != 0 || r.gid != 0 || !r.groups.empty()) {
       WbSlot& wb = Wb(s);
+      wb.claimed = r.dirty;
       wb.fsize = r.fsize;
       wb.uid = r.uid;
       wb.groups = std::move(r.groups);
@@ -569,6 +570,9 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
         // A page being cleaned is still dirty on disk until this write.
         r.dirty = DirtyBits(slot);
         r.version = VersionOf(slot);
+        if (auto it = wb_.find(s); it != wb_.end()) {
+          for (size_t i = 0; i < it->second.claimed.size(); ++i) it->second.claimed[i] |= r.dirty[i];
+        }
         const WbSlot& wb = WbOf(s);
         r.fsize = wb.fsize;
         r.uid = wb.uid;
@@ -676,6 +680,10 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
   Cleaning(slot).Clear();
   SetDirtyPin(s);
   wb_.erase(s);
+  if (slot.rewriting) {
+    slot.rewriting = false;
+    rewrite_cv_.notify_all();
+  }
   slot.gen++;
   slot.inval++;
   if (persist) Persist(s);
@@ -866,6 +874,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
       const uint32_t s = Lookup(fit->second.id, b);
       if (s == kNoSlot) return miss();
       const Slot& slot = slots_[s];
+      if (slot.rewriting) return miss();
       const uint64_t lo = std::max(off, b * block) - b * block;
       const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
       const uint32_t p0 = static_cast<uint32_t>(lo / kPage), p1 = static_cast<uint32_t>((hi - 1) / kPage);
@@ -922,8 +931,17 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     if (slot.inval == p.inval && TestBit(Valid(slot), bad_page)) {
       // Not a race with an invalidation: the page on disk is damaged.
       stats_.checksum_failures++;
-      Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped, read from the server",
-                         p.slot, bad_page);
+      if (TestBit(DirtyBits(slot), bad_page)) {
+        // (As RunOverlay: an unflushed write lost is reported to fsync.)
+        Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
+                            p.slot, bad_page);
+        FileOf(slot).lost = true;
+        ClearBit(DirtyBits(slot), bad_page);
+        SetDirtyPin(p.slot);
+      } else {
+        Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped, read from the server",
+                           p.slot, bad_page);
+      }
       ClearBit(Valid(slot), bad_page);
       used_pages_--;
       slot.inval++;
@@ -1303,6 +1321,7 @@ void BlockCache::WriteBack(WbWrite w, std::function<void(WbOutcome)> done) {
 }
 
 bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
+                           const std::unordered_map<uint32_t, uint32_t>& batch_pins,
                            std::unique_lock<std::mutex>& lock) {
   const uint64_t block = opts_.block;
   const uint64_t end = w.off + w.len;
@@ -1351,10 +1370,31 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
   }
   for (auto& part : parts) {
     Plan plan;
-    bool cow = false;
+    // A dirty page is copied (copy-on-write) if a record a crash may keep
+    // declares it (the older claim must survive a torn rewrite), or if a
+    // reader holds the slot (it would read a torn page). Else it is
+    // rewritten in place: a crash then keeps the older claim (a retired
+    // slot's, or the page is clean or invalid in this slot's records).
+    bool cow = false, rewrite = false;
     if (part.from != UINT32_MAX) {
       const Slot& from = slots_[part.from];
-      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) cow = cow || TestBit(DirtyBits(from), p);
+      auto fwbit = wb_.find(part.from);
+      for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
+        if (!TestBit(DirtyBits(from), p)) continue;
+        if (fwbit != wb_.end() && !TestBit(fwbit->second.claimed, p)) {
+          rewrite = true;
+        } else {
+          cow = true;
+        }
+      }
+      if (rewrite && !cow) {
+        // Ours (this write's and the batch's earlier writes'), and the
+        // dirty pin: any other pin is a reader's.
+        auto held = batch_pins.find(part.from);
+        const uint32_t ours = 1 + (from.dirty_pin ? 1 : 0) + (held == batch_pins.end() ? 0 : held->second);
+        cow = policy_->Pins(part.from) != ours;
+      }
+      if (cow) rewrite = false;
     }
     // A copy goes back to the block's partner when that still holds what
     // it held (see WbSlot): then only the pages changed since are copied.
@@ -1418,13 +1458,18 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       }
       plan.crc.assign(PageCrcs(from), PageCrcs(from) + pages());
       if (!cow) {
-        // In place: readers of the pages being rewritten go to the server
-        // (they are clean, so it has them) until the new data is in.
+        // In place: readers of clean pages being rewritten go to the server
+        // (it has them) until the new data is in; dirty pages stay valid and
+        // dirty, and readers keep away from the slot (Slot::rewriting).
         for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
-          if (TestBit(Valid(from), p)) {
+          if (TestBit(Valid(from), p) && !TestBit(DirtyBits(from), p)) {
             ClearBit(Valid(from), p);
             used_pages_--;
           }
+        }
+        if (rewrite) {
+          from.rewriting = true;
+          part.rewriting = true;
         }
         from.inval++;
       }
@@ -1503,6 +1548,13 @@ void BlockCache::UndoWb(std::vector<WbPart>& parts) {
       policy_->Release(part.to);
     } else if (part.pinned_from && slots_[part.from].gen == part.from_gen) {
       Persist(part.from);  // in place: the pages cleared for the write stay invalid
+      if (part.rewriting) {
+        // (A failed rewrite may have torn a dirty page: its CRC tells, and
+        // the flusher then reports that write lost.)
+        slots_[part.from].rewriting = false;
+        slots_[part.from].inval++;
+        rewrite_cv_.notify_all();
+      }
     }
     if (part.pinned_from) policy_->Unpin(part.from);
   }
@@ -1516,6 +1568,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     bool ok = false;  // applied in memory
   };
   std::vector<Item> items(batch.size());
+  std::unordered_map<uint32_t, uint32_t> batch_pins;  // held by the batch's writes until its end
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < batch.size(); ++i) {
     const WbWrite& w = *batch[i].wb;
@@ -1527,7 +1580,11 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       stats_.wb_arounds++;
       continue;
     }
-    if (!PrepareWb(w, it.parts, it.out, lock)) continue;
+    if (!PrepareWb(w, it.parts, it.out, batch_pins, lock)) continue;
+    for (const auto& part : it.parts) {
+      if (part.pinned_from) batch_pins[part.from]++;
+      if (part.allocated) batch_pins[part.to]++;
+    }
     // Step 2b (unlocked): write the new pages to their slots.
     lock.unlock();
     bool wrote = true;
@@ -1573,6 +1630,10 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         const bool touched = p >= part.p0 && p < part.p0 + part.np;
         const bool reused = TestBit(part.reuse, p);
         if (!touched && !TestBit(part.copied, p) && !reused) continue;
+        // A page invalidated since the plan (a write sent around the cache,
+        // a coherence drop, a checksum failure) stays invalid. (Found by
+        // review; older than copies to partners.)
+        if (!touched && from && !TestBit(Valid(*from), p)) continue;
         if (!TestBit(Valid(to), p)) used_pages_++;
         SetBit(Valid(to), p);
         // (`from` is pinned and only this thread writes pages: a reused
@@ -1612,6 +1673,11 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         TableSet(part.to);
         List(part.to);
         if (from) Unlist(part.from);  // freed after the commit (below)
+      }
+      if (part.rewriting) {
+        to.rewriting = false;
+        stats_.rewrites_in_place++;
+        rewrite_cv_.notify_all();
       }
       SetDirtyPin(part.to);
       NoteChange(f, part.block, part.p0, part.np);
@@ -1818,6 +1884,12 @@ std::optional<OverlayResult> BlockCache::PlanOverlay(const std::string& fh, uint
       const uint32_t s = f.id == kNoFile ? kNoSlot : Lookup(f.id, b);
       const Slot* slot = s == kNoSlot ? nullptr : &slots_[s];
       if (!Changed(f, b, token) && (!slot || !slot->dirty_pin)) continue;
+      if (slot && slot->rewriting) {
+        // Its dirty pages are being rewritten: the read goes again (it
+        // would anyway, the write being newer than the server's answer).
+        for (const auto& pc : pieces) policy_->Unpin(pc.slot);
+        return OverlayResult{OverlayResult::kRetry, false};
+      }
       const uint64_t lo = std::max(off, b * block) - b * block;
       const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
       for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
@@ -1915,16 +1987,24 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   };
   std::vector<Pick> picks;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     std::vector<uint32_t> cand;
-    for (uint32_t s : dirty_set_) {
-      const Slot& slot = slots_[s];
-      if ((!fh.empty() && Fh(slot) != fh) || WbOf(s).dirty_since > older_than) continue;
-      // A block moved by copy-on-write keeps its old slot dirty until the
-      // new one is durable; only the block's current slot is flushed (two
-      // WRITEs of one range in one round could land in either order).
-      if (Lookup(slot.file, slot.block) != s) continue;
-      cand.push_back(s);
+    for (bool busy = true; busy;) {
+      busy = false;
+      cand.clear();
+      for (uint32_t s : dirty_set_) {
+        const Slot& slot = slots_[s];
+        if ((!fh.empty() && Fh(slot) != fh) || WbOf(s).dirty_since > older_than) continue;
+        // A block moved by copy-on-write keeps its old slot dirty until the
+        // new one is durable; only the block's current slot is flushed (two
+        // WRITEs of one range in one round could land in either order).
+        if (Lookup(slot.file, slot.block) != s) continue;
+        busy = busy || slot.rewriting;
+        cand.push_back(s);
+      }
+      // (A rewrite in place is one write of the writer thread, which
+      // never waits for this one.)
+      if (busy) rewrite_cv_.wait(lock);
     }
     // File order: by handle, then offset (the server sees ascending writes).
     std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
@@ -2076,14 +2156,17 @@ void BlockCache::NoteFlushError() {
 void BlockCache::Quiesce(bool commit) {
   std::unique_lock lock(mu_);
   if (!writer_.joinable() || stop_) return;
-  if (commit) {
-    // (Also for writes still queued: they are pending once applied.)
+  auto done = [this, commit] {
+    return jobs_.empty() && !writing_ && (!commit || (queued_groups_.empty() && !WbPending()));
+  };
+  if (commit && !done()) {
+    // (Also for writes still queued: they are pending once applied. Not
+    // when nothing is: the request would outlive this call and commit the
+    // next write at once.)
     commit_asked_ = true;
     cv_.notify_all();
   }
-  idle_cv_.wait(lock, [this, commit] {
-    return jobs_.empty() && !writing_ && (!commit || (queued_groups_.empty() && !WbPending()));
-  });
+  idle_cv_.wait(lock, done);
 }
 
 CacheStats BlockCache::Stats() const {

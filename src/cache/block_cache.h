@@ -63,8 +63,8 @@
 // says why not a file). A file's handle, version bookkeeping and
 // write counters are kept once per file (FileState, with an id the slots
 // name it by while they hold its blocks); write-back fields (writer's
-// credentials, implied size, dirty age) only for slots write-back reached
-// (wb_). Files with nothing cached and nothing in flight are forgotten once
+// credentials, implied size, dirty age, copy-on-write partner and two page
+// bitmaps: about 150 bytes) only for slots write-back reached (wb_). Files with nothing cached and nothing in flight are forgotten once
 // there are more than 65536 of them.
 //
 // Durability order (write-back). What a crash may find is what index.h
@@ -113,16 +113,26 @@
 // answered once they are written to the data file; it is durable after the
 // next commit (rule 1: data synced, then the records that declare it, then
 // those synced; one sync pair for every write since the last commit), which
-// fsync waits for (Durable). A dirty page is never overwritten in place: a
-// write that touches one copies the block to another slot and the newer
-// record wins at load (copy-on-write), so a crash leaves each page as the
-// last commit left it or as a later write left it, never torn. The slot a
+// fsync waits for (Durable). A dirty page that a record may declare
+// (WbSlot::claimed: any record of the slot written since) is never
+// overwritten in place: a write that touches one copies the block to another
+// slot and the newer record wins at load (copy-on-write), so a crash leaves
+// each page as the last commit left it or as a later write left it, never
+// torn. A dirty page no record declares yet (written since its slot's last
+// record write) is rewritten in place: a crash keeps the older claim (the
+// retired slot's, or the page clean or invalid in this slot's records).
+// Readers keep away meanwhile (Slot::rewriting: Read misses, the overlay
+// asks for the read again, CollectDirty waits), and a reader already
+// holding the slot makes the write copy instead. The slot a
 // block left stays its partner once the commit frees it: the next copy of
-// that block goes back there and writes only the pages changed since
+// that block goes back there, unless the slot was given to another block
+// meanwhile (freed slots are handed out last, but in a full cache any fill
+// may take one), and writes only the pages changed since the block left it
 // (WbSlot::delta), so a page rewritten at every commit (a database log's
-// last page) costs its own pages, not a whole block, each time. Dirty slots are pinned (never evicted). A write that covers part of
-// a page the cache does not hold asks the caller for the server's page
-// first (kNeedPages) and merges. The flusher (fs/flusher.h) takes dirty
+// last page) costs those pages, not a whole block, each time. Dirty slots
+// are pinned (never evicted). A write that covers part of a page the cache
+// does not hold asks the caller for the server's page first (kNeedPages)
+// and merges. The flusher (fs/flusher.h) takes dirty
 // runs in file order (CollectDirty), writes them UNSTABLE, COMMITs, and
 // only after an unchanged verifier marks them clean (Flushed). Dirty data
 // found at start-up is flushed before the mount is offered. Reads merge
@@ -202,6 +212,7 @@ struct CacheStats {
   uint64_t copies = 0;       // copy-on-write of a block with dirty pages
   uint64_t copies_to_partner = 0;  // of them, back to the block's previous slot (WbSlot::partner)
   uint64_t copied_pages = 0;  // pages those copies read and wrote again (a partner holds the rest)
+  uint64_t rewrites_in_place = 0;  // writes over dirty pages no record declares yet: no copy
   uint64_t wb_arounds = 0;   // writes sent to the server: no room or device trouble
   double dirty_age_s = 0;        // age of the oldest unflushed write (0: none)
   uint64_t flush_rate_bps = 0;   // bytes flushed per second over the last 10 s
@@ -391,6 +402,8 @@ class BlockCache {
     bool dirty_pin = false;  // pinned in the policy while any page is dirty or cleaning
     bool listed = false;     // on the file's list (a block's old slot, moved by
                              // copy-on-write, is not, until it is freed)
+    bool rewriting = false;  // the writer is rewriting dirty pages in place:
+                             // readers keep away (PrepareWb)
   };
   // Write-back fields of a slot, for slots a write-back write reached (and
   // slots loaded with dirty pages), until the slot is freed.
@@ -410,6 +423,11 @@ class BlockCache {
     uint32_t partner = kNoSlot;
     uint32_t partner_gen = 0;
     PageBits delta{};
+    // Pages a record of this slot written since it got its block may
+    // declare dirty (every record write adds the dirty pages it wrote).
+    // A dirty page not in it is declared by no record a crash may keep,
+    // so it may be rewritten in place (PrepareWb).
+    PageBits claimed{};
   };
   // A slot's page bitmaps (bits_): valid; dirty; flushed, clean mark not
   // durable yet (still "dirty" to HasDirty).
@@ -468,6 +486,7 @@ class BlockCache {
     uint64_t to_gen = 0;         // `to`'s gen once allocated (a drop meanwhile bumps it)
     bool allocated = false;      // `to` was taken for this write
     bool to_partner = false;     // `to` is `from`'s copy-on-write partner
+    bool rewriting = false;      // in place over dirty pages (Slot::rewriting set)
     bool pinned_from = false;
     uint32_t p0 = 0, np = 0;     // pages the write touches
     AlignedBuf image;            // pages [img0, img0 + image/kPage) of `to`
@@ -587,7 +606,9 @@ class BlockCache {
   // Processes a batch of write-back jobs (group commit).
   void WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock);
   // Steps 1-2 of one write-back write; false with `out` set if it cannot go on.
+  // `batch_pins`: pins the batch's earlier writes hold, per slot.
   bool PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
+                 const std::unordered_map<uint32_t, uint32_t>& batch_pins,
                  std::unique_lock<std::mutex>& lock);
   void UndoWb(std::vector<WbPart>& parts) REQUIRES(mu_);
   void SetDirtyPin(uint32_t s) REQUIRES(mu_);
@@ -609,6 +630,7 @@ class BlockCache {
   mutable std::mutex mu_;
   std::condition_variable cv_;       // writer: work or stop
   std::condition_variable idle_cv_;  // Quiesce(): queue drained
+  std::condition_variable rewrite_cv_;  // a Slot::rewriting was cleared
   std::vector<Slot> slots_ GUARDED_BY(mu_);
   std::vector<uint64_t> bits_ GUARDED_BY(mu_);  // kBitKinds bitmaps of words() words per slot
   std::unique_ptr<CrcTable> crcs_ GUARDED_BY(mu_);

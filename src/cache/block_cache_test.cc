@@ -464,13 +464,16 @@ TEST_F(WriteBackTest, APartialPageIsMergedWithTheServersCopy) {
 }
 
 TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
+  commit_interval_ = std::chrono::hours(1);  // commits only when the test asks
   {
     auto c = OpenWb();
     c->Observe("fh1", kV1);
     FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));  // clean pages around
     ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '1')).kind, WbOutcome::kStored);
+    c->Quiesce();  // a commit: a record declares the dirty page
     ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '2')).kind, WbOutcome::kStored);
     EXPECT_EQ(c->Stats().copies, 1u);
+    EXPECT_EQ(c->Stats().rewrites_in_place, 0u);
     c->Quiesce();  // a commit: the new record is durable
     EXPECT_EQ(c->Stats().slots_used, 1u);  // the old slot was freed
     EXPECT_EQ(c->Stats().dirty_bytes, 4096u);  // the clean pages came along clean
@@ -488,6 +491,7 @@ TEST_F(WriteBackTest, RewritingADirtyPageCopiesTheBlockAndKeepsTheNewest) {
 // block goes back and forth between two slots, and each copy writes only
 // the pages changed since the block left the slot it goes back to.
 TEST_F(WriteBackTest, ARewriteAfterACommitGoesBackToThePartnerAndCopiesOnlyWhatChanged) {
+  commit_interval_ = std::chrono::hours(1);  // commits only when the test asks
   const uint32_t pages = kBlock / 4096;
   std::string want = Pattern(kBlock, 'c');
   auto put = [&](BlockCache& c, uint32_t page, char v) {
@@ -515,13 +519,15 @@ TEST_F(WriteBackTest, ARewriteAfterACommitGoesBackToThePartnerAndCopiesOnlyWhatC
     EXPECT_EQ(c->Stats().copies, 3u);
     EXPECT_EQ(c->Stats().copies_to_partner, 2u);
     EXPECT_EQ(c->Stats().copied_pages, pages);
-    // Two writes to one page between commits: the second copies to a
-    // fresh slot (the first one's slot has no partner before the commit).
+    // Two writes to one page between commits: the first copies back to
+    // the partner, the second rewrites the copy in place (no record
+    // declares it yet).
     ASSERT_EQ(Wb(*c, "fh1", 2 * 4096, Pattern(4096, '6')).kind, WbOutcome::kStored);
     put(*c, 2, '7');
-    EXPECT_EQ(c->Stats().copies, 5u);
+    EXPECT_EQ(c->Stats().copies, 4u);
     EXPECT_EQ(c->Stats().copies_to_partner, 3u);
-    EXPECT_EQ(c->Stats().copied_pages, 2 * pages - 1);
+    EXPECT_EQ(c->Stats().copied_pages, pages);
+    EXPECT_EQ(c->Stats().rewrites_in_place, 1u);
     EXPECT_EQ(c->Stats().slots_used, 1u);
     auto got = c->Read("fh1", 0, kBlock);
     ASSERT_TRUE(got.has_value());
@@ -536,8 +542,43 @@ TEST_F(WriteBackTest, ARewriteAfterACommitGoesBackToThePartnerAndCopiesOnlyWhatC
   EXPECT_EQ(Collected(*c, "fh1", 5 * 4096, 4096), Pattern(4096, '4'));
 }
 
+// A dirty page that no record declares yet (written since the last
+// commit) is rewritten in place: no copy, the newest data kept; once a
+// commit declared it, the next write copies again.
+TEST_F(WriteBackTest, ADirtyPageNoRecordDeclaresYetIsRewrittenInPlace) {
+  commit_interval_ = std::chrono::hours(1);  // commits only when the test asks
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));
+    for (char v : {'1', '2', '3'}) {
+      ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, v)).kind, WbOutcome::kStored);
+    }
+    EXPECT_EQ(c->Stats().copies, 0u);
+    EXPECT_EQ(c->Stats().rewrites_in_place, 2u);
+    EXPECT_EQ(Collected(*c, "fh1", 8192, 4096), Pattern(4096, '3'));
+    c->Quiesce();
+    ASSERT_EQ(Wb(*c, "fh1", 8192, Pattern(4096, '4')).kind, WbOutcome::kStored);
+    EXPECT_EQ(c->Stats().copies, 1u);
+    EXPECT_EQ(c->Stats().rewrites_in_place, 2u);
+    ASSERT_EQ(Wb(*c, "fh1", 8192 + 100, "tail").kind, WbOutcome::kStored);  // partial: merged in place
+    EXPECT_EQ(c->Stats().copies, 1u);
+    EXPECT_EQ(c->Stats().rewrites_in_place, 3u);
+  }
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  std::string want = Pattern(4096, '4');
+  want.replace(100, 4, "tail");
+  EXPECT_EQ(Collected(*c, "fh1", 8192, 4096), want);
+  auto got = c->Read("fh1", 0, kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->substr(8192, 4096), want);
+  EXPECT_EQ(got->substr(0, 8192), Pattern(kBlock, 'c').substr(0, 8192));
+}
+
 // Pages filled after a copy are not in the partner: going back copies them.
 TEST_F(WriteBackTest, PagesFilledAfterACopyAreCarriedBackToThePartner) {
+  commit_interval_ = std::chrono::hours(1);  // commits only when the test asks
   const uint32_t pages = kBlock / 4096;
   auto c = OpenWb();
   c->Observe("fh1", kV1);
@@ -564,6 +605,7 @@ TEST_F(WriteBackTest, PagesFilledAfterACopyAreCarriedBackToThePartner) {
 // A partner given to another block meanwhile is not gone back to: the copy
 // takes a fresh slot and carries every page, as the first copy did.
 TEST_F(WriteBackTest, APartnerTakenByAnotherBlockIsNotWrittenOver) {
+  commit_interval_ = std::chrono::hours(1);  // commits only when the test asks
   const uint32_t pages = kBlock / 4096;
   auto c = OpenWb();  // 16 slots
   c->Observe("fh1", kV1);
@@ -591,6 +633,66 @@ TEST_F(WriteBackTest, APartnerTakenByAnotherBlockIsNotWrittenOver) {
     auto other = c->Read("fh2", b * kBlock, kBlock);
     if (other) EXPECT_EQ(*other, Pattern(kBlock, 'a' + b)) << "block " << b;  // (one was evicted)
   }
+}
+
+// Found by review: a partner taken by another block and freed again (another
+// gen) is not gone back to.
+TEST_F(WriteBackTest, APartnerTakenAndFreedAgainIsNotGoneBackTo) {
+  commit_interval_ = std::chrono::hours(1);
+  auto c = OpenWb();  // 16 slots
+  c->Observe("fh1", kV1);
+  c->Observe("fh2", kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '1')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '2')).kind, WbOutcome::kStored);
+  c->Quiesce();  // the first slot is free now, fh1's partner
+  for (uint64_t b = 0; b < 15; ++b) FillFromServer(*c, "fh2", b * kBlock, Pattern(kBlock, 'a' + b));
+  ASSERT_EQ(c->Stats().slots_used, 16u);  // the partner holds an fh2 block now
+  c->Drop("fh2");                          // ... and is free again (another gen)
+  c->Quiesce();
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '3')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  EXPECT_EQ(c->Stats().copies_to_partner, 0u);
+  std::string want = Pattern(kBlock, 'c');
+  want.replace(0, 4096, Pattern(4096, '3'));
+  auto got = c->Read("fh1", 0, kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, want);
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+}
+
+// A block's new slot freed before the commit (and given to another file)
+// gets no partner from it.
+TEST_F(WriteBackTest, ANewSlotFreedBeforeTheCommitGetsNoPartner) {
+  commit_interval_ = std::chrono::hours(1);
+  auto c = OpenWb();  // 16 slots
+  for (const char* fh : {"fh1", "fh2", "fh3"}) c->Observe(fh, kV1);
+  FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'c'));
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '1')).kind, WbOutcome::kStored);
+  c->Quiesce();
+  for (uint64_t b = 0; b < 14; ++b) FillFromServer(*c, "fh2", b * kBlock, Pattern(kBlock, 'a' + b));
+  ASSERT_EQ(c->Stats().slots_used, 15u);
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(4096, '2')).kind, WbOutcome::kStored);  // copy to the last free slot B
+  c->Quiesce(/*commit=*/false);
+  c->Drop("fh1");  // frees B (the old slot stays retired until the commit)
+  {
+    const std::string f = Pattern(kBlock, 'f');
+    const uint64_t t = c->ReadStart("fh3");
+    c->Fill("fh3", t, 0, f.data(), f.size());  // B again (the only free slot)
+    c->Quiesce(/*commit=*/false);
+  }
+  ASSERT_EQ(Wb(*c, "fh3", 0, Pattern(4096, '3')).kind, WbOutcome::kStored);  // in place
+  c->Quiesce();
+  ASSERT_EQ(Wb(*c, "fh3", 0, Pattern(4096, '4')).kind, WbOutcome::kStored);  // a copy
+  c->Quiesce();
+  EXPECT_EQ(c->Stats().copies_to_partner, 0u);
+  std::string want = Pattern(kBlock, 'f');
+  want.replace(0, 4096, Pattern(4096, '4'));
+  auto got = c->Read("fh3", 0, kBlock);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, want);
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
 }
 
 TEST_F(WriteBackTest, ATruncateNeverDropsUnflushedWrites) {
@@ -872,6 +974,8 @@ struct GateDisk : Disk {
   bool armed = false, held = false, release = false;
   size_t hold_len = 0;
   bool hold_index_sync = false;  // like armed/held/release, for the index's next sync
+  bool tear = false;             // a held data write lands half before it holds
+  bool read_armed = false, read_held = false, read_release = false;  // the next data read
   std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
     auto r = RealDisk().Open(path, flags);
@@ -910,6 +1014,15 @@ bool GateFile::ReadAt(char* p, size_t n, uint64_t off) {
     errno = EIO;
     return false;
   }
+  if (!index) {
+    std::unique_lock l(d->mu);
+    if (d->read_armed) {
+      d->read_armed = false;
+      d->read_held = true;
+      d->cv.notify_all();
+      d->cv.wait(l, [&] { return d->read_release; });
+    }
+  }
   return f->ReadAt(p, n, off);
 }
 bool GateFile::Sync() {
@@ -934,6 +1047,7 @@ bool GateFile::WriteAt(const char* p, size_t n, uint64_t off) {
     std::unique_lock l(d->mu);
     if (d->armed && n == d->hold_len) {
       d->armed = false;
+      if (d->tear && !f->WriteAt(p, n / 2, off)) return false;
       d->held = true;
       d->cv.notify_all();
       d->cv.wait(l, [&] { return d->release; });
@@ -1090,6 +1204,66 @@ TEST_F(WbRaceTest, AnFsyncDuringACommitsIndexSyncWaitsForIt) {
   EXPECT_FALSE(early) << "fsync answered while the commit's index sync was still pending";
   c->Quiesce();
   EXPECT_TRUE(answered.load());
+}
+
+// A dirty page rewritten in place (no record declares it yet) is torn on
+// disk while the write runs: readers must keep away. Read misses, the
+// overlay of a server read asks for the read again, the flusher waits; none
+// may take the torn page for a damaged one (and drop an unflushed write).
+TEST_F(WbRaceTest, ReadersKeepAwayFromADirtyPageBeingRewrittenInPlace) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);  // fhA [0, 8 KiB) = 'a', not committed
+  ASSERT_NE(c, nullptr);
+  {
+    std::lock_guard l(disk.mu);
+    disk.tear = true;
+  }
+  disk.Arm(8192);
+  auto w = std::async(std::launch::async, [&] { return Wb(*c, "fhA", 0, Pattern(8192, 'b')).kind; });
+  disk.AwaitHeld();  // half of the new data is on disk
+  EXPECT_FALSE(c->Read("fhA", 0, 8192).has_value());
+  std::string out;
+  EXPECT_EQ(c->Overlay("fhA", c->ReadStart("fhA"), 0, std::string(8192, 's'), 8192, &out).kind,
+            OverlayResult::kRetry);
+  auto flusher = std::async(std::launch::async, [&] { return Collected(*c, "fhA", 0, 8192); });
+  const bool waited = flusher.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout;
+  disk.Release();
+  EXPECT_EQ(w.get(), WbOutcome::kStored);
+  EXPECT_TRUE(waited) << "the flusher read a page being rewritten";
+  EXPECT_EQ(flusher.get(), Pattern(8192, 'b'));
+  EXPECT_EQ(c->Stats().rewrites_in_place, 1u);
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+  auto got = c->Read("fhA", 0, 8192);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, Pattern(8192, 'b'));
+}
+
+// A reader holding the slot when the write comes: the page is copied, not
+// rewritten under it, and the reader gets the data it planned for.
+TEST_F(WbRaceTest, ADirtyPageBeingReadIsCopiedNotRewrittenInPlace) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);
+  ASSERT_NE(c, nullptr);
+  {
+    std::lock_guard l(disk.mu);
+    disk.read_armed = true;
+  }
+  auto flusher = std::async(std::launch::async, [&] { return Collected(*c, "fhA", 0, 8192); });
+  {
+    std::unique_lock l(disk.mu);
+    disk.cv.wait(l, [&] { return disk.read_held; });
+  }
+  EXPECT_EQ(Wb(*c, "fhA", 0, Pattern(8192, 'b')).kind, WbOutcome::kStored);
+  EXPECT_EQ(c->Stats().rewrites_in_place, 0u);
+  EXPECT_EQ(c->Stats().copies, 1u);
+  {
+    std::lock_guard l(disk.mu);
+    disk.read_release = true;
+    disk.cv.notify_all();
+  }
+  EXPECT_EQ(flusher.get(), Pattern(8192, 'a'));  // what it planned for, whole
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+  EXPECT_EQ(Collected(*c, "fhA", 0, 8192), Pattern(8192, 'b'));
 }
 
 // Found by review: after a failed data sync, dirty pages the cache can no

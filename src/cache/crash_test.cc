@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -135,6 +136,8 @@ class Explorer {
       const CacheStats k = cache_->Stats();
       copies_ += k.copies;
       copies_to_partner_ += k.copies_to_partner;
+      rewrites_in_place_ += k.rewrites_in_place;
+      checksum_failures_ += k.checksum_failures;
     }
     cache_.reset();
   }
@@ -468,7 +471,8 @@ class Explorer {
   CrashDisk disk_;
   std::unique_ptr<BlockCache> cache_;
   size_t overflows_ = 0;  // bytes with too many candidates to check
-  uint64_t copies_ = 0, copies_to_partner_ = 0;  // over the workload's mounts
+  uint64_t copies_ = 0, copies_to_partner_ = 0, rewrites_in_place_ = 0;  // over the workload's mounts
+  uint64_t checksum_failures_ = 0;
 
  private:
   std::mt19937 rng_;
@@ -489,13 +493,17 @@ void ExploreWith(uint32_t per_page) {
   EXPECT_EQ(why, "") << "seed " << seed;
   EXPECT_GT(states, 100u);
   EXPECT_EQ(x.overflows_, 0u) << "some bytes were not checked";
-  // The workload reaches copy-on-write, to fresh slots and back to partners.
+  // The workload reaches copy-on-write, to fresh slots and back to
+  // partners, and rewrites of dirty pages in place.
   EXPECT_GT(x.copies_to_partner_, 0u);
   EXPECT_GT(x.copies_, x.copies_to_partner_);
+  EXPECT_GT(x.rewrites_in_place_, 0u);
+  EXPECT_EQ(x.checksum_failures_, 0u) << "a page failed its checksum during the workload";
   std::printf("explored %zu crash states over %zu disk operations (seed %llu, %u records per index page; "
-              "%llu copies, %llu to a partner)\n",
+              "%llu copies, %llu to a partner, %llu rewrites in place)\n",
               states, x.disk_.Mark(), static_cast<unsigned long long>(seed), per_page,
-              static_cast<unsigned long long>(x.copies_), static_cast<unsigned long long>(x.copies_to_partner_));
+              static_cast<unsigned long long>(x.copies_), static_cast<unsigned long long>(x.copies_to_partner_),
+              static_cast<unsigned long long>(x.rewrites_in_place_));
 }
 
 // One record per index page: every record change lands on its own, in any
@@ -545,6 +553,61 @@ TEST(CacheDiskFaultTest, AFailedDataSyncFailsFsyncKeepsThePagesForTheFlusherAndD
   ASSERT_NE(x.cache_, nullptr) << err;
   EXPECT_TRUE(x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
 }
+
+// Found by review: a page invalidated (a write sent around the cache) while
+// a copy-on-write is between its planning and its apply step must not come
+// back valid in the block's new slot (a fresh one or the block's partner).
+// (The read may miss; if it hits, it must be the server's new page.)
+void InvalidationDuringACopy(bool partner) {
+  Explorer x(1, 0);
+  std::string err;
+  x.cache_ = x.OpenOn(x.disk_, &err);
+  ASSERT_NE(x.cache_, nullptr) << err;
+  const FileVersion v1{kBlock, 1, 1}, v2{kBlock, 2, 2};
+  x.cache_->Observe("fhA", v1);
+  const std::string clean(kBlock, 'c');
+  const uint64_t t0 = x.cache_->ReadStart("fhA");
+  x.cache_->Fill("fhA", t0, 0, clean.data(), clean.size());
+  x.cache_->Quiesce();
+  std::vector<std::string> keep;
+  auto store = [&x, &keep](char v) {
+    keep.push_back(std::string(4096, v));
+    WbWrite w;
+    w.fh = "fhA";
+    w.off = 2 * 4096;
+    w.data = keep.back().data();
+    w.len = 4096;
+    std::promise<WbOutcome> got;
+    x.cache_->WriteBack(std::move(w), [&got](WbOutcome o) { got.set_value(std::move(o)); });
+    EXPECT_EQ(got.get_future().get().kind, WbOutcome::kStored);
+    x.cache_->Quiesce();
+  };
+  keep.reserve(8);
+  store('1');
+  if (partner) {
+    store('2');  // a copy to a fresh slot; the old one becomes the partner
+  }
+  std::atomic<bool> armed{true};
+  uint64_t token = 0;
+  x.disk_.set_fail([&](const CrashDisk::Op& op) {
+    if (op.kind == CrashDisk::Op::kWrite && op.inode == 0 && armed.exchange(false)) {
+      token = x.cache_->WriteStart("fhA", 5 * 4096, 4096);  // a write around the cache, page 5
+    }
+    return false;
+  });
+  store('3');
+  x.disk_.set_fail(nullptr);
+  EXPECT_FALSE(armed.load());
+  const std::string server5(4096, 's');
+  x.cache_->WriteDone("fhA", token, 5 * 4096, server5.data(), 4096, true, false, v1, v2);
+  const auto k = x.cache_->Stats();
+  EXPECT_EQ(k.copies, partner ? 2u : 1u);
+  EXPECT_EQ(k.copies_to_partner, partner ? 1u : 0u);
+  auto got = x.cache_->Read("fhA", 5 * 4096, 4096);
+  if (got) EXPECT_EQ(*got, server5) << "the cache serves page 5 as it was before the write sent around it";
+}
+TEST(CacheDiskFaultTest, AnInvalidationDuringAFreshCopyIsNotUndone) { InvalidationDuringACopy(false); }
+TEST(CacheDiskFaultTest, AnInvalidationDuringAPartnerCopyIsNotUndone) { InvalidationDuringACopy(true); }
 
 // Found by the PostgreSQL write-back test: while a rewritten dirty block
 // waits for its commit, its old slot is still dirty; a flush round then

@@ -73,6 +73,7 @@ class TwoQueue {
   void Pin(uint32_t slot) { ++pins_[slot]; }
   void Unpin(uint32_t slot) { --pins_[slot]; }
   bool Pinned(uint32_t slot) const { return pins_[slot] != 0; }
+  uint32_t Pins(uint32_t slot) const { return pins_[slot]; }
   // The same with string keys (tests), hashed.
   bool Admit(const std::string& key) { return Admit(Hash(key)); }
   std::optional<uint32_t> Allocate(const std::string& key, bool* evicted) { return Allocate(Hash(key), evicted); }

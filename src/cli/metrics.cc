@@ -192,6 +192,9 @@ void CacheMetrics(Families& f, const Labels& mount, const cache::CacheStats& k) 
           "Copies that went back to the block's previous slot, writing only what changed",
           k.copies_to_partner);
   counter("mpnfs_cache_copied_pages_total", "Pages copies read and wrote again", k.copied_pages);
+  counter("mpnfs_cache_rewrites_in_place_total",
+          "Writes over unflushed pages that no commit had declared yet, done without a copy",
+          k.rewrites_in_place);
   counter("mpnfs_cache_writes_around_total", "Writes sent to the server: no room or degraded cache",
           k.wb_arounds);
 }
