@@ -874,12 +874,13 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
       const uint32_t s = Lookup(fit->second.id, b);
       if (s == kNoSlot) return miss();
       const Slot& slot = slots_[s];
-      if (slot.rewriting) return miss();
       const uint64_t lo = std::max(off, b * block) - b * block;
       const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
       const uint32_t p0 = static_cast<uint32_t>(lo / kPage), p1 = static_cast<uint32_t>((hi - 1) / kPage);
       for (uint32_t p = p0; p <= p1; ++p) {
-        if (!TestBit(Valid(slot), p)) return miss();
+        // (A page being rewritten in place: the server read and the
+        // overlay that follows it sort that out.)
+        if (!TestBit(Valid(slot), p) || Rewriting(s, p)) return miss();
       }
       pieces.push_back(Piece{s, b, p0, p1 - p0 + 1, slot.inval,
                              std::vector<uint32_t>(PageCrcs(slot) + p0, PageCrcs(slot) + p1 + 1)});
@@ -1470,6 +1471,8 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
         if (rewrite) {
           from.rewriting = true;
           part.rewriting = true;
+          WbSlot& fwb = Wb(part.from);
+          for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) SetBit(fwb.rewriting, p);
         }
         from.inval++;
       }
@@ -1540,7 +1543,13 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
   return true;
 }
 
-void BlockCache::UndoWb(std::vector<WbPart>& parts) {
+bool BlockCache::Rewriting(uint32_t s, uint32_t p) const {
+  if (!slots_[s].rewriting) return false;
+  auto it = wb_.find(s);
+  return it != wb_.end() && TestBit(it->second.rewriting, p);
+}
+
+void BlockCache::UndoWb(std::vector<WbPart>& parts, bool failed) {
   for (auto& part : parts) {
     if (part.allocated) {
       FreeSlot(part.to, /*persist=*/true);  // its previous record may name an evicted block
@@ -1549,10 +1558,25 @@ void BlockCache::UndoWb(std::vector<WbPart>& parts) {
     } else if (part.pinned_from && slots_[part.from].gen == part.from_gen) {
       Persist(part.from);  // in place: the pages cleared for the write stay invalid
       if (part.rewriting) {
-        // (A failed rewrite may have torn a dirty page: its CRC tells, and
-        // the flusher then reports that write lost.)
-        slots_[part.from].rewriting = false;
-        slots_[part.from].inval++;
+        Slot& from = slots_[part.from];
+        WbSlot& fwb = Wb(part.from);
+        if (failed) {
+          // The rewrite may have torn the dirty pages it covered: the
+          // writes they held are lost (reported to fsync: Durable() answers
+          // false for a file with lost writes, TakeLost() then EIO).
+          for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
+            if (!TestBit(DirtyBits(from), p)) continue;
+            ClearBit(DirtyBits(from), p);
+            ClearBit(Valid(from), p);
+            used_pages_--;
+            FileOf(from).lost = true;
+          }
+          Log("cache")->error("a write over unflushed pages failed on the cache disk: the writes they held are lost");
+          SetDirtyPin(part.from);
+        }
+        fwb.rewriting = PageBits{};
+        from.rewriting = false;
+        from.inval++;
         rewrite_cv_.notify_all();
       }
     }
@@ -1614,7 +1638,11 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     }
     if (!wrote || raced) {
       if (!wrote) DeviceError("writing the cache", err);
-      UndoWb(it.parts);
+      for (const auto& part : it.parts) {
+        if (part.pinned_from) batch_pins[part.from]--;
+        if (part.allocated) batch_pins[part.to]--;
+      }
+      UndoWb(it.parts, /*failed=*/!wrote);
       it.out.kind = wrote ? WbOutcome::kRetry : WbOutcome::kUnavailable;
       if (!wrote) stats_.wb_arounds++;
       continue;
@@ -1676,6 +1704,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       }
       if (part.rewriting) {
         to.rewriting = false;
+        twb.rewriting = PageBits{};
         stats_.rewrites_in_place++;
         rewrite_cv_.notify_all();
       }
@@ -1801,10 +1830,26 @@ void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) 
   // (Exactly: commits_ counts commits ended, their records synced, and a
   // commit in progress covers every write applied when it began.)
   auto it = files_.find(fh);
+  if (it != files_.end() && it->second.lost) {
+    // Some of the file's writes were lost by the cache disk: the caller
+    // flushes to the server and reports them (TakeLost).
+    lock.unlock();
+    return done(false);
+  }
   if (it == files_.end() || it->second.wb_commit <= commits_) {
     lock.unlock();
     return done(true);
   }
+  // (A write found lost during the commit fails it too.)
+  done = [this, fh, done = std::move(done)](bool ok) {
+    bool lost = false;
+    {
+      std::lock_guard l(mu_);
+      auto f = files_.find(fh);
+      lost = f != files_.end() && f->second.lost;
+    }
+    done(ok && !lost);
+  };
   if (!writer_.joinable() || stop_) {
     const bool ok = Commit(lock);
     lock.unlock();
@@ -1884,17 +1929,17 @@ std::optional<OverlayResult> BlockCache::PlanOverlay(const std::string& fh, uint
       const uint32_t s = f.id == kNoFile ? kNoSlot : Lookup(f.id, b);
       const Slot* slot = s == kNoSlot ? nullptr : &slots_[s];
       if (!Changed(f, b, token) && (!slot || !slot->dirty_pin)) continue;
-      if (slot && slot->rewriting) {
-        // Its dirty pages are being rewritten: the read goes again (it
-        // would anyway, the write being newer than the server's answer).
-        for (const auto& pc : pieces) policy_->Unpin(pc.slot);
-        return OverlayResult{OverlayResult::kRetry, false};
-      }
       const uint64_t lo = std::max(off, b * block) - b * block;
       const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
       for (uint32_t p = static_cast<uint32_t>(lo / kPage); p <= (hi - 1) / kPage; ++p) {
         const bool changed = PageChanged(f, b, p, token);
         const bool valid = slot && TestBit(Valid(*slot), p);
+        if (valid && Rewriting(s, p)) {
+          // Being rewritten in place: the read goes again (as for any write
+          // to this page since the read began).
+          for (const auto& pc : pieces) policy_->Unpin(pc.slot);
+          return OverlayResult{OverlayResult::kRetry, false};
+        }
         if (valid && (changed || TestBit(DirtyBits(*slot), p))) {
           pieces.push_back(OverlayPlan::Piece{s, slot->gen, b, p, PageCrcs(*slot)[p]});
           policy_->Pin(s);
@@ -1999,18 +2044,24 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
         // new one is durable; only the block's current slot is flushed (two
         // WRITEs of one range in one round could land in either order).
         if (Lookup(slot.file, slot.block) != s) continue;
-        busy = busy || slot.rewriting;
         cand.push_back(s);
       }
-      // (A rewrite in place is one write of the writer thread, which
-      // never waits for this one.)
+      // File order: by handle, then offset (the server sees ascending writes).
+      std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
+        const Slot &x = slots_[a], &y = slots_[b];
+        return x.file != y.file ? Fh(x) < Fh(y) : x.block < y.block;
+      });
+      // A slot this round takes whose pages are being rewritten in place:
+      // wait for that write (one write of the writer thread, which never
+      // waits for this one).
+      uint64_t would = 0;
+      for (uint32_t s : cand) {
+        if (would >= max_bytes) break;
+        busy = busy || slots_[s].rewriting;
+        for (auto w : DirtyBits(slots_[s])) would += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+      }
       if (busy) rewrite_cv_.wait(lock);
     }
-    // File order: by handle, then offset (the server sees ascending writes).
-    std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
-      const Slot &x = slots_[a], &y = slots_[b];
-      return x.file != y.file ? Fh(x) < Fh(y) : x.block < y.block;
-    });
     uint64_t bytes = 0;
     for (uint32_t s : cand) {
       if (bytes >= max_bytes) break;

@@ -428,6 +428,7 @@ class BlockCache {
     // A dirty page not in it is declared by no record a crash may keep,
     // so it may be rewritten in place (PrepareWb).
     PageBits claimed{};
+    PageBits rewriting{};  // pages being rewritten in place now (Slot::rewriting)
   };
   // A slot's page bitmaps (bits_): valid; dirty; flushed, clean mark not
   // durable yet (still "dirty" to HasDirty).
@@ -610,7 +611,10 @@ class BlockCache {
   bool PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
                  const std::unordered_map<uint32_t, uint32_t>& batch_pins,
                  std::unique_lock<std::mutex>& lock);
-  void UndoWb(std::vector<WbPart>& parts) REQUIRES(mu_);
+  // `failed`: the data write failed (pages rewritten in place may be torn).
+  void UndoWb(std::vector<WbPart>& parts, bool failed = false) REQUIRES(mu_);
+  // Whether page p of slot s is being rewritten in place.
+  bool Rewriting(uint32_t s, uint32_t p) const REQUIRES(mu_);
   void SetDirtyPin(uint32_t s) REQUIRES(mu_);
   // A change of the block's server data by this client (write or flush):
   // reads sent before it must not fill the block.

@@ -631,7 +631,9 @@ TEST_F(WriteBackTest, APartnerTakenByAnotherBlockIsNotWrittenOver) {
   EXPECT_EQ(*got, want);
   for (uint64_t b = 0; b < 15; ++b) {
     auto other = c->Read("fh2", b * kBlock, kBlock);
-    if (other) EXPECT_EQ(*other, Pattern(kBlock, 'a' + b)) << "block " << b;  // (one was evicted)
+    if (other) {
+      EXPECT_EQ(*other, Pattern(kBlock, 'a' + b)) << "block " << b;  // (one was evicted)
+    }
   }
 }
 
@@ -975,6 +977,7 @@ struct GateDisk : Disk {
   size_t hold_len = 0;
   bool hold_index_sync = false;  // like armed/held/release, for the index's next sync
   bool tear = false;             // a held data write lands half before it holds
+  bool fail_torn = false;        // ... and then fails (EIO) instead of holding
   bool read_armed = false, read_held = false, read_release = false;  // the next data read
   std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
@@ -1048,6 +1051,10 @@ bool GateFile::WriteAt(const char* p, size_t n, uint64_t off) {
     if (d->armed && n == d->hold_len) {
       d->armed = false;
       if (d->tear && !f->WriteAt(p, n / 2, off)) return false;
+      if (d->fail_torn) {
+        errno = EIO;
+        return false;
+      }
       d->held = true;
       d->cv.notify_all();
       d->cv.wait(l, [&] { return d->release; });
@@ -1236,6 +1243,56 @@ TEST_F(WbRaceTest, ReadersKeepAwayFromADirtyPageBeingRewrittenInPlace) {
   auto got = c->Read("fhA", 0, 8192);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(*got, Pattern(8192, 'b'));
+}
+
+// Only the pages being rewritten are kept from readers: the block's other
+// dirty pages are served meanwhile (found by review: a flag for the whole
+// block made reads of a block under continuous rewrites retry until EIO).
+TEST_F(WbRaceTest, ReadersOfOtherPagesAreServedWhileAPageIsRewrittenInPlace) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);  // fhA [0, 8 KiB) = 'a'
+  ASSERT_NE(c, nullptr);
+  {
+    std::lock_guard l(disk.mu);
+    disk.tear = true;
+  }
+  disk.Arm(4096);
+  auto w = std::async(std::launch::async, [&] { return Wb(*c, "fhA", 0, Pattern(4096, 'b')).kind; });
+  disk.AwaitHeld();
+  const std::string a1 = Pattern(8192, 'a').substr(4096);  // page 1 of the first write
+  auto page1 = c->Read("fhA", 4096, 4096);
+  ASSERT_TRUE(page1.has_value());
+  EXPECT_TRUE(*page1 == a1);
+  EXPECT_FALSE(c->Read("fhA", 0, 4096).has_value());
+  std::string out;
+  const auto o = c->Overlay("fhA", c->ReadStart("fhA"), 4096, std::string(4096, 's'), 4096, &out);
+  EXPECT_EQ(o.kind, OverlayResult::kOk);
+  EXPECT_TRUE(out == a1);
+  disk.Release();
+  EXPECT_EQ(w.get(), WbOutcome::kStored);
+  EXPECT_EQ(c->Stats().rewrites_in_place, 1u);
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+}
+
+// Found by review: a rewrite in place that fails on the cache disk may tear
+// the dirty page it covered; the write that page held is lost and fsync
+// must say so (before, Durable() answered true and the page was dropped).
+TEST_F(WbRaceTest, AFailedRewriteInPlaceIsReportedToFsync) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);  // fhA [0, 8 KiB) = 'a'
+  ASSERT_NE(c, nullptr);
+  {
+    std::lock_guard l(disk.mu);
+    disk.tear = true;
+    disk.fail_torn = true;
+  }
+  disk.Arm(4096);
+  EXPECT_EQ(Wb(*c, "fhA", 100, "XYZ").kind, WbOutcome::kUnavailable);  // sent around the cache
+  std::promise<bool> d;
+  c->Durable("fhA", [&d](bool ok) { d.set_value(ok); });
+  EXPECT_FALSE(d.get_future().get()) << "fsync would say the lost write is durable";
+  EXPECT_TRUE(c->TakeLost("fhA"));
+  EXPECT_TRUE(Collected(*c, "fhA", 4096, 4096) == Pattern(8192, 'a').substr(4096));  // the other page is kept
 }
 
 // A reader holding the slot when the write comes: the page is copied, not
