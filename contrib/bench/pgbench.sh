@@ -163,7 +163,7 @@ if [[ " $PARTS " == *" a "* ]]; then
     pg_start "$top/data"
     as_pg pgbench -i -q -s "$SCALE" >/dev/null 2>&1
     tps=$(bench "$RUN_A")
-    [ "$cfg" != writeback ] || wbnote="write-back run: $(stat_of writes) writes taken by the cache, $(stat_of copies) copy-on-write copies ($(stat_of copies_to_partner) back to a partner, $(stat_of copied_pages) pages copied), $(stat_of write_bypasses) bypassed (sequential), $(stat_of writes_around) around it"
+    [ "$cfg" != writeback ] || wbnote="write-back run: $(stat_of writes) writes taken by the cache, $(stat_of copies) copy-on-write copies ($(stat_of copies_to_partner) back to a partner, $(stat_of copied_pages) pages copied, $(stat_of rewrites_in_place) rewrites in place), $(stat_of write_bypasses) bypassed (sequential), $(stat_of writes_around) around it"
     pg_down "$top/data"
     rm -rf "$top"
     [ "$cfg" = local ] || umount_mpnfs

@@ -525,7 +525,7 @@ BlockCache::FileState& BlockCache::State(const std::string& fh) {
     // Forget files with nothing cached and nothing in flight (a token of
     // theirs still out compares older than anything of the new entry).
     for (auto it = files_.begin(); it != files_.end();) {
-      if (it->second.nslots == 0 && it->second.writes_inflight == 0) {
+      if (it->second.nslots == 0 && it->second.writes_inflight == 0 && it->second.truncates_inflight == 0) {
         it = files_.erase(it);
       } else {
         ++it;
@@ -774,6 +774,7 @@ bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
     if (AnyBit(DirtyBits(slots_[s]))) return false;  // written since the flush: flush again
   }
   const bool cleaning = ForgetFile(f);
+  f.truncates_inflight++;  // (until TruncateDone: no fills)
   if (cleaning && writer_.joinable() && !stop_ && !index_broken_) {
     // Records still saying "dirty" on disk must be freed durably before the
     // truncate is sent: a crash must not bring the cut data back.
@@ -787,6 +788,18 @@ bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
   lock.unlock();
   then();
   return true;
+}
+
+void BlockCache::TruncateDone(const std::string& fh) {
+  std::lock_guard lock(mu_);
+  FileState& f = State(fh);
+  if (f.truncates_inflight > 0) f.truncates_inflight--;
+  // Every read started before the SETATTR was answered may carry what it cut.
+  f.pruned_upto = f.write_counter = ++counter_;
+  for (auto& [b, w] : f.writes) {
+    w.last_begin = f.write_counter;
+    w.all_pages = true;
+  }
 }
 
 uint64_t BlockCache::DropAll() {
@@ -1038,8 +1051,8 @@ void BlockCache::NoteChange(FileState& f, uint64_t block, uint32_t p0, uint32_t 
 void BlockCache::Fill(const std::string& fh, uint64_t token, uint64_t off, const char* data, size_t len) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
-  StoreLocked(fh, f, off, data, len, [&f, token](uint64_t b) { return !Changed(f, b, token); },
-              false);
+  StoreLocked(fh, f, off, data, len,
+              [&f, token](uint64_t b) { return f.truncates_inflight == 0 && !Changed(f, b, token); }, false);
 }
 
 uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len, bool invalidate) {
@@ -1560,20 +1573,12 @@ void BlockCache::UndoWb(std::vector<WbPart>& parts, bool failed) {
       if (part.rewriting) {
         Slot& from = slots_[part.from];
         WbSlot& fwb = Wb(part.from);
-        if (failed) {
-          // The rewrite may have torn the dirty pages it covered: the
-          // writes they held are lost (reported to fsync: Durable() answers
-          // false for a file with lost writes, TakeLost() then EIO).
-          for (uint32_t p = part.p0; p < part.p0 + part.np; ++p) {
-            if (!TestBit(DirtyBits(from), p)) continue;
-            ClearBit(DirtyBits(from), p);
-            ClearBit(Valid(from), p);
-            used_pages_--;
-            FileOf(from).lost = true;
-          }
-          Log("cache")->error("a write over unflushed pages failed on the cache disk: the writes they held are lost");
-          SetDirtyPin(part.from);
-        }
+        // (A failed rewrite may have torn the dirty pages it covered; they
+        // keep their CRCs, so the flush the filesystem does before sending
+        // that write around the cache finds a torn page, drops it and marks
+        // the file's writes lost: Durable() then fails the file's fsync.
+        // Pages the write did not reach, e.g. refused at once, flush whole.)
+        (void)failed;
         fwb.rewriting = PageBits{};
         from.rewriting = false;
         from.inval++;

@@ -288,8 +288,14 @@ class BlockCache {
   // Otherwise `then` runs once the forgetting is durable where it must be
   // (pages whose clean marks were not yet durable were freed: after the
   // index sync, on the writer thread; else at once, in the caller's
-  // thread): send the truncate from there.
+  // thread): send the truncate from there. Until TruncateDone() no read
+  // fills the file's pages: one that reaches the server before the SETATTR
+  // brings back the data the truncate cuts (and its reply's attributes would
+  // make the forgotten file "had" again).
   bool Truncating(const std::string& fh, std::function<void()> then);
+  // The SETATTR of a Truncating() that returned true was answered (or
+  // failed): reads started before now never fill.
+  void TruncateDone(const std::string& fh);
   // This client changed attributes only (chmod, utimes, ...): if `before`
   // is the validated version, `after` becomes it and nothing is dropped.
   void OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after);
@@ -449,6 +455,7 @@ class BlockCache {
     uint64_t write_counter = 0, pruned_upto = 0;
     std::map<uint64_t, BlockWrites> writes;
     int writes_inflight = 0;
+    int truncates_inflight = 0;  // Truncating() .. TruncateDone(): no fills
     int burst_concurrency = 0;  // most writes in flight at once since the last settle
     std::set<int64_t> own_ctimes;
     std::multiset<int64_t> pending_pre;

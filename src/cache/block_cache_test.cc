@@ -1276,7 +1276,8 @@ TEST_F(WbRaceTest, ReadersOfOtherPagesAreServedWhileAPageIsRewrittenInPlace) {
 
 // Found by review: a rewrite in place that fails on the cache disk may tear
 // the dirty page it covered; the write that page held is lost and fsync
-// must say so (before, Durable() answered true and the page was dropped).
+// must say so (before, the flush dropped the torn page and marked the file's
+// writes lost, but Durable() still answered true).
 TEST_F(WbRaceTest, AFailedRewriteInPlaceIsReportedToFsync) {
   GateDisk disk;
   auto c = OpenWithAWriteNotCommitted(disk);  // fhA [0, 8 KiB) = 'a'
@@ -1288,6 +1289,9 @@ TEST_F(WbRaceTest, AFailedRewriteInPlaceIsReportedToFsync) {
   }
   disk.Arm(4096);
   EXPECT_EQ(Wb(*c, "fhA", 100, "XYZ").kind, WbOutcome::kUnavailable);  // sent around the cache
+  // What the filesystem does before it sends that write around: a flush of
+  // the dirty pages it overlaps (it finds page 0 torn).
+  Collected(*c, "fhA", 0, 4096);
   std::promise<bool> d;
   c->Durable("fhA", [&d](bool ok) { d.set_value(ok); });
   EXPECT_FALSE(d.get_future().get()) << "fsync would say the lost write is durable";
@@ -1351,6 +1355,58 @@ TEST_F(WbRaceTest, DirtyPagesLostAfterAFailedDataSyncAreReportedToFsync) {
   EXPECT_TRUE(c->TakeLost("fhA")) << "the lost write was not reported";
   EXPECT_FALSE(c->TakeLost("fhA")) << "reported twice";
   EXPECT_FALSE(c->TakeLost("fhB"));
+}
+
+// fsx (seed 4105, cache_block=64, write-back) READ BAD DATA: a read that
+// starts after Truncating() forgot the file but reaches the server before
+// the SETATTR (sent only after the index sync of Truncating's barrier, or
+// on another path) brings back the data the truncate cuts. Its reply's
+// attributes (the pre-truncate version) make the forgotten file "had" again
+// and its Fill is taken; a later partial write beyond the new size then
+// merges with that stale page instead of asking for the server's (zeros),
+// and the flusher writes the stale bytes back to the server.
+TEST_F(WriteBackTest, AReadDuringATruncateNeverFillsWhatTheTruncateCuts) {
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  const std::string old = Pattern(kBlock, 'o');
+  ASSERT_EQ(Wb(*c, "fh1", kBlock, old).kind, WbOutcome::kStored);
+  c->Flushed(c->CollectDirty(UINT64_MAX, "fh1", std::chrono::steady_clock::now()));
+  // The truncate to kBlock + 0x52ad: its flush is done; the cache forgets the
+  // file, then the SETATTR leaves (here: at once, or after the index sync).
+  std::promise<void> sent;
+  ASSERT_TRUE(c->Truncating("fh1", [&sent] { sent.set_value(); }));
+  // A read (kernel readahead, or an overlay retry of one) starts now and the
+  // server answers it before it executes the SETATTR: old data, old version.
+  const uint64_t token = c->ReadStart("fh1");
+  c->Observe("fh1", kV1);
+  c->Fill("fh1", token, kBlock, old.data(), old.size());
+  sent.get_future().get();
+  // The SETATTR's reply: our own change.
+  const FileVersion truncated{kBlock + 0x52ad, 200, 200};
+  c->OwnChange("fh1", kV1, truncated);
+  c->TruncateDone("fh1");
+  c->Quiesce();
+  EXPECT_FALSE(c->Read("fh1", kBlock + 0x5000, 0x2ad).has_value())
+      << "a page the truncate cut is served from the cache";
+  // A read that started before the SETATTR was answered, answered later: no fill either.
+  c->Fill("fh1", token, kBlock, old.data(), old.size());
+  c->Quiesce();
+  EXPECT_FALSE(c->Read("fh1", kBlock + 0x5000, 0x2ad).has_value());
+  // fsx op 56769: a write past the end (the file grows over a hole).
+  ASSERT_EQ(Wb(*c, "fh1", 3 * kBlock, Pattern(4096, 'h')).kind, WbOutcome::kStored);
+  // fsx op 56785: a write ending inside page 0x16000 (past the new size).
+  auto o = Wb(*c, "fh1", kBlock + 0x5800, Pattern(0x133a, 'w'));  // ends at kBlock + 0x6b3a
+  EXPECT_EQ(o.kind, WbOutcome::kNeedPages) << "merged with a cached page the truncate cut";
+  if (o.kind == WbOutcome::kStored) {
+    const std::string page = Collected(*c, "fh1", kBlock + 0x6000, 4096);
+    // (The corruption: the rest of the page holds the cut data, not zeros.)
+    EXPECT_TRUE(page.substr(0xb3a) == std::string(4096 - 0xb3a, '\0'))
+        << "stale bytes after the write: " << (page.substr(0xb3a) == old.substr(0x6b3a, 4096 - 0xb3a) ? "the cut data" : "other");
+  }
+  // Reads started after the truncate fill as before.
+  const std::string now(4096, '\0');
+  FillFromServer(*c, "fh1", kBlock + 0x7000, now);
+  EXPECT_TRUE(c->Read("fh1", kBlock + 0x7000, 4096).has_value());
 }
 
 }  // namespace

@@ -604,7 +604,9 @@ void InvalidationDuringACopy(bool partner) {
   EXPECT_EQ(k.copies, partner ? 2u : 1u);
   EXPECT_EQ(k.copies_to_partner, partner ? 1u : 0u);
   auto got = x.cache_->Read("fhA", 5 * 4096, 4096);
-  if (got) EXPECT_EQ(*got, server5) << "the cache serves page 5 as it was before the write sent around it";
+  if (got) {
+    EXPECT_EQ(*got, server5) << "the cache serves page 5 as it was before the write sent around it";
+  }
 }
 TEST(CacheDiskFaultTest, AnInvalidationDuringAFreshCopyIsNotUndone) { InvalidationDuringACopy(false); }
 TEST(CacheDiskFaultTest, AnInvalidationDuringAPartnerCopyIsNotUndone) { InvalidationDuringACopy(true); }

@@ -382,8 +382,11 @@ void Filesystem::ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, con
   // past the new size must not stay in the SSD cache. The truncate leaves
   // once that is durable: a crash must not bring the cut data back.)
   if (auto cache = cache_.load(); cache && sa.size) {
-    auto send = [this, c, inode, sa, tseq, cb]() mutable {
-      SendSetattrCall(c, inode, sa, tseq, std::move(cb));
+    auto send = [this, c, inode, sa, tseq, cache, cb]() mutable {
+      SendSetattrCall(c, inode, sa, tseq, [inode, cache, cb = std::move(cb)](Result<AttrOut> r) mutable {
+        cache->TruncateDone(inode->fh());  // (before anything else may read)
+        cb(std::move(r));
+      });
     };
     if (!cache->Truncating(inode->fh(), std::move(send))) {
       // Write-back writes acknowledged since the flush before the truncate:

@@ -495,3 +495,43 @@ def test_a_users_write_clears_setuid_and_setgid_at_once(mount_factory, cache_dir
     assert os.stat(os.path.join(EXPORT, "wb-suid", f.name)).st_mode & 0o7777 == 0o777
     assert f.read_bytes() == b"\0" * 4000 + b"u" * 100 + b"\0" * 4092
 
+
+def test_a_read_racing_a_truncate_never_brings_the_cut_data_back(mount_factory, cache_dir):
+    """fsx (seed 4105, cache_block=64) READ BAD DATA: a read that reaches the
+    server before a truncate's SETATTR but starts after the cache forgot the
+    file filled the cut pages; a partial write past the new size then merged
+    with them and the flusher wrote the cut bytes back. A reader thread keeps
+    block 1 coming from the server while the truncates go."""
+    import threading
+    m = mount_factory(wb_opts(cache_dir))
+    f = m.path / "trunc-race"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    stop = threading.Event()
+
+    def reader():
+        rfd = os.open(f, os.O_RDONLY)
+        while not stop.is_set():
+            os.posix_fadvise(rfd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.pread(rfd, 0x10000, 0x10000)
+        os.close(rfd)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    bad = []
+    try:
+        for i in range(300):
+            os.pwrite(fd, bytes([i % 255 + 1]) * (0x20497 - 0x10000), 0x10000)
+            os.ftruncate(fd, 0x152ad)
+            os.pwrite(fd, b"h" * PAGE, 0x3c000)  # past the end: a hole in between
+            os.pwrite(fd, b"w" * (0x16b3a - 0x15800), 0x15800)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            got = os.pread(fd, 0x2d53, 0x152ad)
+            want = b"\0" * (0x15800 - 0x152ad) + b"w" * (0x16b3a - 0x15800) + b"\0" * (0x18000 - 0x16b3a)
+            if got != want:
+                bad.append(i)
+            os.ftruncate(fd, 0)
+    finally:
+        stop.set()
+        t.join()
+        os.close(fd)
+    assert not bad, f"cut data came back in {len(bad)} of 300 rounds: {bad[:10]}"
