@@ -1403,10 +1403,21 @@ TEST_F(WriteBackTest, AReadDuringATruncateNeverFillsWhatTheTruncateCuts) {
     EXPECT_TRUE(page.substr(0xb3a) == std::string(4096 - 0xb3a, '\0'))
         << "stale bytes after the write: " << (page.substr(0xb3a) == old.substr(0x6b3a, 4096 - 0xb3a) ? "the cut data" : "other");
   }
-  // Reads started after the truncate fill as before.
+  // Reads started after the truncate's answer fill as before (the count of
+  // truncates in flight went back to zero).
   const std::string now(4096, '\0');
   FillFromServer(*c, "fh1", kBlock + 0x7000, now);
   EXPECT_TRUE(c->Read("fh1", kBlock + 0x7000, 4096).has_value());
+  // A second truncate: no fill while it is in flight, fills again once answered
+  // (a page below the new size: a read past the end is always a hit).
+  c->Flushed(c->CollectDirty(UINT64_MAX, "fh1", std::chrono::steady_clock::now()));
+  ASSERT_TRUE(c->Truncating("fh1", [] {}));
+  c->Observe("fh1", truncated);
+  FillFromServer(*c, "fh1", kBlock + 0x4000, now);
+  EXPECT_FALSE(c->Read("fh1", kBlock + 0x4000, 4096).has_value()) << "a fill during a truncate";
+  c->TruncateDone("fh1");
+  FillFromServer(*c, "fh1", kBlock + 0x4000, now);
+  EXPECT_TRUE(c->Read("fh1", kBlock + 0x4000, 4096).has_value()) << "fills stopped after a second truncate";
 }
 
 }  // namespace

@@ -239,6 +239,7 @@ class Explorer {
     while (!cache_->Truncating(fh, [&dropped] { dropped.set_value(); })) FlushFile(fh);
     dropped.get_future().get();
     ServerApply(fh, true, size, "");
+    cache_->TruncateDone(fh);  // (the SETATTR's answer: fills go on)
     writes_.back().acked = disk_.Mark();
     cache_->Observe(fh, Current(fh));
   }

@@ -383,10 +383,13 @@ void Filesystem::ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, con
   // once that is durable: a crash must not bring the cut data back.)
   if (auto cache = cache_.load(); cache && sa.size) {
     auto send = [this, c, inode, sa, tseq, cache, cb]() mutable {
-      SendSetattrCall(c, inode, sa, tseq, [inode, cache, cb = std::move(cb)](Result<AttrOut> r) mutable {
-        cache->TruncateDone(inode->fh());  // (before anything else may read)
-        cb(std::move(r));
-      });
+      // (The reference moves on: a barrier job of the cache's own queue must
+      // not keep the cache alive once it ran.)
+      SendSetattrCall(c, inode, sa, tseq,
+                      [inode, cache = std::move(cache), cb = std::move(cb)](Result<AttrOut> r) mutable {
+                        cache->TruncateDone(inode->fh());  // (fills of the file resume)
+                        cb(std::move(r));
+                      });
     };
     if (!cache->Truncating(inode->fh(), std::move(send))) {
       // Write-back writes acknowledged since the flush before the truncate:
