@@ -1562,7 +1562,7 @@ bool BlockCache::Rewriting(uint32_t s, uint32_t p) const {
   return it != wb_.end() && TestBit(it->second.rewriting, p);
 }
 
-void BlockCache::UndoWb(std::vector<WbPart>& parts, bool failed) {
+void BlockCache::UndoWb(std::vector<WbPart>& parts) {
   for (auto& part : parts) {
     if (part.allocated) {
       FreeSlot(part.to, /*persist=*/true);  // its previous record may name an evicted block
@@ -1578,7 +1578,6 @@ void BlockCache::UndoWb(std::vector<WbPart>& parts, bool failed) {
         // that write around the cache finds a torn page, drops it and marks
         // the file's writes lost: Durable() then fails the file's fsync.
         // Pages the write did not reach, e.g. refused at once, flush whole.)
-        (void)failed;
         fwb.rewriting = PageBits{};
         from.rewriting = false;
         from.inval++;
@@ -1647,7 +1646,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         if (part.pinned_from) batch_pins[part.from]--;
         if (part.allocated) batch_pins[part.to]--;
       }
-      UndoWb(it.parts, /*failed=*/!wrote);
+      UndoWb(it.parts);
       it.out.kind = wrote ? WbOutcome::kRetry : WbOutcome::kUnavailable;
       if (!wrote) stats_.wb_arounds++;
       continue;

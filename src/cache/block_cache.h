@@ -618,8 +618,7 @@ class BlockCache {
   bool PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
                  const std::unordered_map<uint32_t, uint32_t>& batch_pins,
                  std::unique_lock<std::mutex>& lock);
-  // `failed`: the data write failed (pages rewritten in place may be torn).
-  void UndoWb(std::vector<WbPart>& parts, bool failed = false) REQUIRES(mu_);
+  void UndoWb(std::vector<WbPart>& parts) REQUIRES(mu_);
   // Whether page p of slot s is being rewritten in place.
   bool Rewriting(uint32_t s, uint32_t p) const REQUIRES(mu_);
   void SetDirtyPin(uint32_t s) REQUIRES(mu_);
