@@ -308,6 +308,10 @@ Result<bool> BlockCache::Init() {
   auto index = Index::Open(disk_, dir, g);
   if (!index) return Error::Errno(index.error().err, "cache index " + index.error().what);
   journal_ = std::move(*index);
+  {
+    std::lock_guard lock(mu_);
+    group_batch_.assign((nslots_ + journal_->per_page() - 1) / journal_->per_page(), 0);
+  }
   if (auto id = ReadWholeFile(disk_, dir + "/id"); id && id->size() == 33 && id->back() == '\n') {
     id_ = id->substr(0, 32);
   } else {
@@ -340,6 +344,13 @@ Result<bool> BlockCache::Init() {
     // else happens (a later crash must not find the older claim alone).
     std::unique_lock lock(mu_);
     if (!WriteRecords(lock, /*sync=*/true)) return Sys("writing the cache index in " + dir);
+    // Then the empty claims that won (rule 2a: had they been freed with
+    // the claims they superseded, a crash could keep those alone).
+    if (!load_empties_.empty()) {
+      for (uint32_t e : load_empties_) Persist(e);
+      load_empties_.clear();
+      if (!WriteRecords(lock, /*sync=*/true)) return Sys("writing the cache index in " + dir);
+    }
   }
   if (dirty_slots_ > 0 && opts_.mode != CacheMode::kWriteBack) {
     uint64_t pages_dirty = 0;
@@ -435,19 +446,35 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     slot.rec_seq = r.seq;
     TableSet(s);
     policy_->Adopt(s, PolicyKey(r.fh, r.block), /*hot=*/false);
-    if (AnyBit(DirtyBits(slot))) f.wb_size = std::max(f.wb_size, r.fsize);
     SetDirtyPin(s);
     for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(Valid(slot), p) ? 1 : 0;
   });
   if (!st) return st;
+  // The size unflushed writes imply, from the claims that won (one that
+  // lost may have been loaded first).
+  for (uint32_t s = 0; s < nslots_; ++s) {
+    const Slot& slot = slots_[s];
+    if (slot.file == kNoFile || !AnyBit(DirtyBits(slot))) continue;
+    FileState& f = FileOf(slot);
+    f.wb_size = std::max(f.wb_size, WbOf(s).fsize);
+  }
   // What was read may be in the page cache only (the last mount was killed):
   // the pages the records point to must be durable before anything else is
   // written (Index::Load syncs the index the same way).
   if (!data_->Sync()) return Sys("syncing the cache data file");
   // A superseded claim must not come back once the newer one is gone: free
   // it on disk too (queued, written by the writer).
+  // (Empty claims that won are freed once the claims they superseded are
+  // durably freed: Open().)
+  std::unordered_set<uint32_t> winners;
+  for (const auto& [k, c] : empty_claims) winners.insert(c.slot);
   for (uint32_t s : superseded) {
-    if (slots_[s].file == kNoFile) Persist(s);
+    if (slots_[s].file != kNoFile) continue;
+    if (winners.count(s)) {
+      load_empties_.push_back(s);
+    } else {
+      Persist(s);
+    }
   }
   return Ok{};
 }
@@ -557,7 +584,9 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
   const uint32_t per = journal_->per_page();
   std::vector<std::pair<uint32_t, std::vector<Record>>> out;
   out.reserve(queued_groups_.size());
+  const uint64_t batch = ++batches_;
   for (uint32_t g : queued_groups_) {
+    group_batch_[g] = batch;
     std::vector<Record> recs;
     for (uint32_t s = g * per; s < (g + 1) * per && s < nslots_; ++s) {
       const Slot& slot = slots_[s];
@@ -579,6 +608,10 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
         r.groups = wb.groups;
         r.gid = wb.gid;
         r.crc.assign(PageCrcs(slot), PageCrcs(slot) + pages());
+      } else if (auto t = tombs_.find(s); t != tombs_.end()) {
+        // A tombstone (rule 2a): the block's name, nothing valid.
+        r.fh = t->second.fh;
+        r.block = t->second.block;
       }
       recs.push_back(std::move(r));
     }
@@ -596,6 +629,10 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
   if (ok && sync) ok = journal_->Sync();
   const int err = errno;
   lock.lock();
+  if (ok && sync) {
+    synced_batch_ = std::max(synced_batch_, batch);
+    SettleTombs();
+  }
   if (!ok && !index_broken_) {
     // The index may now claim pages that are gone (or miss newer ones): the
     // next mount must not trust it. It is emptied once it records no
@@ -659,9 +696,65 @@ void BlockCache::SetDirtyPin(uint32_t s) {
   }
 }
 
-void BlockCache::FreeSlot(uint32_t s, bool persist) {
+bool BlockCache::FreeDurable(const OlderFree& o) const {
+  const uint64_t b = group_batch_[journal_->GroupOf(o.slot)];
+  return b > o.after && synced_batch_ >= b;
+}
+
+void BlockCache::SettleTombs() {
+  for (auto it = older_frees_.begin(); it != older_frees_.end();) {
+    auto& v = it->second;
+    v.erase(std::remove_if(v.begin(), v.end(), [this](const OlderFree& o) { return FreeDurable(o); }), v.end());
+    it = v.empty() ? older_frees_.erase(it) : std::next(it);
+  }
+  for (auto it = tombs_.begin(); it != tombs_.end();) {
+    const auto& w = it->second.waits;
+    if (std::all_of(w.begin(), w.end(), [this](const OlderFree& o) { return FreeDurable(o); })) {
+      // (Its tombstone may stay on disk: an empty claim older than any
+      // claim the slot makes next.)
+      policy_->Unpin(it->first);
+      it = tombs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::optional<uint32_t> BlockCache::AllocateSlot(uint64_t key) {
+  while (true) {
+    bool evicted = false;
+    auto got = policy_->Allocate(key, &evicted);
+    if (!got || !evicted) return got;
+    stats_.evictions++;
+    // (The new record overwrites the old, unless the slot must be held.)
+    if (!FreeSlot(*got, /*persist=*/false)) return got;
+    policy_->Release(*got);
+  }
+}
+
+bool BlockCache::FreeSlot(uint32_t s, bool persist) {
   Slot& slot = slots_[s];
-  if (slot.file == kNoFile) return;
+  if (slot.file == kNoFile) return false;
+  // Rule 2a.
+  bool held = false;
+  if (const uint32_t newest = Lookup(slot.file, slot.block); newest != s) {
+    // An older claim (the old slot of a moved block).
+    if (persist) older_frees_[Key(Fh(slot), slot.block)].push_back(OlderFree{s, batches_});
+  } else if (!older_frees_.empty()) {
+    std::string key = Key(Fh(slot), slot.block);
+    if (auto it = older_frees_.find(key); it != older_frees_.end()) {
+      std::vector<OlderFree> waits;
+      for (const auto& o : it->second) {
+        if (o.slot != s && !FreeDurable(o)) waits.push_back(o);
+      }
+      if (!waits.empty()) {
+        tombs_[s] = Tomb{Fh(slot), slot.block, std::move(waits)};
+        policy_->Pin(s);
+        persist = held = true;
+        stats_.tombstones++;
+      }
+    }
+  }
   TableErase(s);
   Unlist(s);
   FileState& f = FileOf(slot);
@@ -687,6 +780,7 @@ void BlockCache::FreeSlot(uint32_t s, bool persist) {
   slot.gen++;
   slot.inval++;
   if (persist) Persist(s);
+  return held;
 }
 
 void BlockCache::DropLocked(FileState& f) {
@@ -992,14 +1086,9 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
       if (count_write_hits) stats_.write_hits++;
     } else {
       if (!policy_->Admit(key)) continue;
-      bool evicted = false;
-      auto got = policy_->Allocate(key, &evicted);
+      auto got = AllocateSlot(key);
       if (!got) continue;
       s = *got;
-      if (evicted) {
-        stats_.evictions++;
-        FreeSlot(s, /*persist=*/false);  // the new record overwrites the old
-      }
       Slot& slot = slots_[s];
       Attach(s, f, b);
       List(s);
@@ -1200,7 +1289,8 @@ void BlockCache::WriterMain() {
       // Record changes made outside the writer (invalidations, frees,
       // version updates): written now, synced by the next barrier.
       writing_ = true;
-      WriteRecords(lock, /*sync=*/false);
+      // (Synced if slots are held for it: rule 2a.)
+      WriteRecords(lock, /*sync=*/!tombs_.empty());
       continue;
     }
     if (jobs_.empty()) {
@@ -1428,9 +1518,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     if (part.from != UINT32_MAX && !cow) {
       part.to = part.from;
     } else {
-      bool evicted = false;
-      auto got = fwb ? std::optional<uint32_t>(fwb->partner)
-                     : policy_->Allocate(PolicyKey(w.fh, part.block), &evicted);
+      auto got = fwb ? std::optional<uint32_t>(fwb->partner) : AllocateSlot(PolicyKey(w.fh, part.block));
       if (!got) {
         // Every slot is dirty or busy: this write goes to the server.
         UndoWb(parts);
@@ -1440,10 +1528,6 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       }
       part.to = *got;
       part.to_partner = fwb != nullptr;
-      if (evicted) {
-        stats_.evictions++;
-        FreeSlot(part.to, /*persist=*/false);
-      }
       Slot& to = slots_[part.to];
       Attach(part.to, f, part.block);
       Valid(to).Clear();
@@ -1695,7 +1779,10 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       // Never repeats, not even in a slot freed and taken again: a flush
       // round's Flushed() must not mistake a newer write for the one it sent.
       twb.wgen = ++counter_;
-      twb.fsize = std::max({twb.fsize, w.off + w.len, LogicalSize(f)});
+      // The end of what writes put in this block, not the file's size: a
+      // record that lands without the record of the write that extended the
+      // file must not extend it after a crash (found by the crash explorer).
+      twb.fsize = std::max(twb.fsize, std::min(w.off + w.len, (part.block + 1) * uint64_t{opts_.block}));
       twb.uid = w.uid;
       twb.groups = w.groups;
       twb.gid = w.gid;
@@ -1781,11 +1868,15 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
   wb_persist_.clear();
   // (WriteRecords fails, writing nothing, once the index is broken.)
   ok = WriteRecords(lock, /*sync=*/true) && ok;
+  bool newest_gone = false;
   for (const Retire& r : wb_retire_) {
     // After the new records are durable: a crash keeps one or both claims,
     // and the newer wins. (If they are not, the index is broken and will
     // be emptied; the old slot must not be flushed after the new one.)
     if (slots_[r.slot].gen == r.gen) {
+      // The block's newest claim already gone (a truncate freed it): the
+      // old claim would come back alone; its free is synced now (rule 2a).
+      newest_gone = newest_gone || Lookup(slots_[r.slot].file, slots_[r.slot].block) == kNoSlot;
       FreeSlot(r.slot, /*persist=*/true);
       policy_->Release(r.slot);
       // The freed slot still holds, in the data file, what the block's
@@ -1802,6 +1893,7 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
     policy_->Unpin(r.slot);
   }
   wb_retire_.clear();
+  if (newest_gone) ok = WriteRecords(lock, /*sync=*/true) && ok;
   commit_asked_ = false;
   commits_++;
   auto waiters = std::move(durable_waiters_);

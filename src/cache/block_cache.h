@@ -84,6 +84,16 @@
 //  2. New before retired: the old slot of a block moved by copy-on-write is
 //     freed only after the block's new record is synced. When a crash leaves
 //     both, the record with the higher sequence number wins.
+//  2a. Retired before the newest goes: the newest claim of a block is not
+//     removed from the disk while an older claim's free may not be
+//     durable (else a crash brings the older claim back alone, and a stale
+//     dirty page is flushed over newer data). Freeing the newest then
+//     writes a tombstone (its record keeps the block's name, nothing
+//     valid, a newer sequence number: at load, an empty claim that
+//     supersedes the older ones) and the slot is held (pinned, not handed
+//     out) until an index sync covers the older frees. A commit that frees
+//     old slots whose block's newest claim is already gone syncs those
+//     frees before it answers (a truncate waits for that commit).
 //  3. Clean marks before anything that relies on them: after a flush, the
 //     records marking pages clean are synced before the pages count as
 //     clean (HasDirty() says yes until then), so no write sent around the
@@ -213,6 +223,7 @@ struct CacheStats {
   uint64_t copies_to_partner = 0;  // of them, back to the block's previous slot (WbSlot::partner)
   uint64_t copied_pages = 0;  // pages those copies read and wrote again (a partner holds the rest)
   uint64_t rewrites_in_place = 0;  // writes over dirty pages no record declares yet: no copy
+  uint64_t tombstones = 0;   // freed slots held until an older claim's free is durable (rule 2a)
   uint64_t wb_arounds = 0;   // writes sent to the server: no room or device trouble
   double dirty_age_s = 0;        // age of the oldest unflushed write (0: none)
   uint64_t flush_rate_bps = 0;   // bytes flushed per second over the last 10 s
@@ -415,7 +426,7 @@ class BlockCache {
   // slots loaded with dirty pages), until the slot is freed.
   struct WbSlot {
     uint64_t wgen = 0;     // a new counter_ value at each write-back write (kept by copies)
-    uint64_t fsize = 0;
+    uint64_t fsize = 0;    // the end of the data write-back writes put in this block
     uint32_t uid = 0, gid = 0;
     std::vector<uint32_t> groups;
     std::chrono::steady_clock::time_point dirty_since;
@@ -572,7 +583,12 @@ class BlockCache {
   size_t TableHome(uint32_t file, uint64_t block) const;
 
   FileState& State(const std::string& fh) REQUIRES(mu_);
-  void FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
+  // Frees a slot; true if it is held (rule 2a: tombstoned, pinned, and its
+  // record queued even when `persist` is false).
+  bool FreeSlot(uint32_t s, bool persist) REQUIRES(mu_);
+  // policy_->Allocate, freeing the slot it evicts; one that must be held
+  // (FreeSlot) is left and another taken.
+  std::optional<uint32_t> AllocateSlot(uint64_t key) REQUIRES(mu_);
   void DropLocked(FileState& f) REQUIRES(mu_);
   // Frees every slot of the file; true if one held pages not durably clean.
   bool ForgetFile(FileState& f) REQUIRES(mu_);
@@ -603,6 +619,13 @@ class BlockCache {
   void WriteFill(Job& job, std::unique_lock<std::mutex>& lock);
   // Write-back writes acknowledged but not durable yet: data written since
   // the last data sync, records not yet written, old slots not yet freed.
+  struct OlderFree {
+    uint32_t slot;
+    uint64_t after;  // batches_ when it was queued: a later batch writes it
+  };
+  bool FreeDurable(const OlderFree& o) const REQUIRES(mu_);
+  // After an index sync: drops durable older frees, releases tombstones.
+  void SettleTombs() REQUIRES(mu_);
   bool WbPending() const REQUIRES(mu_) { return wb_unsynced_ || !wb_persist_.empty() || !wb_retire_.empty(); }
   // Syncs the write-back data written since the last sync; on failure the
   // index is broken (no record may declare that data) and the cache out.
@@ -688,6 +711,21 @@ class BlockCache {
   bool index_discarded_ GUARDED_BY(mu_) = false;
   bool discard_warned_ GUARDED_BY(mu_) = false;
   std::set<uint32_t> queued_groups_ GUARDED_BY(mu_);  // index pages to write
+  // Rule 2a. Record writes are numbered (batches); an index page written in
+  // batch b is durable once synced_batch_ >= b.
+  uint64_t batches_ GUARDED_BY(mu_) = 0;
+  uint64_t synced_batch_ GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> group_batch_ GUARDED_BY(mu_);  // by index page: the batch that last wrote it
+  // Blocks whose older claim was freed while a newer slot holds them, until
+  // that free is durable (by Key()).
+  std::unordered_map<std::string, std::vector<OlderFree>> older_frees_ GUARDED_BY(mu_);
+  struct Tomb {
+    std::string fh;
+    uint64_t block;
+    std::vector<OlderFree> waits;  // held until these are durable
+  };
+  std::unordered_map<uint32_t, Tomb> tombs_ GUARDED_BY(mu_);  // freed newest claims held (pinned)
+  std::vector<uint32_t> load_empties_ GUARDED_BY(mu_);  // empty claims that won at load: freed second
   uint64_t seq_ GUARDED_BY(mu_) = 1;
   Health health_ GUARDED_BY(mu_) = Health::kHealthy;
   uint64_t used_pages_ GUARDED_BY(mu_) = 0;

@@ -195,6 +195,8 @@ void CacheMetrics(Families& f, const Labels& mount, const cache::CacheStats& k) 
   counter("mpnfs_cache_rewrites_in_place_total",
           "Writes over unflushed pages that no commit had declared yet, done without a copy",
           k.rewrites_in_place);
+  counter("mpnfs_cache_tombstones_total",
+          "Freed slots held until the free of an older copy of their block is durable", k.tombstones);
   counter("mpnfs_cache_writes_around_total", "Writes sent to the server: no room or degraded cache",
           k.wb_arounds);
 }
