@@ -265,7 +265,9 @@ void Flusher::Main() {
       if (!r) log->warn("flush failed: {}", r.error().what);
       req.done(std::move(r));
       lock.lock();
-      continue;
+      if (stop_) break;
+      // (On to a background round if one is due: requests that keep coming
+      // must not starve the watermark and age rounds.)
     }
     const auto now = std::chrono::steady_clock::now();
     if (now < retry_at || interrupted_) continue;
