@@ -1581,6 +1581,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
   bool io_error = false;
   int err = 0;
   std::vector<uint64_t> bad;  // partial pages whose cached copy is damaged
+  std::vector<std::pair<size_t, uint32_t>> damaged;  // (part, page) read back damaged
   for (size_t i = 0; i < parts.size() && !io_error; ++i) {
     WbPart& part = parts[i];
     const Plan& plan = plans[i];
@@ -1609,6 +1610,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
           continue;
         }
         std::memset(page, 0, kPage);
+        damaged.emplace_back(i, p);
         const bool edge = p == part.p0 || p == part.p0 + part.np - 1;
         if (edge && !w.base.count(bstart + uint64_t{p} * kPage)) bad.push_back(bstart + uint64_t{p} * kPage);
       }
@@ -1626,12 +1628,31 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     for (uint32_t p = lo; p < hi; ++p) part.crc[p - lo] = Crc(part.image.data() + size_t{p - lo} * kPage, kPage);
   }
   lock.lock();
+  for (auto [i, p] : damaged) {
+    // A damaged page is dropped (a partial one is completed from the
+    // server's copy: kNeedPages); an unflushed write it held is lost, and
+    // reported to fsync as Read() does. (Found by review.)
+    const WbPart& part = parts[i];
+    Slot& from = slots_[part.from];
+    if (from.gen != part.from_gen || !TestBit(Valid(from), p)) continue;  // (invalidated meanwhile)
+    stats_.checksum_failures++;
+    if (TestBit(DirtyBits(from), p)) {
+      Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
+                          part.from, p);
+      FileOf(from).lost = true;
+      ClearBit(DirtyBits(from), p);
+      SetDirtyPin(part.from);
+    } else {
+      Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped", part.from, p);
+    }
+    ClearBit(Valid(from), p);
+    used_pages_--;
+    from.inval++;
+    Persist(part.from);
+  }
   if (io_error || !bad.empty()) {
     if (io_error) DeviceError("reading the cache", err);
-    if (!bad.empty()) {
-      stats_.checksum_failures += bad.size();
-      Log("cache")->warn("cached page failed its checksum during a write; merging with the server's");
-    }
+    if (!bad.empty()) Log("cache")->warn("cached page failed its checksum during a write; merging with the server's");
     UndoWb(parts);
     out.kind = io_error ? WbOutcome::kUnavailable : WbOutcome::kNeedPages;
     out.need = std::move(bad);

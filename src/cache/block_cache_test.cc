@@ -370,6 +370,37 @@ class WriteBackTest : public BlockCacheTest {
   }
 };
 
+// Found by review: a write over part of an unflushed page reads that page
+// back to complete it; when the page fails its checksum there, the write it
+// held is lost, and fsync must say so (the page used to be merged with the
+// server's copy silently).
+TEST_F(WriteBackTest, AWriteThatFindsTheUnflushedPageItCompletesDamagedReportsTheLossToFsync) {
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
+  }  // (the unmount commits it)
+  int fd = open((dir_ + "/data").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(pread(fd, &byte, 1, 4096 + 5), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 4096 + 5), 1);
+  close(fd);
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  WbOutcome o = Wb(*c, "fh1", 4096 + 100, "XYZ");
+  ASSERT_EQ(o.kind, WbOutcome::kNeedPages);
+  ASSERT_EQ(o.need, std::vector<uint64_t>{4096});
+  EXPECT_EQ(Wb(*c, "fh1", 4096 + 100, "XYZ", {{4096, Pattern(4096, 's')}}).kind, WbOutcome::kStored);
+  EXPECT_EQ(c->Stats().checksum_failures, 1u);
+  std::promise<bool> d;
+  c->Durable("fh1", [&d](bool ok) { d.set_value(ok); });
+  EXPECT_FALSE(d.get_future().get()) << "fsync would say the lost write is durable";
+  EXPECT_TRUE(c->TakeLost("fh1"));
+  EXPECT_TRUE(Collected(*c, "fh1", 0, 4096) == Pattern(8192, 'a').substr(0, 4096));  // the sound page stays
+}
+
 TEST_F(WriteBackTest, AStoredWriteIsReadBackAndSurvivesAReopen) {
   const std::string data = Pattern(8192, 'w');
   {
