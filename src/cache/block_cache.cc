@@ -347,7 +347,10 @@ Result<bool> BlockCache::Init() {
     // Then the empty claims that won (rule 2a: had they been freed with
     // the claims they superseded, a crash could keep those alone).
     if (!load_empties_.empty()) {
-      for (uint32_t e : load_empties_) Persist(e);
+      for (uint32_t e : load_empties_) {
+        tombs_.erase(e);  // (SettleTombs may have dropped it already: it waited for nothing)
+        Persist(e);
+      }
       load_empties_.clear();
       if (!WriteRecords(lock, /*sync=*/true)) return Sys("writing the cache index in " + dir);
     }
@@ -466,8 +469,17 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   // it on disk too (queued, written by the writer).
   // (Empty claims that won are freed once the claims they superseded are
   // durably freed: Open().)
+  // Until then they are written as tombstones (as they are on disk), with
+  // their own sequence numbers, should their index page be written with
+  // another record's change (found by review).
   std::unordered_set<uint32_t> winners;
-  for (const auto& [k, c] : empty_claims) winners.insert(c.slot);
+  for (const auto& [k, c] : empty_claims) {
+    winners.insert(c.slot);
+    uint64_t block = 0;
+    std::memcpy(&block, k.data() + k.size() - sizeof(block), sizeof(block));
+    tombs_[c.slot] = Tomb{k.substr(0, k.size() - sizeof(block)), block, {}};
+    slots_[c.slot].rec_seq = c.seq;
+  }
   for (uint32_t s : superseded) {
     if (slots_[s].file != kNoFile) continue;
     if (winners.count(s)) {
@@ -671,6 +683,10 @@ void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   if (ok) {
     index_discarded_ = true;
+    // (An empty index holds no older claims: held slots go back.)
+    for (const auto& [t, tomb] : tombs_) policy_->Unpin(t);
+    tombs_.clear();
+    older_frees_.clear();
   } else if (!discard_warned_) {
     discard_warned_ = true;
     Log("cache")->warn("could not empty the cache index after a disk error ({}); trying again later",
@@ -720,6 +736,12 @@ void BlockCache::SettleTombs() {
   }
 }
 
+void BlockCache::RetireFree(uint32_t s) {
+  older_frees_[Key(Fh(slots_[s]), slots_[s].block)].push_back(OlderFree{s, batches_});
+  FreeSlot(s, /*persist=*/true);
+  policy_->Release(s);
+}
+
 std::optional<uint32_t> BlockCache::AllocateSlot(uint64_t key) {
   while (true) {
     bool evicted = false;
@@ -735,12 +757,10 @@ std::optional<uint32_t> BlockCache::AllocateSlot(uint64_t key) {
 bool BlockCache::FreeSlot(uint32_t s, bool persist) {
   Slot& slot = slots_[s];
   if (slot.file == kNoFile) return false;
-  // Rule 2a.
+  // Rule 2a: the newest claim of a block whose older claim's free is not
+  // durable yet.
   bool held = false;
-  if (const uint32_t newest = Lookup(slot.file, slot.block); newest != s) {
-    // An older claim (the old slot of a moved block).
-    if (persist) older_frees_[Key(Fh(slot), slot.block)].push_back(OlderFree{s, batches_});
-  } else if (!older_frees_.empty()) {
+  if (!older_frees_.empty() && Lookup(slot.file, slot.block) == s) {
     std::string key = Key(Fh(slot), slot.block);
     if (auto it = older_frees_.find(key); it != older_frees_.end()) {
       std::vector<OlderFree> waits;
@@ -867,7 +887,15 @@ bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
   for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
     if (AnyBit(DirtyBits(slots_[s]))) return false;  // written since the flush: flush again
   }
-  const bool cleaning = ForgetFile(f);
+  // An old slot of a block moved by copy-on-write still claims older data
+  // on disk until the next commit frees it: the truncate waits for that
+  // too (its newest copy may have lost its dirty pages to a checksum
+  // failure, leaving nothing "cleaning"; found by review).
+  bool retired = false;
+  for (const Retire& r : wb_retire_) {
+    retired = retired || (slots_[r.slot].gen == r.gen && f.id != kNoFile && slots_[r.slot].file == f.id);
+  }
+  const bool cleaning = ForgetFile(f) || retired;
   f.truncates_inflight++;  // (until TruncateDone: no fills)
   if (cleaning && writer_.joinable() && !stop_ && !index_broken_) {
     // Records still saying "dirty" on disk must be freed durably before the
@@ -1884,6 +1912,16 @@ bool BlockCache::SyncWbData(std::unique_lock<std::mutex>& lock) {
 }
 
 bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
+  // Old slots whose block's newest copy is gone already (a truncate or a
+  // drop freed it) are freed in this commit's records, not after them: a
+  // crash must not keep the old claim alone once the commit has answered
+  // (rule 2a).
+  std::erase_if(wb_retire_, [this](const Retire& r) {
+    if (slots_[r.slot].gen != r.gen || Lookup(slots_[r.slot].file, slots_[r.slot].block) != kNoSlot) return false;
+    RetireFree(r.slot);
+    policy_->Unpin(r.slot);
+    return true;
+  });
   bool ok = SyncWbData(lock);
   for (uint32_t s : wb_persist_) Persist(s);
   wb_persist_.clear();
@@ -1898,8 +1936,7 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
       // The block's newest claim already gone (a truncate freed it): the
       // old claim would come back alone; its free is synced now (rule 2a).
       newest_gone = newest_gone || Lookup(slots_[r.slot].file, slots_[r.slot].block) == kNoSlot;
-      FreeSlot(r.slot, /*persist=*/true);
-      policy_->Release(r.slot);
+      RetireFree(r.slot);
       // The freed slot still holds, in the data file, what the block's
       // new slot held when copied, but its delta: it is the new slot's
       // partner (ok only after a successful commit: else the old slot's

@@ -91,9 +91,11 @@
 //     writes a tombstone (its record keeps the block's name, nothing
 //     valid, a newer sequence number: at load, an empty claim that
 //     supersedes the older ones) and the slot is held (pinned, not handed
-//     out) until an index sync covers the older frees. A commit that frees
-//     old slots whose block's newest claim is already gone syncs those
-//     frees before it answers (a truncate waits for that commit).
+//     out) until an index sync covers the older frees. Old slots whose
+//     block's newest claim is already gone are freed in the commit's own
+//     records (a truncate of a file with such old slots waits for that
+//     commit). At load, empty claims that won are freed only once the
+//     claims they beat are durably freed.
 //  3. Clean marks before anything that relies on them: after a flush, the
 //     records marking pages clean are synced before the pages count as
 //     clean (HasDirty() says yes until then), so no write sent around the
@@ -589,6 +591,9 @@ class BlockCache {
   // policy_->Allocate, freeing the slot it evicts; one that must be held
   // (FreeSlot) is left and another taken.
   std::optional<uint32_t> AllocateSlot(uint64_t key) REQUIRES(mu_);
+  // Frees the old slot of a moved block (a commit), noted as an older
+  // claim until its free is durable (rule 2a).
+  void RetireFree(uint32_t s) REQUIRES(mu_);
   void DropLocked(FileState& f) REQUIRES(mu_);
   // Frees every slot of the file; true if one held pages not durably clean.
   bool ForgetFile(FileState& f) REQUIRES(mu_);
