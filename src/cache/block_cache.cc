@@ -348,7 +348,8 @@ Result<bool> BlockCache::Init() {
     // the claims they superseded, a crash could keep those alone).
     if (!load_empties_.empty()) {
       for (uint32_t e : load_empties_) {
-        tombs_.erase(e);  // (SettleTombs may have dropped it already: it waited for nothing)
+        // (SettleTombs released it after the first sync: it waits for nothing.)
+        if (tombs_.erase(e)) policy_->Unpin(e);
         Persist(e);
       }
       load_empties_.clear();
@@ -479,6 +480,7 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     std::memcpy(&block, k.data() + k.size() - sizeof(block), sizeof(block));
     tombs_[c.slot] = Tomb{k.substr(0, k.size() - sizeof(block)), block, {}};
     slots_[c.slot].rec_seq = c.seq;
+    policy_->Pin(c.slot);  // (as every tombstone: SettleTombs unpins it)
   }
   for (uint32_t s : superseded) {
     if (slots_[s].file != kNoFile) continue;
@@ -906,7 +908,11 @@ bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
     cv_.notify_all();
     return true;
   }
-  if (cleaning) WriteRecords(lock, /*sync=*/true);
+  if (retired) {
+    Commit(lock);  // (frees the old slots, as a barrier would)
+  } else if (cleaning) {
+    WriteRecords(lock, /*sync=*/true);
+  }
   lock.unlock();
   then();
   return true;
@@ -1572,13 +1578,15 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
       Slot& from = slots_[part.from];
       // Read from the current slot: the partial pages it holds, and on a
       // copy every valid page the write does not cover whole.
+      const uint64_t blo = std::max(w.off, part.block * block) - part.block * block;
+      const uint64_t bhi = std::min(end, (part.block + 1) * block) - part.block * block;
       for (uint32_t p = 0; p < pages(); ++p) {
         if (!TestBit(Valid(from), p)) continue;
         const bool touched = p >= part.p0 && p < part.p0 + part.np;
-        const bool edge = p == part.p0 || p == part.p0 + part.np - 1;
+        const bool partial = blo > uint64_t{p} * kPage || bhi < uint64_t{p + 1} * kPage;
         if (cow && !touched && fwb && !TestBit(fwb->delta, p)) {
           SetBit(part.reuse, p);
-        } else if ((touched && edge) || (cow && !touched)) {
+        } else if ((touched && partial) || (cow && !touched)) {
           SetBit(plan.read, p);
         }
       }

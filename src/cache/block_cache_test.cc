@@ -401,6 +401,31 @@ TEST_F(WriteBackTest, AWriteThatFindsTheUnflushedPageItCompletesDamagedReportsTh
   EXPECT_TRUE(Collected(*c, "fh1", 0, 4096) == Pattern(8192, 'a').substr(0, 4096));  // the sound page stays
 }
 
+// Found by review: a write that covers a damaged unflushed page whole
+// replaces it; nothing is lost, nothing is read back, fsync succeeds.
+TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
+  }
+  int fd = open((dir_ + "/data").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(pread(fd, &byte, 1, 4096 + 5), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 4096 + 5), 1);
+  close(fd);
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  EXPECT_EQ(Wb(*c, "fh1", 4096, Pattern(4096, 'b')).kind, WbOutcome::kStored);
+  std::promise<bool> d;
+  c->Durable("fh1", [&d](bool ok) { d.set_value(ok); });
+  EXPECT_TRUE(d.get_future().get());
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+  EXPECT_TRUE(Collected(*c, "fh1", 0, 8192) == Pattern(8192, 'a').substr(0, 4096) + Pattern(4096, 'b'));
+}
+
 TEST_F(WriteBackTest, AStoredWriteIsReadBackAndSurvivesAReopen) {
   const std::string data = Pattern(8192, 'w');
   {

@@ -679,6 +679,20 @@ TEST(CrashExplorerTest, ARecoveryKeepsATombstoneUntilTheClaimItBeatIsDurablyFree
   EXPECT_GT(x.tombstones_, 0u);
 }
 
+// Found by review: a tombstone left on disk is an empty claim at the next
+// mount, held until the first sync; its slot is then usable again (its
+// pin was once taken back twice, and the slot never handed out again).
+TEST(CrashExplorerTest, ASlotHeldForATombstoneIsUsableAgainAfterTheNextMount) {
+  Explorer x(1, 1);
+  OlderCopy(x);
+  x.Truncate("fhA", 0);
+  ASSERT_GT(x.cache_->Stats().tombstones, 0u);
+  x.Remount();
+  x.WriteAroundNew("fhC", 0, 16 * kBlock);
+  for (uint64_t b = 0; b < 16; ++b) x.Fill("fhC", b);
+  EXPECT_EQ(x.cache_->Stats().slots_used, 16u) << "a slot of the 16 can no longer be used";
+}
+
 // Found by review: the newest copy of a block loses its dirty pages to a
 // checksum failure before the commit that frees the old copy; a truncate
 // then must wait for that commit (nothing of the file is "cleaning").

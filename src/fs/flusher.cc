@@ -252,6 +252,7 @@ void Flusher::Main() {
   bool above_low = false;
   auto retry_at = std::chrono::steady_clock::now();
   bool busy = false;  // the last background round left more to do
+  auto last_background = std::chrono::steady_clock::now();
   std::unique_lock lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(busy ? 0 : 200),
@@ -266,11 +267,17 @@ void Flusher::Main() {
       req.done(std::move(r));
       lock.lock();
       if (stop_) break;
-      // (On to a background round if one is due: requests that keep coming
-      // must not starve the watermark and age rounds.)
+      // Requests that keep coming must not starve the watermark and age
+      // rounds: one goes between them at the idle cadence (not after every
+      // request, which would queue each behind a round).
+      if (std::chrono::steady_clock::now() - last_background < std::chrono::milliseconds(200)) continue;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (now < retry_at || interrupted_) continue;
+    if (now < retry_at || interrupted_) {
+      busy = false;  // (no spinning while interrupted)
+      continue;
+    }
+    last_background = now;
     lock.unlock();
     // Background: watermarks, then age.
     const auto level = cache_->Dirty();

@@ -3,8 +3,8 @@
 //
 // When. In the background: once dirty blocks pass dirty_high % of the cache
 // it flushes until they are under dirty_low %, and it flushes any block
-// dirty for dirty_age seconds (a background round follows each request
-// served, so requests that keep coming do not starve it). On request: Flush() for one file (fsync with
+// dirty for dirty_age seconds (requests that keep coming do not starve
+// these rounds: one runs between requests at least every 200 ms). On request: Flush() for one file (fsync with
 // wb_fsync=server, a truncate, a write that must go around the cache) or
 // for all (mpnfsctl cache flush, detach, unmount, the start-up recovery).
 //
