@@ -359,6 +359,24 @@ class WriteBackTest : public BlockCacheTest {
     c.WriteBack(std::move(w), [&p](WbOutcome o) { p.set_value(std::move(o)); });
     return f.get();
   }
+  // fh1 [0, 8 KiB) = 'a' stored and committed (unflushed), then a byte of
+  // its second page flipped on disk, and the cache opened again.
+  std::unique_ptr<BlockCache> ReopenWithUnflushedPage1Damaged() {
+    {
+      auto c = OpenWb();
+      c->Observe("fh1", kV1);
+      if (Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind != WbOutcome::kStored) return nullptr;
+    }  // (the unmount commits it)
+    int fd = open((dir_ + "/data").c_str(), O_RDWR);
+    char byte = 0;
+    const bool flipped = fd >= 0 && pread(fd, &byte, 1, 4096 + 5) == 1 &&
+                         (byte ^= 0x40, pwrite(fd, &byte, 1, 4096 + 5) == 1);
+    if (fd >= 0) close(fd);
+    if (!flipped) return nullptr;
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    return c;
+  }
   static std::string Collected(BlockCache& c, const std::string& fh, uint64_t off, size_t len) {
     std::string out(len, '?');
     for (const auto& r : c.CollectDirty(UINT64_MAX, fh, std::chrono::steady_clock::now())) {
@@ -375,20 +393,8 @@ class WriteBackTest : public BlockCacheTest {
 // held is lost, and fsync must say so (the page used to be merged with the
 // server's copy silently).
 TEST_F(WriteBackTest, AWriteThatFindsTheUnflushedPageItCompletesDamagedReportsTheLossToFsync) {
-  {
-    auto c = OpenWb();
-    c->Observe("fh1", kV1);
-    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
-  }  // (the unmount commits it)
-  int fd = open((dir_ + "/data").c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte;
-  ASSERT_EQ(pread(fd, &byte, 1, 4096 + 5), 1);
-  byte ^= 0x40;
-  ASSERT_EQ(pwrite(fd, &byte, 1, 4096 + 5), 1);
-  close(fd);
-  auto c = OpenWb();
-  c->Observe("fh1", kV1);
+  auto c = ReopenWithUnflushedPage1Damaged();
+  ASSERT_NE(c, nullptr);
   WbOutcome o = Wb(*c, "fh1", 4096 + 100, "XYZ");
   ASSERT_EQ(o.kind, WbOutcome::kNeedPages);
   ASSERT_EQ(o.need, std::vector<uint64_t>{4096});
@@ -404,20 +410,8 @@ TEST_F(WriteBackTest, AWriteThatFindsTheUnflushedPageItCompletesDamagedReportsTh
 // Found by review: a write that covers a damaged unflushed page whole
 // replaces it; nothing is lost, nothing is read back, fsync succeeds.
 TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
-  {
-    auto c = OpenWb();
-    c->Observe("fh1", kV1);
-    ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
-  }
-  int fd = open((dir_ + "/data").c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte;
-  ASSERT_EQ(pread(fd, &byte, 1, 4096 + 5), 1);
-  byte ^= 0x40;
-  ASSERT_EQ(pwrite(fd, &byte, 1, 4096 + 5), 1);
-  close(fd);
-  auto c = OpenWb();
-  c->Observe("fh1", kV1);
+  auto c = ReopenWithUnflushedPage1Damaged();
+  ASSERT_NE(c, nullptr);
   EXPECT_EQ(Wb(*c, "fh1", 4096, Pattern(4096, 'b')).kind, WbOutcome::kStored);
   std::promise<bool> d;
   c->Durable("fh1", [&d](bool ok) { d.set_value(ok); });
