@@ -481,8 +481,10 @@ class Explorer {
       end = state.Mark();
     }
     for (size_t p = 0; p <= end; ++p) {
-      std::string why = EachCrashState(state, p, kSanitized ? 8 : 64, kSanitized ? 1 : 8,
-                                       [&](CrashDisk& again) { return Check(point, again, allowed); });
+      std::string why = EachCrashState(state, p, kSanitized ? 8 : 64, kSanitized ? 1 : 8, [&](CrashDisk& again) {
+        ++recovery_states_;
+        return Check(point, again, allowed);
+      });
       if (!why.empty()) return fmt::format("a second crash at recovery operation {}: {}", p, why);
     }
     return "";
@@ -560,6 +562,7 @@ class Explorer {
   uint64_t copies_ = 0, copies_to_partner_ = 0, rewrites_in_place_ = 0;  // over the workload's mounts
   uint64_t tombstones_ = 0;
   bool recovery_crashes_ = false;  // Explore: also crash during each recovery
+  size_t recovery_states_ = 0;     // states checked after a second crash
   std::string dir_;
   uint64_t checksum_failures_ = 0;
 
@@ -740,6 +743,8 @@ TEST(CrashExplorerTest, ASecondCrashDuringRecoveryKeepsTheSameRules) {
   size_t states = 0;
   EXPECT_EQ(x.Explore(Env("MPNFS_CRASH_SAMPLES", kSanitized ? 1 : 2), &states), "");
   EXPECT_GT(states, kSanitized ? 20u : 50u);
+  // (Each state's recovery crashes at each of its operations: several each.)
+  EXPECT_GT(x.recovery_states_, 4 * states) << "the second crashes were not explored";
 }
 
 // Rule 2a, the other order: the newest copy goes first (the file is gone

@@ -298,6 +298,7 @@ void Flusher::Main() {
       retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     }
     lock.lock();
+    last_background = std::chrono::steady_clock::now();  // (from its end: a long round counts whole)
     busy = r && pending;  // more may be due: go round again at once
   }
 }
