@@ -714,6 +714,26 @@ void BlockCache::SetDirtyPin(uint32_t s) {
   }
 }
 
+bool BlockCache::DropDamagedPage(uint32_t s, uint32_t p) {
+  Slot& slot = slots_[s];
+  stats_.checksum_failures++;
+  const bool dirty = TestBit(DirtyBits(slot), p);
+  if (dirty) {
+    // An unflushed write lost: reported to fsync (Durable, TakeLost).
+    Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost", s, p);
+    FileOf(slot).lost = true;
+    ClearBit(DirtyBits(slot), p);
+    SetDirtyPin(s);
+  } else {
+    Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped, read from the server", s, p);
+  }
+  ClearBit(Valid(slot), p);
+  used_pages_--;
+  slot.inval++;
+  Persist(s);
+  return dirty;
+}
+
 bool BlockCache::FreeDurable(const OlderFree& o) const {
   const uint64_t b = group_batch_[journal_->GroupOf(o.slot)];
   return b > o.after && synced_batch_ >= b;
@@ -1072,22 +1092,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     Slot& slot = slots_[p.slot];
     if (slot.inval == p.inval && TestBit(Valid(slot), bad_page)) {
       // Not a race with an invalidation: the page on disk is damaged.
-      stats_.checksum_failures++;
-      if (TestBit(DirtyBits(slot), bad_page)) {
-        // (As RunOverlay: an unflushed write lost is reported to fsync.)
-        Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
-                            p.slot, bad_page);
-        FileOf(slot).lost = true;
-        ClearBit(DirtyBits(slot), bad_page);
-        SetDirtyPin(p.slot);
-      } else {
-        Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped, read from the server",
-                           p.slot, bad_page);
-      }
-      ClearBit(Valid(slot), bad_page);
-      used_pages_--;
-      slot.inval++;
-      Persist(p.slot);
+      DropDamagedPage(p.slot, bad_page);
     }
     stats_.read_misses++;
     return std::nullopt;
@@ -1671,20 +1676,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     const WbPart& part = parts[i];
     Slot& from = slots_[part.from];
     if (from.gen != part.from_gen || !TestBit(Valid(from), p)) continue;  // (invalidated meanwhile)
-    stats_.checksum_failures++;
-    if (TestBit(DirtyBits(from), p)) {
-      Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
-                          part.from, p);
-      FileOf(from).lost = true;
-      ClearBit(DirtyBits(from), p);
-      SetDirtyPin(part.from);
-    } else {
-      Log("cache")->warn("cache page failed its checksum (slot {}, page {}); dropped", part.from, p);
-    }
-    ClearBit(Valid(from), p);
-    used_pages_--;
-    from.inval++;
-    Persist(part.from);
+    DropDamagedPage(part.from, p);
   }
   if (io_error || !bad.empty()) {
     if (io_error) DeviceError("reading the cache", err);
@@ -2152,19 +2144,7 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
     Slot& slot = slots_[bad->slot];
     if (slot.gen == bad->gen && TestBit(Valid(slot), bad->page) && PageCrcs(slot)[bad->page] == bad->crc) {
       // Damaged on disk, not a race.
-      stats_.checksum_failures++;
-      if (TestBit(DirtyBits(slot), bad->page)) {
-        Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost",
-                            bad->slot, bad->page);
-        FileOf(slot).lost = true;
-        ClearBit(DirtyBits(slot), bad->page);
-        SetDirtyPin(bad->slot);
-        res.kind = OverlayResult::kError;
-      }
-      ClearBit(Valid(slot), bad->page);
-      used_pages_--;
-      slot.inval++;
-      Persist(bad->slot);
+      if (DropDamagedPage(bad->slot, bad->page)) res.kind = OverlayResult::kError;
     }
   }
   return res;
@@ -2290,15 +2270,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     Slot& slot = slots_[s];
     auto pk = std::find_if(picks.begin(), picks.end(), [s = s](const Pick& x) { return x.slot == s; });
     if (slot.gen != pk->gen || PageCrcs(slot)[p] != pk->crc[p] || !TestBit(DirtyBits(slot), p)) continue;
-    stats_.checksum_failures++;
-    Log("cache")->error("an unflushed page failed its checksum (slot {}, page {}): that write is lost", s, p);
-    FileOf(slot).lost = true;
-    ClearBit(DirtyBits(slot), p);
-    ClearBit(Valid(slot), p);
-    used_pages_--;
-    slot.inval++;
-    SetDirtyPin(s);
-    Persist(s);
+    DropDamagedPage(s, p);
   }
   return runs;
 }

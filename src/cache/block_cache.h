@@ -629,6 +629,10 @@ class BlockCache {
     uint64_t after;  // batches_ when it was queued: a later batch writes it
   };
   bool FreeDurable(const OlderFree& o) const REQUIRES(mu_);
+  // A valid page found damaged on disk (the caller ruled out a race with an
+  // invalidation) is dropped; an unflushed write it held is lost and
+  // reported to fsync. True if the page was dirty.
+  bool DropDamagedPage(uint32_t s, uint32_t p) REQUIRES(mu_);
   // After an index sync: drops durable older frees, releases tombstones.
   void SettleTombs() REQUIRES(mu_);
   bool WbPending() const REQUIRES(mu_) { return wb_unsynced_ || !wb_persist_.empty() || !wb_retire_.empty(); }
