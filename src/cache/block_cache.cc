@@ -2031,6 +2031,22 @@ bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
   return false;
 }
 
+bool BlockCache::HoldsDirty(const std::string& fh) {
+  std::lock_guard lock(mu_);
+  if (dirty_slots_ == 0) return false;
+  auto it = files_.find(fh);
+  if (it == files_.end()) return false;
+  for (uint32_t s = it->second.head; s != kNoSlot; s = slots_[s].next) {
+    if (slots_[s].dirty_pin) return true;
+  }
+  return false;
+}
+
+bool BlockCache::AnyDirty() const {
+  std::lock_guard lock(mu_);
+  return dirty_slots_ > 0;
+}
+
 uint64_t BlockCache::SizeFloor(const std::string& fh) {
   std::lock_guard lock(mu_);
   auto it = files_.find(fh);

@@ -1241,6 +1241,81 @@ TEST_F(WriteBackTest, InterruptEndsAFlushTheServerNeverAnswers) {
   fs_->Release(f);
 }
 
+// Until the cache holds `bytes` dirty bytes (the drop after a remove runs
+// in the background); false after 10 s.
+bool DirtyBecomes(const cache::BlockCache& cache, uint64_t bytes) {
+  for (int i = 0; i < 1000; ++i) {
+    if (cache.Stats().dirty_bytes == bytes) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// A file's unflushed cached writes die with its last name: they are not
+// sent (before, the flusher sent them, got ESTALE and warned), and a file
+// that keeps another name keeps them.
+TEST_F(WriteBackTest, RemovingAFilesLastNameDropsItsUnflushedWritesUnsent) {
+  OpenFile* f = CreateWith("f", Pattern(8192, 3));
+  ASSERT_NE(f, nullptr);
+  Close(f);
+  ASSERT_GT(Dirty(), 0u) << "the write should be in the cache only";
+  const uint64_t writes = nfs_.stats().Calls(Proc::kWrite);
+  ASSERT_TRUE(Unlink(kRoot, "f").ok());
+  EXPECT_TRUE(DirtyBecomes(*cache_, 0)) << Dirty() << " dirty bytes of a removed file are kept";
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kWrite), writes) << "a removed file's writes were sent";
+}
+
+TEST_F(WriteBackTest, RemovingOneOfTwoNamesKeepsTheUnflushedWrites) {
+  OpenFile* f = CreateWith("f", Pattern(8192, 4));
+  ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
+  Close(f);
+  auto l = Wait<EntryOut>([&](auto cb) { fs_->Link(cred_, ino, kRoot, "g", cb); });
+  ASSERT_TRUE(l.ok()) << l.error().what;
+  const uint64_t dirty = Dirty();
+  ASSERT_GT(dirty, 0u);
+  ASSERT_TRUE(Unlink(kRoot, "f").ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(Dirty(), dirty);
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(ContentsOf("g"), Pattern(8192, 4));
+}
+
+TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
+  OpenFile* a = CreateWith("a", Pattern(8192, 5));
+  ASSERT_NE(a, nullptr);
+  Close(a);
+  const uint64_t one = Dirty();
+  OpenFile* b = CreateWith("b", Pattern(4096, 6));
+  ASSERT_NE(b, nullptr);
+  Close(b);
+  ASSERT_GT(Dirty(), one);
+  const uint64_t b_dirty = Dirty() - one;
+  ASSERT_TRUE(Rename(kRoot, "b", kRoot, "a").ok());
+  EXPECT_TRUE(DirtyBecomes(*cache_, b_dirty)) << Dirty() << " dirty bytes; the renamed file has " << b_dirty;
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(ContentsOf("a"), Pattern(4096, 6));
+}
+
+TEST_F(WriteBackTest, AFileRemovedWhileOpenKeepsItsWritesUntilItsLastClose) {
+  OpenFile* f = CreateWith("f", Pattern(8192, 7));
+  ASSERT_NE(f, nullptr);
+  const uint64_t dirty = Dirty();
+  ASSERT_GT(dirty, 0u);
+  const uint64_t writes = nfs_.stats().Calls(Proc::kWrite);
+  ASSERT_TRUE(Unlink(kRoot, "f").ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(Dirty(), dirty) << "an open file's writes must stay readable";
+  auto r = Read(f, 8192, 0);
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_EQ(*r, Pattern(8192, 7));
+  Close(f);
+  EXPECT_TRUE(DirtyBecomes(*cache_, 0)) << Dirty() << " dirty bytes kept after the last close";
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kWrite), writes);
+}
+
 // A root-owned file with `mode`, in the root; its inode number.
 uint64_t SetuidFile(Filesystem& fs, const std::string& name, uint32_t mode) {
   const Cred root{0, 0, {}};

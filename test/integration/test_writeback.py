@@ -306,6 +306,28 @@ def test_old_dirty_blocks_are_flushed_in_the_background(mount_factory, cache_dir
     assert server_bytes(f.name) == bytes(data)
 
 
+def test_removing_a_file_drops_its_unflushed_writes_unsent(mount_factory, cache_dir):
+    # What the server answers for a removed file's handle lets the gateway drop
+    # its cached writes at once; a file with another name keeps them.
+    m = mount_factory(wb_opts(cache_dir))
+    f, _ = file_with_dirty_pieces(m, "wb-rm", 1, 11, 131072)
+    kept, kept_data = file_with_dirty_pieces(m, "wb-rm-kept", 1, 12, 131072)
+    os.link(kept, m.path / "wb-rm-kept2")
+    st = cache_stats(m)
+    assert st["dirty_bytes"] > 0 and st["flushed_bytes"] == 0, st
+    f.unlink()
+    kept.unlink()
+    deadline = time.time() + 15
+    while cache_stats(m)["dirty_bytes"] > st["dirty_bytes"] // 2 and time.time() < deadline:
+        time.sleep(0.1)
+    after = cache_stats(m)
+    # (Both files have the same dirty pieces: half of the bytes go.)
+    assert after["dirty_bytes"] == st["dirty_bytes"] // 2 and after["flushed_bytes"] == 0, after
+    m.unmount()  # flushes what is kept
+    assert server_bytes("wb-rm-kept2") == bytes(kept_data)
+    assert "gone from the server" not in m.log_text(), m.log_text()
+
+
 def test_a_cache_full_of_dirty_data_sends_writes_to_the_server(mount_factory, cache_dir):
     # 16 slots, no flushing by level (100%) or age: dirty blocks fill the cache.
     m = mount_factory(wb_opts(cache_dir, "dirty_high=100,dirty_low=99").replace("cache_size=64M",
