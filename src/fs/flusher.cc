@@ -296,10 +296,15 @@ void Flusher::Main() {
     if (!r) {
       log->warn("background flush failed: {} (dirty data kept; retrying in 1 s)", r.error().what);
       retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    } else if (pending && *r == 0) {
+      // Nothing became clean (the server keeps losing the unstable writes
+      // before their COMMIT): going round again at once would spin.
+      log->warn("background flush made no progress (dirty data kept; retrying in 1 s)");
+      retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     }
     lock.lock();
     last_background = std::chrono::steady_clock::now();  // (from its end: a long round counts whole)
-    busy = r && pending;  // more may be due: go round again at once
+    busy = r && pending && *r > 0;  // more may be due: go round again at once
   }
 }
 

@@ -54,8 +54,21 @@ class FlusherTest : public ::testing::Test {
     EXPECT_EQ(got.get_future().get().kind, cache::WbOutcome::kStored);
   }
 
+  // A server whose COMMIT answers with another verifier than the WRITEs had
+  // (as if it restarted between them) while `lying` is set.
+  class LyingNfs : public testing::FakeNfs {
+   public:
+    std::atomic<bool> lying{false};
+    void Commit(const nfs::Fh& fh, const nfs::Cred& c, nfs::Cb<nfs::CommitReply> cb) override {
+      testing::FakeNfs::Commit(fh, c, [this, cb = std::move(cb)](Result<nfs::CommitReply> r) {
+        if (r && lying) r->verf ^= 1;
+        cb(std::move(r));
+      });
+    }
+  };
+
   std::string dir_;
-  testing::FakeNfs nfs_;
+  LyingNfs nfs_;
 };
 
 // Found by fsx under write-back: a flush request before every truncate kept
@@ -94,6 +107,31 @@ TEST_F(FlusherTest, FlushRequestsThatKeepComingDoNotStarveTheAgeRounds) {
     EXPECT_TRUE(static_cast<bool>(flusher->FlushAll()));
     flusher.reset();
   }
+  nfs_.Quiesce();
+}
+
+// A background round that makes nothing clean (every COMMIT says the
+// server lost the writes) must not go round again at once: it spun,
+// sending WRITEs as fast as the server answered.
+TEST_F(FlusherTest, ARoundThatMakesNoProgressIsNotRepeatedAtOnce) {
+  auto cache = OpenCache(/*dirty_age_s=*/1);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 'f');
+  Store(*cache, f, data);
+  nfs_.lying = true;
+  {
+    Flusher flusher(nfs_, cache, 1 << 20);
+    // The first age round comes after 1 s; then 3 s of rounds that all fail.
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    const uint64_t writes = nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite);
+    EXPECT_GE(writes, 1u) << "no round ran: the test shows nothing";
+    EXPECT_LE(writes, 10u) << "rounds that make no progress were repeated at once";
+    EXPECT_GT(cache->Stats().dirty_bytes, 0u) << "the lost writes must stay dirty";
+    nfs_.lying = false;
+    EXPECT_TRUE(static_cast<bool>(flusher.FlushAll()));
+  }
+  EXPECT_EQ(nfs_.Contents(f), data);
   nfs_.Quiesce();
 }
 

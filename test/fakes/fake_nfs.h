@@ -108,7 +108,7 @@
 
 namespace mpnfs::testing {
 
-class FakeNfs final : public nfs::Client {
+class FakeNfs : public nfs::Client {
  public:
   enum class Proc {
     kGetattr, kSetattr, kLookup, kAccess, kReadlink, kRead, kWrite, kCommit, kCreate,
