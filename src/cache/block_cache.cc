@@ -1675,7 +1675,12 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     // reported to fsync as Read() does. (Found by review.)
     const WbPart& part = parts[i];
     Slot& from = slots_[part.from];
-    if (from.gen != part.from_gen || !TestBit(Valid(from), p)) continue;  // (invalidated meanwhile)
+    if (from.gen != part.from_gen || !TestBit(Valid(from), p)) {
+      // Invalidated meanwhile, or a clean page taken out for a rewrite in
+      // place: nothing to drop, but the failure counts.
+      stats_.checksum_failures++;
+      continue;
+    }
     DropDamagedPage(part.from, p);
   }
   if (io_error || !bad.empty()) {

@@ -420,6 +420,30 @@ TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
   EXPECT_TRUE(Collected(*c, "fh1", 0, 8192) == Pattern(8192, 'a').substr(0, 4096) + Pattern(4096, 'b'));
 }
 
+// Found by review: a write over part of a clean cached page that fails its
+// checksum asks for the server's copy, and the failure is counted (the
+// write rewrites the slot in place, which had already taken the page out).
+TEST_F(WriteBackTest, ADamagedCleanPageAWriteCompletesIsCounted) {
+  {
+    auto c = OpenWb();
+    c->Observe("fh1", kV1);
+    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
+  }
+  int fd = open((dir_ + "/data").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(pread(fd, &byte, 1, 2 * 4096 + 17), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 2 * 4096 + 17), 1);
+  close(fd);
+  auto c = OpenWb();
+  c->Observe("fh1", kV1);
+  WbOutcome o = Wb(*c, "fh1", 2 * 4096 + 100, "XYZ");
+  ASSERT_EQ(o.kind, WbOutcome::kNeedPages);
+  EXPECT_EQ(o.need, std::vector<uint64_t>{2 * 4096});
+  EXPECT_EQ(c->Stats().checksum_failures, 1u);
+}
+
 TEST_F(WriteBackTest, AStoredWriteIsReadBackAndSurvivesAReopen) {
   const std::string data = Pattern(8192, 'w');
   {
