@@ -74,6 +74,14 @@ class BlockCacheTest : public ::testing::Test {
     FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, seed));
     return c;
   }
+  // Flips bits of the byte at `off` of the cache's data file (damage).
+  bool FlipOnDisk(uint64_t off, char bits = 0x40) {
+    const int fd = open((dir_ + "/data").c_str(), O_RDWR);
+    char byte = 0;
+    const bool flipped = fd >= 0 && pread(fd, &byte, 1, off) == 1 && (byte ^= bits, pwrite(fd, &byte, 1, off) == 1);
+    if (fd >= 0) close(fd);
+    return flipped;
+  }
   std::string dir_;
   std::chrono::milliseconds commit_interval_{1000};
 };
@@ -136,13 +144,7 @@ TEST_F(BlockCacheTest, ADamagedPageIsDetectedDroppedAndNotServed) {
     FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
   }
   // Flip a byte of the first slot's third page on disk.
-  int fd = open((dir_ + "/data").c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte;
-  ASSERT_EQ(pread(fd, &byte, 1, 2 * 4096 + 17), 1);
-  byte ^= 0x40;
-  ASSERT_EQ(pwrite(fd, &byte, 1, 2 * 4096 + 17), 1);
-  close(fd);
+  ASSERT_TRUE(FlipOnDisk(2 * 4096 + 17, 0x40));
   auto c = Open();
   c->Observe("fh1", kV1);
   EXPECT_TRUE(c->Read("fh1", 0, 8192).has_value());      // pages 0-1 are fine
@@ -367,12 +369,7 @@ class WriteBackTest : public BlockCacheTest {
       c->Observe("fh1", kV1);
       if (Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind != WbOutcome::kStored) return nullptr;
     }  // (the unmount commits it)
-    int fd = open((dir_ + "/data").c_str(), O_RDWR);
-    char byte = 0;
-    const bool flipped = fd >= 0 && pread(fd, &byte, 1, 4096 + 5) == 1 &&
-                         (byte ^= 0x40, pwrite(fd, &byte, 1, 4096 + 5) == 1);
-    if (fd >= 0) close(fd);
-    if (!flipped) return nullptr;
+    if (!FlipOnDisk(4096 + 5)) return nullptr;
     auto c = OpenWb();
     c->Observe("fh1", kV1);
     return c;
@@ -429,13 +426,7 @@ TEST_F(WriteBackTest, ADamagedCleanPageAWriteCompletesIsCounted) {
     c->Observe("fh1", kV1);
     FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
   }
-  int fd = open((dir_ + "/data").c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte;
-  ASSERT_EQ(pread(fd, &byte, 1, 2 * 4096 + 17), 1);
-  byte ^= 0x40;
-  ASSERT_EQ(pwrite(fd, &byte, 1, 2 * 4096 + 17), 1);
-  close(fd);
+  ASSERT_TRUE(FlipOnDisk(2 * 4096 + 17, 0x40));
   auto c = OpenWb();
   c->Observe("fh1", kV1);
   WbOutcome o = Wb(*c, "fh1", 2 * 4096 + 100, "XYZ");
@@ -1000,13 +991,7 @@ TEST_F(BlockCacheTest, ADamagedPageIsCaughtAndTheSoundPagesStillServe) {
   FillFromServer(*c, "fh1", 0, data);
   EXPECT_EQ(c->Read("fh1", 0, kBlock), data);
   // Flip a byte of the slot's fourth page on disk.
-  int fd = open((dir_ + "/data").c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte;
-  ASSERT_EQ(pread(fd, &byte, 1, 3 * 4096 + 5), 1);
-  byte ^= 0x01;
-  ASSERT_EQ(pwrite(fd, &byte, 1, 3 * 4096 + 5), 1);
-  close(fd);
+  ASSERT_TRUE(FlipOnDisk(3 * 4096 + 5, 0x01));
   EXPECT_FALSE(c->Read("fh1", 0, kBlock).has_value());
   EXPECT_EQ(c->Stats().checksum_failures, 1u);
   EXPECT_EQ(c->Read("fh1", 0, 3 * 4096), data.substr(0, 3 * 4096));  // the sound pages still serve
