@@ -562,10 +562,14 @@ void Filesystem::DropCacheIfGone(const Cred& c, const nfs::Fh& fh) {
   // Its last name may be gone, or not (another link): the server says. A
   // removed file's handle is stale, or (a server still holding it open)
   // has no links; nobody can read what it held.
-  nfs_.Getattr(fh, c, [cache, fh](Result<nfs::Attr> a) {
+  // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
+  // event loop thread, by this call.)
+  nfs_.Getattr(fh, c, [weak = std::weak_ptr<cache::BlockCache>(cache), fh](Result<nfs::Attr> a) {
     if (a ? a->nlink != 0 : a.error().err != ESTALE) return;
-    Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-    cache->Drop(fh);
+    if (auto cache = weak.lock()) {
+      Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+      cache->Drop(fh);
+    }
   });
 }
 
