@@ -510,84 +510,58 @@ void Filesystem::Symlink(const Cred& c, const std::string& target, uint64_t pare
                });
 }
 
-void Filesystem::LookupVictim(const Cred& c, const InodeP& dir, const std::string& name,
-                              std::function<void(std::optional<nfs::Fh>)> done) {
-  auto cache = cache_.load();
-  if (open_files_.load() == 0 && !(cache && cache->AnyDirty())) return done(std::nullopt);
-  nfs_.Lookup(dir->fh(), name, c, [done = std::move(done)](Result<nfs::LookupReply> r) {
-    if (!r) return done(std::nullopt);  // (the REMOVE or RENAME reports it)
-    done(std::move(r->fh));
-  });
-}
-
 void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
-                            const std::optional<nfs::Fh>& fh, std::function<void(Result<InodeP>)> done) {
-  auto inode = fh ? inodes_.Find(*fh) : nullptr;
-  if (!inode) return done(InodeP{});
-  bool open;
-  {
-    std::lock_guard lock(inode->mu);
-    open = inode->opens > 0 && !inode->silly;
-  }
-  if (!open) return done(InodeP{});
-  // Unique among mounts of the export too (the mount's random id).
-  const std::string hidden = fmt::format(".mpnfs{:08x}{:x}-{:x}", mount_id_, inode->ino(), NextSeq());
-  nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
-              [this, c, inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
-                if (!rr) return done(rr.error());
-                NoteDirAttr(dir->ino(), rr->from.after);
-                bool closed;
+                            std::function<void(Result<InodeP>)> done) {
+  if (open_files_.load() == 0) return done(InodeP{});
+  nfs_.Lookup(dir->fh(), name, c,
+              [this, dir, name, c, done = std::move(done)](Result<nfs::LookupReply> r) mutable {
+                auto inode = r ? inodes_.Find(r->fh) : nullptr;
+                if (!inode) return done(InodeP{});
+                bool open;
                 {
                   std::lock_guard lock(inode->mu);
-                  closed = inode->opens == 0;  // the last close came meanwhile
-                  if (!closed) inode->silly = Inode::Silly{dir->fh(), hidden, c};
+                  open = inode->opens > 0 && !inode->silly;
                 }
-                if (closed) {
-                  // Nobody will remove it at close: now.
-                  nfs_.Remove(dir->fh(), hidden, c, [this, c, dir, done, inode](Result<nfs::Wcc> rm) {
-                    ForgetDirAttr(dir->ino());
-                    if (!rm) return done(rm.error());
-                    DropCacheIfGone(c, inode->fh());
-                    done(inode);
-                  });
-                  return;
-                }
-                done(inode);
+                if (!open) return done(InodeP{});
+                // Unique among mounts of the export too (the mount's random id).
+                const std::string hidden =
+                    fmt::format(".mpnfs{:08x}{:x}-{:x}", mount_id_, inode->ino(), NextSeq());
+                nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
+                            [this, c, inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
+                              if (!rr) return done(rr.error());
+                              NoteDirAttr(dir->ino(), rr->from.after);
+                              bool closed;
+                              {
+                                std::lock_guard lock(inode->mu);
+                                closed = inode->opens == 0;  // the last close came meanwhile
+                                if (!closed) inode->silly = Inode::Silly{dir->fh(), hidden, c};
+                              }
+                              if (closed) {
+                                // Nobody will remove it at close: now.
+                                nfs_.Remove(dir->fh(), hidden, c, [this, dir, done, inode](Result<nfs::Wcc> rm) {
+                                  ForgetDirAttr(dir->ino());
+                                  if (!rm) return done(rm.error());
+                                  done(inode);
+                                });
+                                return;
+                              }
+                              done(inode);
+                            });
               });
-}
-
-void Filesystem::DropCacheIfGone(const Cred& c, const nfs::Fh& fh) {
-  auto cache = cache_.load();
-  if (!cache || !cache->HoldsDirty(fh)) return;
-  // Its last name may be gone, or not (another link): the server says. A
-  // removed file's handle is stale, or (a server still holding it open)
-  // has no links; nobody can read what it held.
-  // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
-  // event loop thread, by this call.)
-  nfs_.Getattr(fh, c, [weak = std::weak_ptr<cache::BlockCache>(cache), fh](Result<nfs::Attr> a) {
-    if (a ? a->nlink != 0 : a.error().err != ESTALE) return;
-    if (auto cache = weak.lock()) {
-      Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-      cache->Drop(fh);
-    }
-  });
 }
 
 void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
   auto dir = inodes_.Get(parent);
   if (!dir) return cb(Stale());
-  LookupVictim(c, dir, name, [this, dir, parent, name, c, cb = std::move(cb)](std::optional<nfs::Fh> fh) mutable {
-    // A file still open here must stay readable: as the kernel NFS client
-    // does, it is renamed to a hidden name, removed at its last close.
-    HideIfOpen(c, dir, name, fh, [this, dir, parent, name, c, fh, cb = std::move(cb)](Result<InodeP> h) mutable {
-      if (!h) return cb(h.error());
-      if (*h) return cb(Ok{});
-      nfs_.Remove(dir->fh(), name, c, [this, parent, c, fh, cb = std::move(cb)](Result<nfs::Wcc> r) {
-        if (!r) return cb(r.error());
-        NoteDirAttr(parent, r->after);
-        if (fh) DropCacheIfGone(c, *fh);
-        cb(Ok{});
-      });
+  // A file still open here must stay readable: as the kernel NFS client
+  // does, it is renamed to a hidden name, removed at its last close.
+  HideIfOpen(c, dir, name, [this, dir, parent, name, c, cb = std::move(cb)](Result<InodeP> h) mutable {
+    if (!h) return cb(h.error());
+    if (*h) return cb(Ok{});
+    nfs_.Remove(dir->fh(), name, c, [this, parent, cb = std::move(cb)](Result<nfs::Wcc> r) {
+      if (!r) return cb(r.error());
+      NoteDirAttr(parent, r->after);
+      cb(Ok{});
     });
   });
 }
@@ -615,18 +589,15 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
   if (!from) return cb(Stale());
   if (!to) return cb(to.error());
   InodeP todir = *to;
-  // `replaced`: the handle of the file the rename replaces, when known.
-  auto rename = [this, c, from, name, todir, newname, cb = std::move(cb)](
-                    InodeP hidden, std::optional<nfs::Fh> replaced) mutable {
+  auto rename = [this, c, from, name, todir, newname, cb = std::move(cb)](InodeP hidden) mutable {
     nfs_.Rename(from->fh(), name, todir->fh(), newname, c,
-                [this, c, from, todir, newname, hidden, replaced, cb = std::move(cb)](Result<nfs::RenameReply> r) {
+                [this, c, from, todir, newname, hidden, cb = std::move(cb)](Result<nfs::RenameReply> r) {
                   if (r) {
                     // A renamed directory's own ctime (and "..") changed
                     // too, and its inode is unknown here: forget them all.
                     ForgetAllDirAttrs();
                     NoteDirAttr(from->ino(), r->from.after);
                     NoteDirAttr(todir->ino(), r->to.after);
-                    if (replaced) DropCacheIfGone(c, *replaced);
                     return cb(Ok{});
                   }
                   if (hidden) {
@@ -647,24 +618,22 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
                   cb(r.error());
                 });
   };
-  LookupVictim(c, todir, newname,
-               [this, c, from, name, todir, newname, rename = std::move(rename)](std::optional<nfs::Fh> dst) mutable {
-                 if (!dst) return rename(nullptr, std::nullopt);
-                 if (open_files_.load() == 0) return rename(nullptr, dst);
-                 // Replacing a file open here: it is hidden first, as Unlink
-                 // does, so that it stays readable (unless it is the file
-                 // being renamed).
-                 nfs_.Lookup(from->fh(), name, c,
-                             [this, c, todir, newname, dst, rename = std::move(rename)](
-                                 Result<nfs::LookupReply> src) mutable {
-                               if (!src) return rename(nullptr, std::nullopt);  // the RENAME reports the error
-                               if (*dst == src->fh) return rename(nullptr, std::nullopt);
-                               HideIfOpen(c, todir, newname, dst,
-                                          [rename = std::move(rename), dst](Result<InodeP> h) mutable {
-                                            rename(h ? *h : nullptr, dst);
-                                          });
-                             });
-               });
+  if (open_files_.load() == 0) return rename(nullptr);
+  // Replacing a file open here: it is hidden first, as Unlink does, so that
+  // it stays readable (unless it is the file being renamed).
+  nfs_.Lookup(from->fh(), name, c,
+              [this, c, todir, newname, rename = std::move(rename)](Result<nfs::LookupReply> src) mutable {
+                if (!src) return rename(nullptr);  // the RENAME reports the error
+                nfs_.Lookup(todir->fh(), newname, c,
+                            [this, c, todir, newname, srcfh = src->fh,
+                             rename = std::move(rename)](Result<nfs::LookupReply> dst) mutable {
+                              if (!dst || dst->fh == srcfh) return rename(nullptr);
+                              HideIfOpen(c, todir, newname,
+                                         [rename = std::move(rename)](Result<InodeP> h) mutable {
+                                           rename(h ? *h : nullptr);
+                                         });
+                            });
+              });
 }
 
 void Filesystem::Link(const Cred& c, uint64_t ino, uint64_t newparent, const std::string& newname,
@@ -1030,14 +999,13 @@ void Filesystem::Release(OpenFile* f) {
   delete f;
   // The last close of a file removed while open: remove its hidden name,
   // after the data is committed (the handle dies with the last name).
-  auto remove_hidden = [this, silly, fh = inode->fh()]() {
+  auto remove_hidden = [this, silly]() {
     if (!silly) return;
-    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly, fh](Result<nfs::Wcc> r) {
+    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly](Result<nfs::Wcc> r) {
       if (auto dir = inodes_.Find(silly->dir)) {
         if (r) NoteDirAttr(dir->ino(), r->after); else ForgetDirAttr(dir->ino());
       }
-      if (!r) return log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
-      DropCacheIfGone(silly->cred, fh);
+      if (!r) log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
     });
   };
   if (pending) {

@@ -246,20 +246,8 @@ class Filesystem {
   // If `name` in `dir` is a file this mount has open, renames it to a hidden
   // name removed at its last close (the kernel client's "silly rename") and
   // passes its inode; else passes null and changes nothing.
-  // `fh`: its handle (LookupVictim), if known.
   void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
-                  const std::optional<nfs::Fh>& fh, std::function<void(Result<InodeP>)> done);
-  // The handle of `name` in `dir`, which an unlink or rename is about to
-  // remove, when that needs it: a file open here is hidden instead, and a
-  // removed file's unflushed cached writes are dropped. Else (or when the
-  // LOOKUP fails) nullopt, and no LOOKUP is sent.
-  void LookupVictim(const Cred& c, const InodeP& dir, const std::string& name,
-                    std::function<void(std::optional<nfs::Fh>)> done);
-  // After a remove or rename that may have taken `fh`'s last name: if the
-  // cache holds unflushed writes of it and the server says the handle is
-  // stale, they are dropped (never sent; nobody can read them). In the
-  // background: the caller does not wait.
-  void DropCacheIfGone(const Cred& c, const nfs::Fh& fh);
+                  std::function<void(Result<InodeP>)> done);
   // The directory `parent`, after checking the length of `name` in it.
   Result<InodeP> Parent(uint64_t parent, const std::string& name);
   EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);

@@ -211,6 +211,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     }
     if (c.err && c.err->err == ESTALE) {
       gone.insert(c.fh);
+      bytes += c.len;  // (dropped below: progress too)
       continue;
     }
     if (c.err && !first_err) first_err = c.err;

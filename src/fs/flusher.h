@@ -76,8 +76,9 @@ class Flusher {
     std::function<void(Result<Ok>)> done;
   };
   void Main();
-  // One round over at most `max_bytes`; the bytes made clean, 0 if nothing
-  // matched. `*pending` says whether anything matched at all.
+  // One round over at most `max_bytes`; the bytes made clean (or dropped:
+  // their file is gone), 0 if nothing matched or none were. `*pending` says
+  // whether anything matched at all.
   Result<uint64_t> Round(const std::string& fh, uint64_t max_bytes,
                          std::chrono::steady_clock::time_point older_than, bool* pending);
   Result<Ok> Drain(const std::string& fh);

@@ -9,6 +9,7 @@
 #include <future>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "test/fakes/fake_nfs.h"
 
@@ -132,6 +133,43 @@ TEST_F(FlusherTest, ARoundThatMakesNoProgressIsNotRepeatedAtOnce) {
     EXPECT_TRUE(static_cast<bool>(flusher.FlushAll()));
   }
   EXPECT_EQ(nfs_.Contents(f), data);
+  nfs_.Quiesce();
+}
+
+// Found by review: a background round whose files were all gone from the
+// server (ESTALE: their pages are dropped) counted as making no progress, and
+// the next round waited 1 s; files removed by another client then delayed
+// the flush of the others by a second each.
+TEST_F(FlusherTest, FilesGoneFromTheServerDoNotDelayTheFlushOfOthers) {
+  auto cache = OpenCache(/*dirty_age_s=*/1);
+  ASSERT_NE(cache, nullptr);
+  std::vector<nfs::Fh> gone;
+  for (int i = 0; i < 4; ++i) gone.push_back(Create("g" + std::to_string(i)));
+  const nfs::Fh kept = Create("k");
+  const std::string data(8192, 'k');
+  for (const auto& g : gone) {
+    ASSERT_LT(g, kept) << "the test needs the gone files' rounds first (rounds go in handle order)";
+    Store(*cache, g, std::string(1 << 20, 'g'));  // (one age round each)
+  }
+  Store(*cache, kept, data);
+  for (int i = 0; i < 4; ++i) {
+    std::promise<Result<nfs::Wcc>> rm;
+    nfs_.Remove(nfs_.root(), "g" + std::to_string(i), engine::Cred{},
+                [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
+    ASSERT_TRUE(static_cast<bool>(rm.get_future().get()));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Flusher flusher(nfs_, cache, 1 << 20);
+    while (nfs_.Contents(kept) != data && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(nfs_.Contents(kept), data);
+    // (Due after 1 s; four rounds of dropped files before it took 4 s more.)
+    EXPECT_LT(took, 3.5) << "the gone files delayed the flush by " << took - 1 << " s";
+    EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  }
   nfs_.Quiesce();
 }
 
