@@ -2047,11 +2047,6 @@ bool BlockCache::HoldsDirty(const std::string& fh) {
   return false;
 }
 
-bool BlockCache::AnyDirty() const {
-  std::lock_guard lock(mu_);
-  return dirty_slots_ > 0;
-}
-
 uint64_t BlockCache::SizeFloor(const std::string& fh) {
   std::lock_guard lock(mu_);
   auto it = files_.find(fh);

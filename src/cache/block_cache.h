@@ -346,10 +346,8 @@ class BlockCache {
   void WriteBack(WbWrite w, std::function<void(WbOutcome)> done);
   // Whether [off, off+len) holds dirty pages (such a write must not bypass).
   bool HasDirty(const std::string& fh, uint64_t off, size_t len);
-  // Whether `fh` holds any page not yet durably on the server, and whether
-  // any file does (a counter read).
+  // Whether `fh` holds any page not yet durably on the server.
   bool HoldsDirty(const std::string& fh);
-  bool AnyDirty() const;
   // The file's size as this client's unflushed writes make it (0: none).
   uint64_t SizeFloor(const std::string& fh);
   // `server` is what the server returned for [off, off+want), read since

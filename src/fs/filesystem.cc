@@ -541,6 +541,7 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                                 nfs_.Remove(dir->fh(), hidden, c, [this, dir, done, inode](Result<nfs::Wcc> rm) {
                                   ForgetDirAttr(dir->ino());
                                   if (!rm) return done(rm.error());
+                                  DropCacheIfGone(inode->fh());
                                   done(inode);
                                 });
                                 return;
@@ -563,6 +564,29 @@ void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name,
       NoteDirAttr(parent, r->after);
       cb(Ok{});
     });
+  });
+}
+
+void Filesystem::Forget(uint64_t ino, uint64_t n) {
+  // The kernel's last reference: after an unlink or a rename over the file
+  // that took its last name, or under memory pressure.
+  if (InodeP gone = inodes_.Forget(ino, n)) DropCacheIfGone(gone->fh());
+}
+
+void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
+  auto cache = cache_.load();
+  if (!cache || !cache->HoldsDirty(fh)) return;
+  // The server says whether the file is gone: a removed file's handle is
+  // stale, and nobody can read what it held. (Root's credentials: GETATTR
+  // checks none.)
+  // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
+  // event loop thread, by this call.)
+  nfs_.Getattr(fh, Cred{0, 0, {}}, [weak = std::weak_ptr<cache::BlockCache>(cache), fh](Result<nfs::Attr> a) {
+    if (a || a.error().err != ESTALE) return;
+    if (auto cache = weak.lock()) {
+      Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+      cache->Drop(fh);
+    }
   });
 }
 
@@ -999,13 +1023,14 @@ void Filesystem::Release(OpenFile* f) {
   delete f;
   // The last close of a file removed while open: remove its hidden name,
   // after the data is committed (the handle dies with the last name).
-  auto remove_hidden = [this, silly]() {
+  auto remove_hidden = [this, silly, fh = inode->fh()]() {
     if (!silly) return;
-    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly](Result<nfs::Wcc> r) {
+    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly, fh](Result<nfs::Wcc> r) {
       if (auto dir = inodes_.Find(silly->dir)) {
         if (r) NoteDirAttr(dir->ino(), r->after); else ForgetDirAttr(dir->ino());
       }
-      if (!r) log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
+      if (!r) return log_->warn("removing {} after its last close failed: {}", silly->name, r.error().what);
+      DropCacheIfGone(fh);  // (the kernel may have forgotten the inode before this)
     });
   };
   if (pending) {

@@ -156,7 +156,10 @@ class Filesystem {
   InodeTable& inodes() { return inodes_; }
 
   void Lookup(const Cred& c, uint64_t parent, const std::string& name, Cb<EntryOut> cb);
-  void Forget(uint64_t ino, uint64_t n) { inodes_.Forget(ino, n); }
+  // The kernel drops n lookups of `ino`; at none left the inode is
+  // forgotten, and a file gone from the server loses its unflushed cached
+  // writes (DropCacheIfGone).
+  void Forget(uint64_t ino, uint64_t n);
   void Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb);
   void Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
   void Readlink(const Cred& c, uint64_t ino, Cb<std::string> cb);
@@ -248,6 +251,12 @@ class Filesystem {
   // passes its inode; else passes null and changes nothing.
   void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
                   std::function<void(Result<InodeP>)> done);
+  // If the cache holds unflushed writes of `fh`, asks the server whether the
+  // file is gone (its handle stale); if so they are dropped, never sent
+  // (nobody can read them). Called where this mount's last use of a file
+  // ends: the kernel forgot it, or its hidden name went at its last close.
+  // In the background: the caller does not wait.
+  void DropCacheIfGone(const nfs::Fh& fh);
   // The directory `parent`, after checking the length of `name` in it.
   Result<InodeP> Parent(uint64_t parent, const std::string& name);
   EntryOut MakeEntry(const InodeP& inode, const nfs::Attr& a);

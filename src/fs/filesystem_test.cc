@@ -1190,6 +1190,9 @@ TEST(FakeNfsTest, DestructorFailsQueuedCallsWithEio) {
 
 // ------------------------------------------------------------ write-back
 
+// FORGET of every lookup the kernel holds.
+constexpr uint64_t kAllLookups = uint64_t{1} << 40;
+
 // A mount with an SSD cache in write-back mode (in a fresh directory).
 class WriteBackTest : public FilesystemTest {
  protected:
@@ -1251,22 +1254,27 @@ bool DirtyBecomes(const cache::BlockCache& cache, uint64_t bytes) {
   return false;
 }
 
-// A file's unflushed cached writes die with its last name: they are not
-// sent (before, the flusher sent them, got ESTALE and warned), and a file
-// that keeps another name keeps them.
-TEST_F(WriteBackTest, RemovingAFilesLastNameDropsItsUnflushedWritesUnsent) {
+// A file's unflushed cached writes die with it: once the kernel forgets a
+// file whose last name went, they are not sent (before, the flusher sent
+// them, got ESTALE and warned). A file that keeps another name, or that the
+// kernel forgot only to save memory, keeps them.
+TEST_F(WriteBackTest, AFileForgottenAfterItsLastNameWentLosesItsUnflushedWritesUnsent) {
   OpenFile* f = CreateWith("f", Pattern(8192, 3));
   ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
   Close(f);
-  ASSERT_GT(Dirty(), 0u) << "the write should be in the cache only";
+  const uint64_t dirty = Dirty();
+  ASSERT_GT(dirty, 0u) << "the write should be in the cache only";
   const uint64_t writes = nfs_.stats().Calls(Proc::kWrite);
   ASSERT_TRUE(Unlink(kRoot, "f").ok());
+  EXPECT_EQ(Dirty(), dirty) << "nothing goes before the kernel lets go of the file";
+  fs_->Forget(ino, kAllLookups);
   EXPECT_TRUE(DirtyBecomes(*cache_, 0)) << Dirty() << " dirty bytes of a removed file are kept";
   ASSERT_TRUE(fs_->FlushCache().ok());
   EXPECT_EQ(nfs_.stats().Calls(Proc::kWrite), writes) << "a removed file's writes were sent";
 }
 
-TEST_F(WriteBackTest, RemovingOneOfTwoNamesKeepsTheUnflushedWrites) {
+TEST_F(WriteBackTest, AFileForgottenWithANameLeftKeepsItsUnflushedWrites) {
   OpenFile* f = CreateWith("f", Pattern(8192, 4));
   ASSERT_NE(f, nullptr);
   const uint64_t ino = f->inode->ino();
@@ -1276,7 +1284,8 @@ TEST_F(WriteBackTest, RemovingOneOfTwoNamesKeepsTheUnflushedWrites) {
   const uint64_t dirty = Dirty();
   ASSERT_GT(dirty, 0u);
   ASSERT_TRUE(Unlink(kRoot, "f").ok());
-  ASSERT_TRUE(nfs_.Quiesce());
+  fs_->Forget(ino, kAllLookups);
+  ASSERT_TRUE(nfs_.Quiesce());  // (the GETATTR that finds the file there)
   EXPECT_EQ(Dirty(), dirty);
   ASSERT_TRUE(fs_->FlushCache().ok());
   EXPECT_EQ(ContentsOf("g"), Pattern(8192, 4));
@@ -1285,6 +1294,7 @@ TEST_F(WriteBackTest, RemovingOneOfTwoNamesKeepsTheUnflushedWrites) {
 TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
   OpenFile* a = CreateWith("a", Pattern(8192, 5));
   ASSERT_NE(a, nullptr);
+  const uint64_t a_ino = a->inode->ino();
   Close(a);
   const uint64_t one = Dirty();
   OpenFile* b = CreateWith("b", Pattern(4096, 6));
@@ -1293,6 +1303,7 @@ TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
   ASSERT_GT(Dirty(), one);
   const uint64_t b_dirty = Dirty() - one;
   ASSERT_TRUE(Rename(kRoot, "b", kRoot, "a").ok());
+  fs_->Forget(a_ino, kAllLookups);
   EXPECT_TRUE(DirtyBecomes(*cache_, b_dirty)) << Dirty() << " dirty bytes; the renamed file has " << b_dirty;
   ASSERT_TRUE(fs_->FlushCache().ok());
   EXPECT_EQ(ContentsOf("a"), Pattern(4096, 6));
@@ -1310,6 +1321,8 @@ TEST_F(WriteBackTest, AFileRemovedWhileOpenKeepsItsWritesUntilItsLastClose) {
   auto r = Read(f, 8192, 0);
   ASSERT_TRUE(r.ok()) << r.error().what;
   EXPECT_EQ(*r, Pattern(8192, 7));
+  // (The kernel may let go of the inode only after its hidden name is
+  // removed: the drop follows that removal.)
   Close(f);
   EXPECT_TRUE(DirtyBecomes(*cache_, 0)) << Dirty() << " dirty bytes kept after the last close";
   ASSERT_TRUE(fs_->FlushCache().ok());

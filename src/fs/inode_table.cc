@@ -39,16 +39,16 @@ std::shared_ptr<Inode> InodeTable::Get(uint64_t ino) const {
   return it == by_ino_.end() ? nullptr : it->second;
 }
 
-void InodeTable::Forget(uint64_t ino, uint64_t n) {
+std::shared_ptr<Inode> InodeTable::Forget(uint64_t ino, uint64_t n) {
   std::lock_guard lock(mu_);
   auto it = by_ino_.find(ino);
-  if (it == by_ino_.end()) return;
-  auto& inode = it->second;
+  if (it == by_ino_.end()) return nullptr;
+  std::shared_ptr<Inode> inode = it->second;
   inode->nlookup_ = n >= inode->nlookup_ ? 0 : inode->nlookup_ - n;
-  if (inode->nlookup_ == 0 && ino != kRootIno) {
-    by_fh_.erase(inode->fh());
-    by_ino_.erase(it);
-  }
+  if (inode->nlookup_ != 0 || ino == kRootIno) return nullptr;
+  by_fh_.erase(inode->fh());
+  by_ino_.erase(it);
+  return inode;
 }
 
 size_t InodeTable::size() const {

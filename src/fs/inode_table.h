@@ -145,8 +145,9 @@ class InodeTable {
   std::shared_ptr<Inode> Get(uint64_t ino) const;
   // The inode for `fh` if this mount knows it (no lookup count taken); else null.
   std::shared_ptr<Inode> Find(const nfs::Fh& fh) const;
-  // Drops `n` lookups; removes the inode at zero (never the root).
-  void Forget(uint64_t ino, uint64_t n);
+  // Drops `n` lookups; removes the inode at zero (never the root) and
+  // returns it then (else null).
+  std::shared_ptr<Inode> Forget(uint64_t ino, uint64_t n);
 
   size_t size() const;
   uint64_t LookupCount(uint64_t ino) const;  // for tests
