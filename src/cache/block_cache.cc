@@ -2036,15 +2036,19 @@ bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
   return false;
 }
 
-bool BlockCache::HoldsDirty(const std::string& fh) {
+std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh) {
   std::lock_guard lock(mu_);
-  if (dirty_slots_ == 0) return false;
+  std::vector<Writer> out;
+  if (dirty_slots_ == 0) return out;
   auto it = files_.find(fh);
-  if (it == files_.end()) return false;
+  if (it == files_.end()) return out;
   for (uint32_t s = it->second.head; s != kNoSlot; s = slots_[s].next) {
-    if (slots_[s].dirty_pin) return true;
+    if (!slots_[s].dirty_pin) continue;
+    const WbSlot& wb = WbOf(s);
+    Writer w{wb.uid, wb.gid, wb.groups};
+    if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(std::move(w));
   }
-  return false;
+  return out;
 }
 
 uint64_t BlockCache::SizeFloor(const std::string& fh) {

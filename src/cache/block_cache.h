@@ -346,8 +346,14 @@ class BlockCache {
   void WriteBack(WbWrite w, std::function<void(WbOutcome)> done);
   // Whether [off, off+len) holds dirty pages (such a write must not bypass).
   bool HasDirty(const std::string& fh, uint64_t off, size_t len);
-  // Whether `fh` holds any page not yet durably on the server.
-  bool HoldsDirty(const std::string& fh);
+  // The users whose writes `fh` holds not yet durably on the server, each
+  // once (uid, gid, groups: as the flusher will send them); empty if none.
+  struct Writer {
+    uint32_t uid = 0, gid = 0;
+    std::vector<uint32_t> groups;
+    bool operator==(const Writer&) const = default;
+  };
+  std::vector<Writer> DirtyWriters(const std::string& fh);
   // The file's size as this client's unflushed writes make it (0: none).
   uint64_t SizeFloor(const std::string& fh);
   // `server` is what the server returned for [off, off+want), read since

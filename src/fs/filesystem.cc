@@ -4,6 +4,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -575,19 +576,33 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 
 void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   auto cache = cache_.load();
-  if (!cache || !cache->HoldsDirty(fh)) return;
+  if (!cache) return;
+  auto writers = cache->DirtyWriters(fh);
+  if (writers.empty()) return;
   // The server says whether the file is gone: a removed file's handle is
-  // stale, and nobody can read what it held. (Root's credentials: GETATTR
-  // checks none.)
+  // stale, and nobody can read what it held. Asked as each user whose
+  // writes wait, as the flusher would send them: a server may answer ESTALE
+  // to a user who cannot reach the file (knfsd's subtree_check, root
+  // squashed), and those writes would fail the same way when flushed.
   // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
   // event loop thread, by this call.)
-  nfs_.Getattr(fh, Cred{0, 0, {}}, [weak = std::weak_ptr<cache::BlockCache>(cache), fh](Result<nfs::Attr> a) {
-    if (a || a.error().err != ESTALE) return;
-    if (auto cache = weak.lock()) {
-      Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-      cache->Drop(fh);
-    }
-  });
+  struct Asking {
+    std::atomic<size_t> left;
+    std::atomic<bool> live{false};
+  };
+  auto asking = std::make_shared<Asking>();
+  asking->left = writers.size();
+  for (const auto& w : writers) {
+    nfs_.Getattr(fh, Cred{w.uid, w.gid, w.groups},
+                 [asking, weak = std::weak_ptr<cache::BlockCache>(cache), fh](Result<nfs::Attr> a) {
+                   if (a || a.error().err != ESTALE) asking->live = true;
+                   if (--asking->left > 0 || asking->live) return;
+                   if (auto cache = weak.lock()) {
+                     Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+                     cache->Drop(fh);
+                   }
+                 });
+  }
 }
 
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {

@@ -251,9 +251,9 @@ class Filesystem {
   // passes its inode; else passes null and changes nothing.
   void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
                   std::function<void(Result<InodeP>)> done);
-  // If the cache holds unflushed writes of `fh`, asks the server whether the
-  // file is gone (its handle stale); if so they are dropped, never sent
-  // (nobody can read them). Called where this mount's last use of a file
+  // If the cache holds unflushed writes of `fh`, asks the server, as each
+  // user who wrote them, whether the file is gone (its handle stale); if
+  // every answer says so they are dropped, never sent (nobody can read them). Called where this mount's last use of a file
   // ends: the kernel forgot it, or its hidden name went at its last close.
   // In the background: the caller does not wait.
   void DropCacheIfGone(const nfs::Fh& fh);

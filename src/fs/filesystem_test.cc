@@ -1216,6 +1216,17 @@ class WriteBackTest : public FilesystemTest {
     std::filesystem::remove_all(dir_);
   }
   uint64_t Dirty() const { return cache_->Stats().dirty_bytes; }
+  // A closed file `name` whose `data` is in the cache only; its inode number.
+  uint64_t ClosedDirtyFile(const std::string& name, const std::string& data) {
+    const uint64_t before = Dirty();
+    OpenFile* f = CreateWith(name, data);
+    EXPECT_NE(f, nullptr);
+    if (!f) return 0;
+    const uint64_t ino = f->inode->ino();
+    Close(f);
+    EXPECT_GT(Dirty(), before) << "the write should be in the cache only";
+    return ino;
+  }
 
   std::string dir_;
   std::shared_ptr<cache::BlockCache> cache_;
@@ -1259,12 +1270,9 @@ bool DirtyBecomes(const cache::BlockCache& cache, uint64_t bytes) {
 // them, got ESTALE and warned). A file that keeps another name, or that the
 // kernel forgot only to save memory, keeps them.
 TEST_F(WriteBackTest, AFileForgottenAfterItsLastNameWentLosesItsUnflushedWritesUnsent) {
-  OpenFile* f = CreateWith("f", Pattern(8192, 3));
-  ASSERT_NE(f, nullptr);
-  const uint64_t ino = f->inode->ino();
-  Close(f);
+  const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 3));
+  ASSERT_NE(ino, 0u);
   const uint64_t dirty = Dirty();
-  ASSERT_GT(dirty, 0u) << "the write should be in the cache only";
   const uint64_t writes = nfs_.stats().Calls(Proc::kWrite);
   ASSERT_TRUE(Unlink(kRoot, "f").ok());
   EXPECT_EQ(Dirty(), dirty) << "nothing goes before the kernel lets go of the file";
@@ -1275,10 +1283,8 @@ TEST_F(WriteBackTest, AFileForgottenAfterItsLastNameWentLosesItsUnflushedWritesU
 }
 
 TEST_F(WriteBackTest, AFileForgottenWithANameLeftKeepsItsUnflushedWrites) {
-  OpenFile* f = CreateWith("f", Pattern(8192, 4));
-  ASSERT_NE(f, nullptr);
-  const uint64_t ino = f->inode->ino();
-  Close(f);
+  const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 4));
+  ASSERT_NE(ino, 0u);
   auto l = Wait<EntryOut>([&](auto cb) { fs_->Link(cred_, ino, kRoot, "g", cb); });
   ASSERT_TRUE(l.ok()) << l.error().what;
   const uint64_t dirty = Dirty();
@@ -1291,11 +1297,28 @@ TEST_F(WriteBackTest, AFileForgottenWithANameLeftKeepsItsUnflushedWrites) {
   EXPECT_EQ(ContentsOf("g"), Pattern(8192, 4));
 }
 
+// Found by review: asked as root, a server that squashes root and checks
+// the path (knfsd's subtree_check) answers ESTALE for a live file, and its
+// writes were dropped. The question goes as the user who wrote them.
+TEST_F(WriteBackTest, AForgottenFileIsAskedAboutAsTheUserWhoWroteIt) {
+  const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 8));
+  ASSERT_NE(ino, 0u);
+  const uint64_t dirty = Dirty();
+  ASSERT_GT(dirty, 0u);
+  nfs_.set_stale_to_others(cred_.uid);
+  const uint64_t asked = nfs_.stats().Calls(Proc::kGetattr);
+  fs_->Forget(ino, kAllLookups);  // (memory pressure: the file is still there)
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_GT(nfs_.stats().Calls(Proc::kGetattr), asked) << "the server was not asked: the test shows nothing";
+  EXPECT_EQ(Dirty(), dirty) << "a live file's writes were dropped";
+  nfs_.set_stale_to_others(std::nullopt);
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(ContentsOf("f"), Pattern(8192, 8));
+}
+
 TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
-  OpenFile* a = CreateWith("a", Pattern(8192, 5));
-  ASSERT_NE(a, nullptr);
-  const uint64_t a_ino = a->inode->ino();
-  Close(a);
+  const uint64_t a_ino = ClosedDirtyFile("a", Pattern(8192, 5));
+  ASSERT_NE(a_ino, 0u);
   const uint64_t one = Dirty();
   OpenFile* b = CreateWith("b", Pattern(4096, 6));
   ASSERT_NE(b, nullptr);

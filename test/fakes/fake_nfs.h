@@ -155,6 +155,9 @@ class FakeNfs : public nfs::Client {
   void set_write_max(size_t n);
   void set_dir_page_entries(size_t n);
   void set_history_limit(size_t n);
+  // GETATTR answers ESTALE to every user but `uid`, as knfsd does with
+  // subtree_check for a user who cannot search the file's directories.
+  void set_stale_to_others(std::optional<uint32_t> uid);
   void Pause();
   void Resume();
   // While paused: executes one queued call on the dispatcher and returns
@@ -330,6 +333,7 @@ class FakeNfs : public nfs::Client {
   size_t dir_page_entries_ = 0;
   size_t write_max_ = 0;
   size_t history_limit_ = 1024;
+  std::optional<uint32_t> stale_to_others_;
   std::array<std::pair<int, int>, static_cast<size_t>(Proc::kCount)> fail_next_{};  // errno, count
 
   // Observation.
