@@ -586,21 +586,28 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   // squashed), and those writes would fail the same way when flushed.
   // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
   // event loop thread, by this call.)
+  // Then the export's root is asked too: a server that answers ESTALE
+  // for every handle for a while (its exports not loaded yet after a
+  // restart, a failover) has not lost the file.
   struct Asking {
     std::atomic<size_t> left;
     std::atomic<bool> live{false};
   };
   auto asking = std::make_shared<Asking>();
   asking->left = writers.size();
+  const Cred first{writers[0].uid, writers[0].gid, writers[0].groups};
   for (const auto& w : writers) {
     nfs_.Getattr(fh, Cred{w.uid, w.gid, w.groups},
-                 [asking, weak = std::weak_ptr<cache::BlockCache>(cache), fh](Result<nfs::Attr> a) {
+                 [this, asking, weak = std::weak_ptr<cache::BlockCache>(cache), fh, first](Result<nfs::Attr> a) {
                    if (a || a.error().err != ESTALE) asking->live = true;
                    if (--asking->left > 0 || asking->live) return;
-                   if (auto cache = weak.lock()) {
-                     Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-                     cache->Drop(fh);
-                   }
+                   nfs_.Getattr(inodes_.Get(InodeTable::kRootIno)->fh(), first, [weak, fh](Result<nfs::Attr> root) {
+                     if (!root) return;  // (the server is not answering for its export: keep them)
+                     if (auto cache = weak.lock()) {
+                       Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+                       cache->Drop(fh);
+                     }
+                   });
                  });
   }
 }

@@ -1316,6 +1316,24 @@ TEST_F(WriteBackTest, AForgottenFileIsAskedAboutAsTheUserWhoWroteIt) {
   EXPECT_EQ(ContentsOf("f"), Pattern(8192, 8));
 }
 
+// Found by review: a server that answers ESTALE for every handle for a
+// while (exports not loaded yet, a failover) has not lost the file: the
+// export's root is asked too.
+TEST_F(WriteBackTest, AServerStaleForEveryHandleDoesNotMakeAForgottenFileLoseItsWrites) {
+  const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 9));
+  ASSERT_NE(ino, 0u);
+  const uint64_t dirty = Dirty();
+  nfs_.set_all_stale(true);
+  const uint64_t asked = nfs_.stats().Calls(Proc::kGetattr);
+  fs_->Forget(ino, kAllLookups);
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_GT(nfs_.stats().Calls(Proc::kGetattr), asked) << "the server was not asked: the test shows nothing";
+  EXPECT_EQ(Dirty(), dirty) << "a file the server still has lost its writes";
+  nfs_.set_all_stale(false);
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(ContentsOf("f"), Pattern(8192, 9));
+}
+
 TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
   const uint64_t a_ino = ClosedDirtyFile("a", Pattern(8192, 5));
   ASSERT_NE(a_ino, 0u);

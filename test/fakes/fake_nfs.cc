@@ -149,6 +149,11 @@ void FakeNfs::set_stale_to_others(std::optional<uint32_t> uid) {
   stale_to_others_ = uid;
 }
 
+void FakeNfs::set_all_stale(bool on) {
+  std::lock_guard lock(mu_);
+  all_stale_ = on;
+}
+
 void FakeNfs::set_history_limit(size_t n) {
   std::lock_guard lock(mu_);
   history_limit_ = n;
@@ -726,7 +731,7 @@ Result<nfs::DirPage> FakeNfs::ListDir(Proc p, const Fh& dirfh, uint64_t cookie, 
 void FakeNfs::Getattr(const Fh& fh, const Cred& c, nfs::Cb<Attr> cb) {
   CallRecord rec{0, Proc::kGetattr, fh, {}, 0, 0, false, c};
   Submit<Attr>(std::move(rec), std::move(cb), [this, fh, uid = c.uid](bool) -> Result<Attr> {
-    if (stale_to_others_ && *stale_to_others_ != uid) return Err(Proc::kGetattr, ESTALE);
+    if (all_stale_ || (stale_to_others_ && *stale_to_others_ != uid)) return Err(Proc::kGetattr, ESTALE);
     auto n = Get(Proc::kGetattr, fh);
     if (!n) return n.error();
     return (*n)->attr;

@@ -158,6 +158,9 @@ class FakeNfs : public nfs::Client {
   // GETATTR answers ESTALE to every user but `uid`, as knfsd does with
   // subtree_check for a user who cannot search the file's directories.
   void set_stale_to_others(std::optional<uint32_t> uid);
+  // GETATTR answers ESTALE for every handle, the root's too (a server whose
+  // exports are not loaded yet, or a failover in progress).
+  void set_all_stale(bool on);
   void Pause();
   void Resume();
   // While paused: executes one queued call on the dispatcher and returns
@@ -334,6 +337,7 @@ class FakeNfs : public nfs::Client {
   size_t write_max_ = 0;
   size_t history_limit_ = 1024;
   std::optional<uint32_t> stale_to_others_;
+  bool all_stale_ = false;
   std::array<std::pair<int, int>, static_cast<size_t>(Proc::kCount)> fail_next_{};  // errno, count
 
   // Observation.
