@@ -583,33 +583,40 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   // stale, and nobody can read what it held. Asked as each user whose
   // writes wait, as the flusher would send them: a server may answer ESTALE
   // to a user who cannot reach the file (knfsd's subtree_check, root
-  // squashed), and those writes would fail the same way when flushed.
+  // squashed), and those writes would fail the same way when flushed. The
+  // export's root is asked before and after: a server that answers ESTALE
+  // for every handle for a while (its exports not loaded yet after a
+  // restart, a failover) has not lost the file. And a file looked up again
+  // meanwhile (a new inode for the handle) is someone's: kept.
   // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
   // event loop thread, by this call.)
-  // Then the export's root is asked too: a server that answers ESTALE
-  // for every handle for a while (its exports not loaded yet after a
-  // restart, a failover) has not lost the file.
-  struct Asking {
-    std::atomic<size_t> left;
-    std::atomic<bool> live{false};
-  };
-  auto asking = std::make_shared<Asking>();
-  asking->left = writers.size();
   const Cred first{writers[0].uid, writers[0].gid, writers[0].groups};
-  for (const auto& w : writers) {
-    nfs_.Getattr(fh, Cred{w.uid, w.gid, w.groups},
-                 [this, asking, weak = std::weak_ptr<cache::BlockCache>(cache), fh, first](Result<nfs::Attr> a) {
-                   if (a || a.error().err != ESTALE) asking->live = true;
-                   if (--asking->left > 0 || asking->live) return;
-                   nfs_.Getattr(inodes_.Get(InodeTable::kRootIno)->fh(), first, [weak, fh](Result<nfs::Attr> root) {
-                     if (!root) return;  // (the server is not answering for its export: keep them)
-                     if (auto cache = weak.lock()) {
-                       Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-                       cache->Drop(fh);
-                     }
-                   });
-                 });
-  }
+  const nfs::Fh root = inodes_.Get(InodeTable::kRootIno)->fh();
+  auto drop = [this, root, first, weak = std::weak_ptr<cache::BlockCache>(cache), fh] {
+    nfs_.Getattr(root, first, [this, weak, fh](Result<nfs::Attr> r) {
+      if (!r || inodes_.Find(fh)) return;
+      if (auto cache = weak.lock()) {
+        Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+        cache->Drop(fh);
+      }
+    });
+  };
+  nfs_.Getattr(root, first, [this, fh, writers = std::move(writers), drop](Result<nfs::Attr> r) {
+    if (!r) return;  // (the server is not answering for its export: keep them)
+    struct Asking {
+      std::atomic<size_t> left;
+      std::atomic<bool> live{false};
+    };
+    auto asking = std::make_shared<Asking>();
+    asking->left = writers.size();
+    for (const auto& w : writers) {
+      nfs_.Getattr(fh, Cred{w.uid, w.gid, w.groups}, [asking, drop](Result<nfs::Attr> a) {
+        if (a || a.error().err != ESTALE) asking->live = true;
+        if (--asking->left > 0 || asking->live) return;
+        drop();
+      });
+    }
+  });
 }
 
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
