@@ -74,6 +74,19 @@ class BlockCacheTest : public ::testing::Test {
     FillFromServer(*c, "fh1", kBlock, Pattern(kBlock, seed));
     return c;
   }
+  // Block 0 of "fh1" filled from the server ('e'), a byte of its third page
+  // flipped on disk, and the cache opened again in `mode` (null on failure).
+  std::unique_ptr<BlockCache> ReopenWithFilledPage2Damaged(CacheMode mode) {
+    {
+      auto c = Open(mode);
+      c->Observe("fh1", kV1);
+      FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
+    }
+    if (!FlipOnDisk(2 * 4096 + 17, 0x40)) return nullptr;
+    auto c = Open(mode);
+    c->Observe("fh1", kV1);
+    return c;
+  }
   // Flips bits of the byte at `off` of the cache's data file (damage).
   bool FlipOnDisk(uint64_t off, char bits = 0x40) {
     const int fd = open((dir_ + "/data").c_str(), O_RDWR);
@@ -138,15 +151,8 @@ TEST_F(BlockCacheTest, TheCacheIsWarmAfterReopeningAndChecksTheVersion) {
 }
 
 TEST_F(BlockCacheTest, ADamagedPageIsDetectedDroppedAndNotServed) {
-  {
-    auto c = Open();
-    c->Observe("fh1", kV1);
-    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
-  }
-  // Flip a byte of the first slot's third page on disk.
-  ASSERT_TRUE(FlipOnDisk(2 * 4096 + 17, 0x40));
-  auto c = Open();
-  c->Observe("fh1", kV1);
+  auto c = ReopenWithFilledPage2Damaged(CacheMode::kWriteThrough);
+  ASSERT_NE(c, nullptr);
   EXPECT_TRUE(c->Read("fh1", 0, 8192).has_value());      // pages 0-1 are fine
   EXPECT_FALSE(c->Read("fh1", 8192, 4096).has_value());  // page 2 is not
   EXPECT_EQ(c->Stats().checksum_failures, 1u);
@@ -421,14 +427,8 @@ TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
 // checksum asks for the server's copy, and the failure is counted (the
 // write rewrites the slot in place, which had already taken the page out).
 TEST_F(WriteBackTest, ADamagedCleanPageAWriteCompletesIsCounted) {
-  {
-    auto c = OpenWb();
-    c->Observe("fh1", kV1);
-    FillFromServer(*c, "fh1", 0, Pattern(kBlock, 'e'));
-  }
-  ASSERT_TRUE(FlipOnDisk(2 * 4096 + 17, 0x40));
-  auto c = OpenWb();
-  c->Observe("fh1", kV1);
+  auto c = ReopenWithFilledPage2Damaged(CacheMode::kWriteBack);
+  ASSERT_NE(c, nullptr);
   WbOutcome o = Wb(*c, "fh1", 2 * 4096 + 100, "XYZ");
   ASSERT_EQ(o.kind, WbOutcome::kNeedPages);
   EXPECT_EQ(o.need, std::vector<uint64_t>{2 * 4096});

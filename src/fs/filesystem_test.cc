@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -1216,6 +1217,23 @@ class WriteBackTest : public FilesystemTest {
     std::filesystem::remove_all(dir_);
   }
   uint64_t Dirty() const { return cache_->Stats().dirty_bytes; }
+  // The kernel forgets `ino` (file `name`, `data` in the cache only) while
+  // `stale(true)` makes the server answer ESTALE although the file is there
+  // (memory pressure, not a removal): the writes stay, and reach the server
+  // after `stale(false)`.
+  void ForgetWhileStaleKeepsTheWrites(uint64_t ino, const std::string& name, const std::string& data,
+                                      const std::function<void(bool)>& stale) {
+    const uint64_t dirty = Dirty();
+    stale(true);
+    const uint64_t asked = nfs_.stats().Calls(Proc::kGetattr);
+    fs_->Forget(ino, kAllLookups);
+    ASSERT_TRUE(nfs_.Quiesce());
+    EXPECT_GT(nfs_.stats().Calls(Proc::kGetattr), asked) << "the server was not asked: the test shows nothing";
+    EXPECT_EQ(Dirty(), dirty) << "a file the server still has lost its writes";
+    stale(false);
+    ASSERT_TRUE(fs_->FlushCache().ok());
+    EXPECT_EQ(ContentsOf(name), data);
+  }
   // A closed file `name` whose `data` is in the cache only; its inode number.
   uint64_t ClosedDirtyFile(const std::string& name, const std::string& data) {
     const uint64_t before = Dirty();
@@ -1303,17 +1321,9 @@ TEST_F(WriteBackTest, AFileForgottenWithANameLeftKeepsItsUnflushedWrites) {
 TEST_F(WriteBackTest, AForgottenFileIsAskedAboutAsTheUserWhoWroteIt) {
   const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 8));
   ASSERT_NE(ino, 0u);
-  const uint64_t dirty = Dirty();
-  ASSERT_GT(dirty, 0u);
-  nfs_.set_stale_to_others(cred_.uid);
-  const uint64_t asked = nfs_.stats().Calls(Proc::kGetattr);
-  fs_->Forget(ino, kAllLookups);  // (memory pressure: the file is still there)
-  ASSERT_TRUE(nfs_.Quiesce());
-  EXPECT_GT(nfs_.stats().Calls(Proc::kGetattr), asked) << "the server was not asked: the test shows nothing";
-  EXPECT_EQ(Dirty(), dirty) << "a live file's writes were dropped";
-  nfs_.set_stale_to_others(std::nullopt);
-  ASSERT_TRUE(fs_->FlushCache().ok());
-  EXPECT_EQ(ContentsOf("f"), Pattern(8192, 8));
+  ForgetWhileStaleKeepsTheWrites(ino, "f", Pattern(8192, 8), [&](bool on) {
+    nfs_.set_stale_to_others(on ? std::optional<uint32_t>(cred_.uid) : std::nullopt);
+  });
 }
 
 // Found by review: a server that answers ESTALE for every handle for a
@@ -1322,16 +1332,7 @@ TEST_F(WriteBackTest, AForgottenFileIsAskedAboutAsTheUserWhoWroteIt) {
 TEST_F(WriteBackTest, AServerStaleForEveryHandleDoesNotMakeAForgottenFileLoseItsWrites) {
   const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 9));
   ASSERT_NE(ino, 0u);
-  const uint64_t dirty = Dirty();
-  nfs_.set_all_stale(true);
-  const uint64_t asked = nfs_.stats().Calls(Proc::kGetattr);
-  fs_->Forget(ino, kAllLookups);
-  ASSERT_TRUE(nfs_.Quiesce());
-  EXPECT_GT(nfs_.stats().Calls(Proc::kGetattr), asked) << "the server was not asked: the test shows nothing";
-  EXPECT_EQ(Dirty(), dirty) << "a file the server still has lost its writes";
-  nfs_.set_all_stale(false);
-  ASSERT_TRUE(fs_->FlushCache().ok());
-  EXPECT_EQ(ContentsOf("f"), Pattern(8192, 9));
+  ForgetWhileStaleKeepsTheWrites(ino, "f", Pattern(8192, 9), [&](bool on) { nfs_.set_all_stale(on); });
 }
 
 TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
