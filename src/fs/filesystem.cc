@@ -74,12 +74,13 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
     : nfs_(nfs),
       opts_(opts),
       cache_(cache),
-      inodes_(std::move(root)),
+      inodes_(root),
+      gone_(nfs, root),
       mount_id_(static_cast<uint32_t>(RandomVerifier())),
       log_(Log("fs")) {
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
     flusher_.store(std::make_shared<Flusher>(
-        nfs_, cache, opts_.wsize, [this](const std::string& fh, uint64_t off, uint64_t len) {
+        nfs_, cache, opts_.wsize, inodes_.Get(InodeTable::kRootIno)->fh(), [this](const std::string& fh, uint64_t off, uint64_t len) {
           auto inode = inodes_.Find(fh);
           if (!inode) return;  // not known here: nothing kept to resend
           std::lock_guard lock(inode->mu);
@@ -579,44 +580,20 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   if (!cache) return;
   auto writers = cache->DirtyWriters(fh);
   if (writers.empty()) return;
-  // The server says whether the file is gone: a removed file's handle is
-  // stale, and nobody can read what it held. Asked as each user whose
-  // writes wait, as the flusher would send them: a server may answer ESTALE
-  // to a user who cannot reach the file (knfsd's subtree_check, root
-  // squashed), and those writes would fail the same way when flushed. The
-  // export's root is asked before and after: a server that answers ESTALE
-  // for every handle for a while (its exports not loaded yet after a
-  // restart, a failover) has not lost the file. And a file looked up again
-  // meanwhile (a new inode for the handle) is someone's: kept.
+  std::vector<Cred> creds;
+  for (auto& w : writers) creds.push_back(Cred{w.uid, w.gid, std::move(w.groups)});
   // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
   // event loop thread, by this call.)
-  const Cred first{writers[0].uid, writers[0].gid, writers[0].groups};
-  const nfs::Fh root = inodes_.Get(InodeTable::kRootIno)->fh();
-  auto drop = [this, root, first, weak = std::weak_ptr<cache::BlockCache>(cache), fh] {
-    nfs_.Getattr(root, first, [this, weak, fh](Result<nfs::Attr> r) {
-      if (!r || inodes_.Find(fh)) return;
-      if (auto cache = weak.lock()) {
-        Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-        cache->Drop(fh);
-      }
-    });
-  };
-  nfs_.Getattr(root, first, [this, fh, writers = std::move(writers), drop](Result<nfs::Attr> r) {
-    if (!r) return;  // (the server is not answering for its export: keep them)
-    struct Asking {
-      std::atomic<size_t> left;
-      std::atomic<bool> live{false};
-    };
-    auto asking = std::make_shared<Asking>();
-    asking->left = writers.size();
-    for (const auto& w : writers) {
-      nfs_.Getattr(fh, Cred{w.uid, w.gid, w.groups}, [asking, drop](Result<nfs::Attr> a) {
-        if (a || a.error().err != ESTALE) asking->live = true;
-        if (--asking->left > 0 || asking->live) return;
-        drop();
-      });
-    }
-  });
+  gone_.Ask(fh, std::move(creds),
+            [this, fh, weak = std::weak_ptr<cache::BlockCache>(cache)](GoneCheck::Answer a) {
+              // A file looked up again meanwhile (a new inode for the
+              // handle) is someone's: kept.
+              if (a != GoneCheck::Answer::kGone || inodes_.Find(fh)) return;
+              if (auto cache = weak.lock()) {
+                Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+                cache->Drop(fh);
+              }
+            });
 }
 
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {

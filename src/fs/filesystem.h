@@ -64,6 +64,7 @@
 #include "common/log.h"
 #include "common/thread_annotations.h"
 #include "fs/flusher.h"
+#include "fs/gone_check.h"
 #include "fs/inode_table.h"
 #include "fs/options.h"
 #include "fs/write_order.h"
@@ -251,11 +252,13 @@ class Filesystem {
   // passes its inode; else passes null and changes nothing.
   void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
                   std::function<void(Result<InodeP>)> done);
-  // If the cache holds unflushed writes of `fh`, asks the server, as each
-  // user who wrote them, whether the file is gone (its handle stale); if
-  // every answer says so they are dropped, never sent (nobody can read them). Called where this mount's last use of a file
-  // ends: the kernel forgot it, or its hidden name went at its last close.
-  // In the background: the caller does not wait.
+  // If the cache holds unflushed writes of `fh`, asks the server whether the
+  // file is gone (GoneCheck: its handle stale to each user who wrote them,
+  // between two answers of the export's root); if so, and the file was not
+  // looked up again meanwhile, they are dropped, never sent (nobody can read
+  // them). Called where this mount's last use of a file ends: the kernel
+  // forgot it, or its hidden name went at its last close. In the
+  // background: the caller does not wait.
   void DropCacheIfGone(const nfs::Fh& fh);
   // The directory `parent`, after checking the length of `name` in it.
   Result<InodeP> Parent(uint64_t parent, const std::string& name);
@@ -315,6 +318,7 @@ class Filesystem {
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
   InodeTable inodes_;
+  GoneCheck gone_;  // (DropCacheIfGone's; the flusher has its own)
   std::atomic<uint64_t> seq_{0};
   struct PostOp {
     nfs::Attr attr;

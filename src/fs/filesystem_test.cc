@@ -1335,6 +1335,34 @@ TEST_F(WriteBackTest, AServerStaleForEveryHandleDoesNotMakeAForgottenFileLoseIts
   ForgetWhileStaleKeepsTheWrites(ino, "f", Pattern(8192, 9), [&](bool on) { nfs_.set_all_stale(on); });
 }
 
+// A file the server answers stale for, but that this mount looked up again
+// while the server was being asked (a new inode for its handle), is in use:
+// its writes are kept.
+TEST_F(WriteBackTest, AFileLookedUpAgainWhileTheServerIsAskedKeepsItsWrites) {
+  const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 10));
+  ASSERT_NE(ino, 0u);
+  const uint64_t dirty = Dirty();
+  nfs_.Pause();
+  fs_->Forget(ino, kAllLookups);
+  ASSERT_TRUE(nfs_.WaitPending(1));  // the export's root, asked first
+  auto again = std::async(std::launch::async, [this] { return Lookup(kRoot, "f"); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  ASSERT_EQ(nfs_.Queued()[1].proc, Proc::kLookup);
+  ASSERT_TRUE(nfs_.StepOne(1));
+  ASSERT_TRUE(again.get().ok());
+  // Gone from the server now (another client removed it).
+  std::promise<Result<nfs::Wcc>> rm;
+  nfs_.Remove(nfs_.root(), "f", cred_, [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  ASSERT_TRUE(nfs_.StepOne(1));
+  ASSERT_TRUE(rm.get_future().get().ok());
+  const uint64_t asked = nfs_.stats().Calls(Proc::kGetattr);
+  nfs_.Resume();
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kGetattr), asked + 2) << "the file and the root asked again: the test shows nothing";
+  EXPECT_EQ(Dirty(), dirty) << "the writes of a file looked up again were dropped";
+}
+
 TEST_F(WriteBackTest, ARenameOverAFileDropsTheReplacedFilesUnflushedWrites) {
   const uint64_t a_ino = ClosedDirtyFile("a", Pattern(8192, 5));
   ASSERT_NE(a_ino, 0u);

@@ -40,14 +40,16 @@ struct Flusher::RoundState {
   std::vector<Call> calls;  // guarded by mu once sent
   size_t left = 0;          // calls not answered yet
   std::map<std::string, Result<nfs::CommitReply>> commits;
+  std::map<std::string, GoneCheck::Answer> gone;  // files answered ESTALE: asked
 };
 
 Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
-                 WriteHook before_write)
+                 nfs::Fh root, WriteHook before_write)
     : nfs_(nfs),
       cache_(std::move(cache)),
       wsize_(std::max<uint32_t>(wsize, 4096)),
-      before_write_(std::move(before_write)) {
+      before_write_(std::move(before_write)),
+      gone_(nfs, std::move(root)) {
   thread_ = std::thread([this] { Main(); });
 }
 
@@ -195,7 +197,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   auto& commits = st->commits;
   std::vector<cache::DirtyRun> clean;
   std::optional<Error> first_err;
-  std::set<std::string> gone;
+  std::map<std::string, uint64_t> stale;  // file -> bytes of its calls answered ESTALE
   uint64_t bytes = 0;
   for (auto& c : calls_done) {
     bool ok = c.ok;
@@ -210,8 +212,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
       }
     }
     if (c.err && c.err->err == ESTALE) {
-      gone.insert(c.fh);
-      bytes += c.len;  // (dropped below: progress too)
+      stale[c.fh] += c.len;  // (asked below)
       continue;
     }
     if (c.err && !first_err) first_err = c.err;
@@ -222,10 +223,52 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     }
   }
   cache_->Flushed(clean);
-  for (const auto& f : gone) {
-    Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
-                       "its cached writes are dropped");
-    cache_->Drop(f);
+  if (!stale.empty()) {
+    // Is each really gone? (Asked after the clean runs are marked: the
+    // writers asked as are those whose writes still wait.)
+    std::vector<std::pair<std::string, std::vector<engine::Cred>>> ask;
+    for (const auto& [f, n] : stale) {
+      std::vector<engine::Cred> creds;
+      for (auto& w : cache_->DirtyWriters(f)) creds.push_back(engine::Cred{w.uid, w.gid, std::move(w.groups)});
+      if (creds.empty()) {
+        bytes += n;  // (nothing of it waits any more)
+        continue;
+      }
+      ask.emplace_back(f, std::move(creds));
+    }
+    const bool asking = send([&] {
+      st->left = ask.size();
+      for (auto& [f, creds] : ask) {
+        gone_.Ask(f, std::move(creds), [st, f = f](GoneCheck::Answer a) {
+          std::lock_guard lock(st->mu);
+          st->gone.emplace(f, a);
+          if (--st->left == 0) st->cv.notify_all();
+        });
+      }
+    });
+    if (!asking || !wait()) return Error::Errno(EINTR, "flushing interrupted");
+    for (const auto& [f, a] : st->gone) {
+      switch (a) {
+        case GoneCheck::Answer::kGone:
+          Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
+                             "its cached writes are dropped");
+          cache_->Drop(f);
+          bytes += stale[f];  // (dropped: progress too)
+          break;
+        case GoneCheck::Answer::kLive:
+          if (!first_err) {
+            first_err = Error::Errno(EIO, "the server answered a flush's WRITE with ESTALE, yet the "
+                                          "file answers: its cached writes are kept");
+          }
+          break;
+        case GoneCheck::Answer::kNoExport:
+          if (!first_err) {
+            first_err = Error::Errno(ESTALE, "the server answers ESTALE for the export's root too "
+                                             "(exports not loaded, a failover?): cached writes are kept");
+          }
+          break;
+      }
+    }
   }
   if (first_err) {
     cache_->NoteFlushError();

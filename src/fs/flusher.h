@@ -15,9 +15,16 @@
 // the one its WRITE returned: a server that restarted in between lost it,
 // and it is sent again in the next round. Rounds flushing by age carry at
 // most 1 MiB, rounds above the high watermark 8 MiB, so the application's
-// calls are not queued behind a long flush on a slow path. A file
-// the server no longer has (ESTALE) cannot be written: its dirty pages are
-// dropped, with a warning.
+// calls are not queued behind a long flush on a slow path.
+//
+// Gone files. A file the server no longer has cannot be written: nobody can
+// read its dirty pages, which are dropped, with a warning. A WRITE or COMMIT
+// answered ESTALE is not enough to say so: the server is asked (GoneCheck:
+// the handle stale to each user whose writes wait, between two answers of
+// the export's root). A server that answers ESTALE for everything while its
+// exports load or during a failover has not lost the file: the writes are
+// kept and the round fails (background: retried in 1 s; a flush request
+// returns the error).
 //
 // Interrupt. A flush to a server that has gone away waits for it on a hard
 // mount, for ever. Interrupt() (SIGTERM during the flush at unmount) makes
@@ -41,6 +48,7 @@
 
 #include "cache/block_cache.h"
 #include "common/thread_annotations.h"
+#include "fs/gone_check.h"
 #include "mpnfs/result.h"
 #include "nfs/client.h"
 
@@ -52,8 +60,10 @@ class Flusher {
   // the filesystem records it as newer than any kept write of that file, so
   // that a resend after a server restart never writes older data over it.
   using WriteHook = std::function<void(const std::string&, uint64_t, uint64_t)>;
+  // `root`: the export's root handle (asked before dropping a gone file's
+  // writes).
   Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
-          WriteHook before_write = nullptr);
+          nfs::Fh root, WriteHook before_write = nullptr);
   // Stops the thread; flushes nothing more (see Flush for that).
   ~Flusher();
   Flusher(const Flusher&) = delete;
@@ -87,6 +97,7 @@ class Flusher {
   const std::shared_ptr<cache::BlockCache> cache_;
   const uint32_t wsize_;
   const WriteHook before_write_;
+  GoneCheck gone_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Request> requests_ GUARDED_BY(mu_);

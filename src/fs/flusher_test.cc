@@ -87,7 +87,7 @@ TEST_F(FlusherTest, FlushRequestsThatKeepComingDoNotStarveTheAgeRounds) {
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> served{0};
     std::optional<Flusher> flusher;
-    flusher.emplace(nfs_, cache, 1 << 20);
+    flusher.emplace(nfs_, cache, 1 << 20, nfs_.root());
     // Requests for another file, one after another without a pause, for
     // as long as the test runs (each answered at once: nothing to flush).
     std::function<void()> again = [&] {
@@ -122,7 +122,7 @@ TEST_F(FlusherTest, ARoundThatMakesNoProgressIsNotRepeatedAtOnce) {
   Store(*cache, f, data);
   nfs_.lying = true;
   {
-    Flusher flusher(nfs_, cache, 1 << 20);
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
     // The first age round comes after 1 s; then 3 s of rounds that all fail.
     std::this_thread::sleep_for(std::chrono::seconds(4));
     const uint64_t writes = nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite);
@@ -160,7 +160,7 @@ TEST_F(FlusherTest, FilesGoneFromTheServerDoNotDelayTheFlushOfOthers) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   {
-    Flusher flusher(nfs_, cache, 1 << 20);
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
     while (nfs_.Contents(kept) != data && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -174,6 +174,76 @@ TEST_F(FlusherTest, FilesGoneFromTheServerDoNotDelayTheFlushOfOthers) {
     }
     EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
   }
+  nfs_.Quiesce();
+}
+
+// Found by review: a flush whose WRITE was answered ESTALE dropped the
+// file's writes, also when the server answered ESTALE for everything (its
+// exports not loaded yet after a restart, a failover). The file is still
+// there: the writes are kept, and reach it once the server answers again.
+TEST_F(FlusherTest, AServerStaleForEverythingDoesNotMakeAFlushDropWrites) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 's');
+  Store(*cache, f, data);
+  nfs_.set_all_stale(true);
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    auto r = flusher.FlushAll();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().err, ESTALE) << r.error().what;
+    EXPECT_GE(nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite), 1u) << "nothing was sent: the test shows nothing";
+    EXPECT_EQ(cache->Stats().dirty_bytes, data.size()) << "the writes of a file the server still has were dropped";
+    nfs_.set_all_stale(false);
+    ASSERT_TRUE(flusher.FlushAll().ok());
+  }
+  EXPECT_EQ(nfs_.Contents(f), data);
+  EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  nfs_.Quiesce();
+}
+
+// A WRITE answered ESTALE for a file that still answers keeps its writes
+// too (the flush fails; the next one sends them).
+TEST_F(FlusherTest, AWriteAnsweredStaleForAFileThatStillAnswersKeepsItsWrites) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 'w');
+  Store(*cache, f, data);
+  nfs_.FailNext(testing::FakeNfs::Proc::kWrite, ESTALE);
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    auto r = flusher.FlushAll();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(cache->Stats().dirty_bytes, data.size()) << "the writes of a file the server still has were dropped";
+    ASSERT_TRUE(flusher.FlushAll().ok());
+  }
+  EXPECT_EQ(nfs_.Contents(f), data);
+  nfs_.Quiesce();
+}
+
+// A file removed on the server (by another client) loses its writes at the
+// flush, unsent again, and the flush of the others goes on.
+TEST_F(FlusherTest, AFileRemovedOnTheServerLosesItsWritesAtTheFlush) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh gone = Create("gone"), kept = Create("kept");
+  Store(*cache, gone, std::string(8192, 'g'));
+  Store(*cache, kept, std::string(8192, 'k'));
+  std::promise<Result<nfs::Wcc>> rm;
+  nfs_.Remove(nfs_.root(), "gone", engine::Cred{}, [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
+  ASSERT_TRUE(static_cast<bool>(rm.get_future().get()));
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    auto r = flusher.FlushAll();
+    ASSERT_TRUE(r.ok()) << r.error().what;
+    const uint64_t writes = nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite);
+    ASSERT_TRUE(flusher.FlushAll().ok());
+    EXPECT_EQ(nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite), writes) << "a gone file's writes were sent again";
+  }
+  EXPECT_EQ(nfs_.Contents(kept), std::string(8192, 'k'));
+  EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
   nfs_.Quiesce();
 }
 

@@ -492,6 +492,7 @@ Error FakeNfs::Err(Proc p, int err) const {
 }
 
 Result<FakeNfs::Node*> FakeNfs::Get(Proc p, const Fh& fh) {
+  if (all_stale_) return Err(p, ESTALE);
   Node* n = Find(fh);
   if (!n) return Err(p, ESTALE);
   return n;
@@ -731,7 +732,7 @@ Result<nfs::DirPage> FakeNfs::ListDir(Proc p, const Fh& dirfh, uint64_t cookie, 
 void FakeNfs::Getattr(const Fh& fh, const Cred& c, nfs::Cb<Attr> cb) {
   CallRecord rec{0, Proc::kGetattr, fh, {}, 0, 0, false, c};
   Submit<Attr>(std::move(rec), std::move(cb), [this, fh, uid = c.uid](bool) -> Result<Attr> {
-    if (all_stale_ || (stale_to_others_ && *stale_to_others_ != uid)) return Err(Proc::kGetattr, ESTALE);
+    if (stale_to_others_ && *stale_to_others_ != uid) return Err(Proc::kGetattr, ESTALE);
     auto n = Get(Proc::kGetattr, fh);
     if (!n) return n.error();
     return (*n)->attr;

@@ -158,8 +158,8 @@ class FakeNfs : public nfs::Client {
   // GETATTR answers ESTALE to every user but `uid`, as knfsd does with
   // subtree_check for a user who cannot search the file's directories.
   void set_stale_to_others(std::optional<uint32_t> uid);
-  // GETATTR answers ESTALE for every handle, the root's too (a server whose
-  // exports are not loaded yet, or a failover in progress).
+  // Every call naming a handle answers ESTALE, the root's too (a server
+  // whose exports are not loaded yet, or a failover in progress).
   void set_all_stale(bool on);
   void Pause();
   void Resume();

@@ -1,0 +1,129 @@
+#include "fs/gone_check.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <deque>
+#include <mutex>
+#include <utility>
+
+#include "common/thread_annotations.h"
+
+namespace mpnfs::fs {
+
+struct GoneCheck::State {
+  struct Asked {
+    nfs::Fh fh;
+    std::vector<nfs::Cred> writers;
+    std::function<void(Answer)> done;
+    std::atomic<size_t> left{0};      // file GETATTRs not answered yet
+    std::atomic<bool> live{false};    // one of them was not ESTALE
+  };
+  using AskedP = std::shared_ptr<Asked>;
+
+  State(nfs::Client& n, nfs::Fh r, size_t m) : nfs(n), root(std::move(r)), max_in_flight(m) {}
+
+  nfs::Client& nfs;
+  const nfs::Fh root;
+  const size_t max_in_flight;
+  std::mutex mu;
+  std::deque<AskedP> queue GUARDED_BY(mu);
+  size_t in_flight GUARDED_BY(mu) = 0;
+};
+
+// The steps of one ask, and the hand-over to the next queued one. A client
+// that answers on the calling thread would nest one ask inside the last one's
+// answer; the asks started from an answer on this thread are run one after
+// another by the outermost instead (no recursion as deep as the queue).
+class GoneCheckSteps {
+ public:
+  using Answer = GoneCheck::Answer;
+  using StateP = std::shared_ptr<GoneCheck::State>;
+  using AskedP = GoneCheck::State::AskedP;
+
+  static void Launch(const StateP& st, AskedP a) {
+    if (running_) {
+      running_->emplace_back(st, std::move(a));
+      return;
+    }
+    std::deque<std::pair<StateP, AskedP>> later;
+    running_ = &later;
+    Run(st, std::move(a));
+    while (!later.empty()) {
+      auto [s, next] = std::move(later.front());
+      later.pop_front();
+      Run(s, std::move(next));
+    }
+    running_ = nullptr;
+  }
+
+ private:
+  static void Run(const StateP& st, const AskedP& a) {
+    st->nfs.Getattr(st->root, a->writers[0], [st, a](Result<nfs::Attr> r) {
+      if (!r) return Finish(st, a, Answer::kNoExport);
+      a->left = a->writers.size();
+      for (const auto& w : a->writers) {
+        st->nfs.Getattr(a->fh, w, [st, a](Result<nfs::Attr> f) {
+          if (f || f.error().err != ESTALE) a->live = true;
+          if (--a->left > 0) return;
+          if (a->live) return Finish(st, a, Answer::kLive);
+          st->nfs.Getattr(st->root, a->writers[0], [st, a](Result<nfs::Attr> after) {
+            Finish(st, a, after ? Answer::kGone : Answer::kNoExport);
+          });
+        });
+      }
+    });
+  }
+
+  static void Finish(const StateP& st, const AskedP& a, Answer answer) {
+    auto done = std::move(a->done);
+    done(answer);
+    AskedP next;
+    {
+      std::lock_guard lock(st->mu);
+      if (st->queue.empty()) {
+        --st->in_flight;
+        return;
+      }
+      next = std::move(st->queue.front());
+      st->queue.pop_front();
+    }
+    Launch(st, std::move(next));
+  }
+
+  static thread_local std::deque<std::pair<StateP, AskedP>>* running_;
+};
+
+thread_local std::deque<std::pair<GoneCheckSteps::StateP, GoneCheckSteps::AskedP>>*
+    GoneCheckSteps::running_ = nullptr;
+
+GoneCheck::GoneCheck(nfs::Client& nfs, nfs::Fh root, size_t max_in_flight)
+    : st_(std::make_shared<State>(nfs, std::move(root), std::max<size_t>(max_in_flight, 1))) {}
+
+void GoneCheck::Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::function<void(Answer)> done) {
+  if (writers.empty()) return done(Answer::kLive);  // (nothing waits: nothing to drop)
+  auto a = std::make_shared<State::Asked>();
+  a->fh = fh;
+  a->writers = std::move(writers);
+  a->done = std::move(done);
+  {
+    std::lock_guard lock(st_->mu);
+    if (st_->in_flight >= st_->max_in_flight) {
+      st_->queue.push_back(std::move(a));
+      return;
+    }
+    ++st_->in_flight;
+  }
+  GoneCheckSteps::Launch(st_, std::move(a));
+}
+
+const char* ToString(GoneCheck::Answer a) {
+  switch (a) {
+    case GoneCheck::Answer::kGone: return "gone";
+    case GoneCheck::Answer::kLive: return "live";
+    case GoneCheck::Answer::kNoExport: return "export not answering";
+  }
+  return "?";
+}
+
+}  // namespace mpnfs::fs
