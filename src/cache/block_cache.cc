@@ -887,6 +887,17 @@ void BlockCache::Drop(const std::string& fh) {
   ForgetFile(State(fh));
 }
 
+bool BlockCache::DropIfUnchanged(const std::string& fh, uint64_t stamp) {
+  std::unique_lock lock(mu_);
+  auto it = files_.find(fh);
+  if (it == files_.end()) return true;  // (nothing held)
+  // (Every write applied, and every flush marking pages clean, moves the
+  // stamp: NoteChange.)
+  if (it->second.write_counter != stamp) return false;
+  ForgetFile(it->second);
+  return true;
+}
+
 bool BlockCache::ForgetFile(FileState& f) {
   std::vector<uint32_t> held = SlotsOf(f);
   bool dirty = false;
@@ -2036,12 +2047,12 @@ bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
   return false;
 }
 
-std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh) {
+std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh, uint64_t* stamp) {
   std::lock_guard lock(mu_);
   std::vector<Writer> out;
-  if (dirty_slots_ == 0) return out;
   auto it = files_.find(fh);
-  if (it == files_.end()) return out;
+  if (stamp) *stamp = it == files_.end() ? 0 : it->second.write_counter;
+  if (dirty_slots_ == 0 || it == files_.end()) return out;
   for (uint32_t s = it->second.head; s != kNoSlot; s = slots_[s].next) {
     if (!slots_[s].dirty_pin) continue;
     const WbSlot& wb = WbOf(s);
@@ -2182,7 +2193,8 @@ BlockCache::DirtyLevel BlockCache::Dirty() const {
 }
 
 std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::string& fh,
-                                               std::chrono::steady_clock::time_point older_than) {
+                                               std::chrono::steady_clock::time_point older_than,
+                                               const std::set<std::string>* skip) {
   struct Pick {
     uint32_t slot;
     std::string fh;
@@ -2202,6 +2214,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       for (uint32_t s : dirty_set_) {
         const Slot& slot = slots_[s];
         if ((!fh.empty() && Fh(slot) != fh) || WbOf(s).dirty_since > older_than) continue;
+        if (skip && !skip->empty() && skip->count(Fh(slot))) continue;
         // A block moved by copy-on-write keeps its old slot dirty until the
         // new one is durable; only the block's current slot is flushed (two
         // WRITEs of one range in one round could land in either order).

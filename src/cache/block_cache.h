@@ -294,6 +294,11 @@ class BlockCache {
   // server (ESTALE). Reads already in flight will not store what they bring
   // back.
   void Drop(const std::string& fh);
+  // Drop(fh), only if nothing was written to or flushed from the file's
+  // blocks since `stamp` (from DirtyWriters): the file was judged gone from
+  // the writers listed then, and a later write (another user's, acknowledged
+  // meanwhile) was not asked about. False if kept.
+  bool DropIfUnchanged(const std::string& fh, uint64_t stamp);
   // This client truncates `fh` (after flushing it): forget its blocks. If
   // the file holds unflushed writes (they came after that flush) nothing is
   // forgotten and false is returned: flush again, then call again (a write
@@ -353,7 +358,8 @@ class BlockCache {
     std::vector<uint32_t> groups;
     bool operator==(const Writer&) const = default;
   };
-  std::vector<Writer> DirtyWriters(const std::string& fh);
+  // `*stamp` (if given): the file's write stamp now, for DropIfUnchanged.
+  std::vector<Writer> DirtyWriters(const std::string& fh, uint64_t* stamp = nullptr);
   // The file's size as this client's unflushed writes make it (0: none).
   uint64_t SizeFloor(const std::string& fh);
   // `server` is what the server returned for [off, off+want), read since
@@ -378,9 +384,11 @@ class BlockCache {
   };
   DirtyLevel Dirty() const;
   // Dirty runs in (file, offset) order, at most about `max_bytes`, only of
-  // `fh` if not empty, only of blocks dirty since before `older_than`.
+  // `fh` if not empty, only of blocks dirty since before `older_than`, none
+  // of the files in `skip`.
   std::vector<DirtyRun> CollectDirty(uint64_t max_bytes, const std::string& fh,
-                                     std::chrono::steady_clock::time_point older_than);
+                                     std::chrono::steady_clock::time_point older_than,
+                                     const std::set<std::string>* skip = nullptr);
   // The runs are on the server (COMMIT with their WRITE's verifier): clean
   // unless written again meanwhile. Returns once the clean marks are
   // durable (it waits for the writer thread: never call it from an engine

@@ -91,7 +91,11 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
   }
 }
 
-Filesystem::~Filesystem() = default;
+Filesystem::~Filesystem() {
+  // The flusher's thread first: its hook uses the inode table, a member
+  // destroyed before the flusher otherwise would be.
+  flusher_.store(nullptr);
+}
 
 Result<Ok> Filesystem::FlushCache() {
   auto fl = flusher_.load();
@@ -578,20 +582,21 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   auto cache = cache_.load();
   if (!cache) return;
-  auto writers = cache->DirtyWriters(fh);
+  uint64_t stamp = 0;
+  auto writers = cache->DirtyWriters(fh, &stamp);
   if (writers.empty()) return;
   std::vector<Cred> creds;
   for (auto& w : writers) creds.push_back(Cred{w.uid, w.gid, std::move(w.groups)});
   // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
   // event loop thread, by this call.)
   gone_.Ask(fh, std::move(creds),
-            [this, fh, weak = std::weak_ptr<cache::BlockCache>(cache)](GoneCheck::Answer a) {
+            [this, fh, stamp, weak = std::weak_ptr<cache::BlockCache>(cache)](GoneCheck::Answer a) {
               // A file looked up again meanwhile (a new inode for the
-              // handle) is someone's: kept.
+              // handle) is someone's: kept. So are writes made since the
+              // writers were listed (not asked about).
               if (a != GoneCheck::Answer::kGone || inodes_.Find(fh)) return;
-              if (auto cache = weak.lock()) {
+              if (auto cache = weak.lock(); cache && cache->DropIfUnchanged(fh, stamp)) {
                 Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-                cache->Drop(fh);
               }
             });
 }

@@ -83,6 +83,7 @@ void Flusher::Interrupt() {
     interrupted_ = true;
     r = std::move(round_);
   }
+  gone_.Cancel();  // (nor any question about a file's writes)
   if (r) {
     std::lock_guard lock(r->mu);
     r->cv.notify_all();
@@ -97,9 +98,10 @@ Result<Ok> Flusher::FlushAll() {
 }
 
 Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
-                                std::chrono::steady_clock::time_point older_than, bool* pending) {
+                                std::chrono::steady_clock::time_point older_than, bool* pending,
+                                const std::set<std::string>& skip, Kept* kept) {
   if (interrupted_) return Error::Errno(EINTR, "flushing interrupted");
-  std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than);
+  std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than, &skip);
   *pending = !runs.empty();
   if (runs.empty()) return uint64_t{0};
   // Join neighbours (runs come in file order) into calls of up to wsize.
@@ -227,9 +229,12 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     // Is each really gone? (Asked after the clean runs are marked: the
     // writers asked as are those whose writes still wait.)
     std::vector<std::pair<std::string, std::vector<engine::Cred>>> ask;
+    std::map<std::string, uint64_t> stamps;
     for (const auto& [f, n] : stale) {
       std::vector<engine::Cred> creds;
-      for (auto& w : cache_->DirtyWriters(f)) creds.push_back(engine::Cred{w.uid, w.gid, std::move(w.groups)});
+      for (auto& w : cache_->DirtyWriters(f, &stamps[f])) {
+        creds.push_back(engine::Cred{w.uid, w.gid, std::move(w.groups)});
+      }
       if (creds.empty()) {
         bytes += n;  // (nothing of it waits any more)
         continue;
@@ -248,26 +253,21 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     });
     if (!asking || !wait()) return Error::Errno(EINTR, "flushing interrupted");
     for (const auto& [f, a] : st->gone) {
-      switch (a) {
-        case GoneCheck::Answer::kGone:
-          Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
-                             "its cached writes are dropped");
-          cache_->Drop(f);
-          bytes += stale[f];  // (dropped: progress too)
-          break;
-        case GoneCheck::Answer::kLive:
-          if (!first_err) {
-            first_err = Error::Errno(EIO, "the server answered a flush's WRITE with ESTALE, yet the "
-                                          "file answers: its cached writes are kept");
-          }
-          break;
-        case GoneCheck::Answer::kNoExport:
-          if (!first_err) {
-            first_err = Error::Errno(ESTALE, "the server answers ESTALE for the export's root too "
-                                             "(exports not loaded, a failover?): cached writes are kept");
-          }
-          break;
+      if (a == GoneCheck::Answer::kGone && cache_->DropIfUnchanged(f, stamps[f])) {
+        Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
+                           "its cached writes are dropped");
+        bytes += stale[f];  // (dropped: progress too)
+        continue;
       }
+      // Kept: the file answers, the export's root does not, or the file was
+      // written meanwhile (asked again at its next round).
+      cache_->NoteFlushError();
+      std::string why = a == GoneCheck::Answer::kGone ? "written to while the server was asked"
+                        : a == GoneCheck::Answer::kLive
+                            ? "the file itself still answers"
+                            : "the export's root is not answering either (exports not loaded, a failover?)";
+      kept->emplace(f, Error::Errno(EIO, "the server answered a flush with ESTALE, but " + why +
+                                             ": the file's cached writes are kept"));
     }
   }
   if (first_err) {
@@ -279,15 +279,21 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
 
 Result<Ok> Flusher::Drain(const std::string& fh) {
   int fruitless = 0;
+  Kept kept;  // files whose writes had to be kept: left out of the next rounds
+  std::set<std::string> skip;
   while (true) {
     bool pending = false;
-    auto r = Round(fh, kUrgentRound, std::chrono::steady_clock::now(), &pending);
+    const size_t kept_before = kept.size();
+    auto r = Round(fh, kUrgentRound, std::chrono::steady_clock::now(), &pending, skip, &kept);
     if (!r) return r.error();
-    if (!pending) return Ok{};
-    if (*r == 0 && ++fruitless >= kMaxFruitlessRounds) {
+    for (const auto& [f, e] : kept) skip.insert(f);
+    if (!pending) break;
+    if (*r == 0 && kept.size() == kept_before && ++fruitless >= kMaxFruitlessRounds) {
       return Error::Errno(EIO, "flushing makes no progress (the server keeps losing unstable writes)");
     }
   }
+  if (!kept.empty()) return kept.begin()->second;  // (the caller logs it)
+  return Ok{};
 }
 
 void Flusher::Main() {
@@ -332,10 +338,29 @@ void Flusher::Main() {
     const auto age = std::chrono::seconds(o.dirty_age_s);
     Result<uint64_t> r = uint64_t{0};
     bool pending = false;
+    std::set<std::string> skip;
+    for (auto it = backoff_.begin(); it != backoff_.end();) {
+      if (it->second.until > now) {
+        skip.insert(it->first);
+      } else if (cache_->DirtyWriters(it->first).empty()) {
+        it = backoff_.erase(it);  // flushed or dropped since
+        continue;
+      }
+      ++it;
+    }
+    Kept kept;
     if (above_low) {
-      r = Round("", kBackgroundRound, now, &pending);
+      r = Round("", kBackgroundRound, now, &pending, skip, &kept);
     } else if (level.blocks > 0 && level.oldest >= age) {
-      r = Round("", kAgeRound, now - age, &pending);
+      r = Round("", kAgeRound, now - age, &pending, skip, &kept);
+    }
+    for (const auto& [f, e] : kept) {
+      Backoff& b = backoff_[f];
+      const auto wait = std::chrono::seconds(1) * (1 << std::min(b.tries, 5));
+      b.until = std::chrono::steady_clock::now() + std::min<std::chrono::steady_clock::duration>(wait, std::chrono::seconds(30));
+      b.tries++;
+      log->warn("{} (retrying in {} s)", e.what,
+                std::chrono::duration_cast<std::chrono::seconds>(b.until - std::chrono::steady_clock::now()).count() + 1);
     }
     if (!r) {
       log->warn("background flush failed: {} (dirty data kept; retrying in 1 s)", r.error().what);

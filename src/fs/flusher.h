@@ -23,8 +23,11 @@
 // the handle stale to each user whose writes wait, between two answers of
 // the export's root). A server that answers ESTALE for everything while its
 // exports load or during a failover has not lost the file: the writes are
-// kept and the round fails (background: retried in 1 s; a flush request
-// returns the error).
+// kept (a drop also waits for nothing to have been written to the file
+// since its writers were listed). A kept file does not hold up the others:
+// background rounds leave it out for 1 s, doubling up to 30 s while it stays
+// so; a flush request goes on with the other files and then fails with the
+// kept file's error (EIO).
 //
 // Interrupt. A flush to a server that has gone away waits for it on a hard
 // mount, for ever. Interrupt() (SIGTERM during the flush at unmount) makes
@@ -41,8 +44,10 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -86,11 +91,16 @@ class Flusher {
     std::function<void(Result<Ok>)> done;
   };
   void Main();
-  // One round over at most `max_bytes`; the bytes made clean (or dropped:
-  // their file is gone), 0 if nothing matched or none were. `*pending` says
-  // whether anything matched at all.
+  // Files whose writes a round kept although a WRITE or COMMIT was answered
+  // ESTALE (GoneCheck did not confirm the file gone), each with the error.
+  using Kept = std::map<std::string, Error>;
+  // One round over at most `max_bytes`, leaving out the files in `skip`;
+  // the bytes made clean (or dropped: their file is gone), 0 if nothing
+  // matched or none were. `*pending` says whether anything matched at all;
+  // files kept are added to `*kept` (not an error of the round).
   Result<uint64_t> Round(const std::string& fh, uint64_t max_bytes,
-                         std::chrono::steady_clock::time_point older_than, bool* pending);
+                         std::chrono::steady_clock::time_point older_than, bool* pending,
+                         const std::set<std::string>& skip, Kept* kept);
   Result<Ok> Drain(const std::string& fh);
 
   nfs::Client& nfs_;
@@ -107,6 +117,13 @@ class Flusher {
   std::mutex send_mu_;
   std::atomic<bool> interrupted_{false};
   std::shared_ptr<RoundState> round_ GUARDED_BY(send_mu_);
+  // Background rounds (the flusher thread only): kept files left out until
+  // `until`.
+  struct Backoff {
+    std::chrono::steady_clock::time_point until;
+    int tries = 0;
+  };
+  std::map<std::string, Backoff> backoff_;
   std::thread thread_;
 };
 

@@ -38,16 +38,22 @@ class FlusherTest : public ::testing::Test {
   }
   nfs::Fh Create(const std::string& name) {
     std::promise<Result<nfs::NewObject>> got;
-    nfs_.Create(nfs_.root(), name, nfs::CreateMode::kUnchecked, nfs::SetAttr{}, 0, engine::Cred{},
+    nfs::SetAttr sa;
+    sa.mode = 0666;  // (writable by the other users of the tests)
+    nfs_.Create(nfs_.root(), name, nfs::CreateMode::kUnchecked, sa, 0, engine::Cred{},
                 [&got](Result<nfs::NewObject> r) { got.set_value(std::move(r)); });
     auto r = got.get_future().get();
     EXPECT_TRUE(r && r->fh);
     return r && r->fh ? *r->fh : nfs::Fh();
   }
-  static void Store(cache::BlockCache& c, const nfs::Fh& fh, const std::string& data) {
+  static void Store(cache::BlockCache& c, const nfs::Fh& fh, const std::string& data, uint32_t uid = 0,
+                    uint64_t off = 0) {
     c.Observe(fh, cache::FileVersion{});
     cache::WbWrite w;
     w.fh = fh;
+    w.off = off;
+    w.uid = uid;
+    w.gid = uid;
     w.data = data.data();
     w.len = data.size();
     std::promise<cache::WbOutcome> got;
@@ -56,17 +62,40 @@ class FlusherTest : public ::testing::Test {
   }
 
   // A server whose COMMIT answers with another verifier than the WRITEs had
-  // (as if it restarted between them) while `lying` is set.
+  // (as if it restarted between them) while `lying` is set; whose WRITEs to
+  // `stale_writes` answer ESTALE (the file itself still answers GETATTR);
+  // and whose GETATTR of `stale_fh` answers ESTALE to root (knfsd squashing
+  // root with subtree_check), the export's root answering everyone.
   class LyingNfs : public testing::FakeNfs {
    public:
     std::atomic<bool> lying{false};
+    nfs::Fh stale_writes, stale_fh;  // (set before the flusher starts)
     void Commit(const nfs::Fh& fh, const nfs::Cred& c, nfs::Cb<nfs::CommitReply> cb) override {
       testing::FakeNfs::Commit(fh, c, [this, cb = std::move(cb)](Result<nfs::CommitReply> r) {
         if (r && lying) r->verf ^= 1;
         cb(std::move(r));
       });
     }
+    void Write(const nfs::Fh& fh, uint64_t off, nfs::Buffer buf, size_t buf_off, size_t len, bool stable,
+               const nfs::Cred& c, nfs::Cb<nfs::WriteReply> cb) override {
+      const bool stale = !stale_writes.empty() && fh == stale_writes;
+      testing::FakeNfs::Write(fh, off, std::move(buf), buf_off, len, stable, c,
+                              [stale, cb = std::move(cb)](Result<nfs::WriteReply> r) {
+                                cb(stale ? Result<nfs::WriteReply>(Error::Errno(ESTALE, "stale")) : std::move(r));
+                              });
+    }
+    void Getattr(const nfs::Fh& fh, const nfs::Cred& c, nfs::Cb<nfs::Attr> cb) override {
+      const bool stale = !stale_fh.empty() && fh == stale_fh && c.uid == 0;
+      testing::FakeNfs::Getattr(fh, c, [stale, cb = std::move(cb)](Result<nfs::Attr> r) {
+        cb(stale ? Result<nfs::Attr>(Error::Errno(ESTALE, "stale to root")) : std::move(r));
+      });
+    }
   };
+  void RemoveOnServer(const std::string& name) {
+    std::promise<Result<nfs::Wcc>> rm;
+    nfs_.Remove(nfs_.root(), name, engine::Cred{}, [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
+    ASSERT_TRUE(static_cast<bool>(rm.get_future().get()));
+  }
 
   std::string dir_;
   LyingNfs nfs_;
@@ -192,7 +221,7 @@ TEST_F(FlusherTest, AServerStaleForEverythingDoesNotMakeAFlushDropWrites) {
     Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
     auto r = flusher.FlushAll();
     ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.error().err, ESTALE) << r.error().what;
+    EXPECT_EQ(r.error().err, EIO) << r.error().what;
     EXPECT_GE(nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite), 1u) << "nothing was sent: the test shows nothing";
     EXPECT_EQ(cache->Stats().dirty_bytes, data.size()) << "the writes of a file the server still has were dropped";
     nfs_.set_all_stale(false);
@@ -231,9 +260,7 @@ TEST_F(FlusherTest, AFileRemovedOnTheServerLosesItsWritesAtTheFlush) {
   const nfs::Fh gone = Create("gone"), kept = Create("kept");
   Store(*cache, gone, std::string(8192, 'g'));
   Store(*cache, kept, std::string(8192, 'k'));
-  std::promise<Result<nfs::Wcc>> rm;
-  nfs_.Remove(nfs_.root(), "gone", engine::Cred{}, [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
-  ASSERT_TRUE(static_cast<bool>(rm.get_future().get()));
+  RemoveOnServer("gone");
   {
     Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
     auto r = flusher.FlushAll();
@@ -244,6 +271,95 @@ TEST_F(FlusherTest, AFileRemovedOnTheServerLosesItsWritesAtTheFlush) {
   }
   EXPECT_EQ(nfs_.Contents(kept), std::string(8192, 'k'));
   EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  nfs_.Quiesce();
+}
+
+// The question goes as the user who wrote: a server that squashes root and
+// checks the path answers ESTALE to root for a live file.
+TEST_F(FlusherTest, AFlushAsksAboutAStaleFileAsTheUserWhoWroteIt) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 'u');
+  Store(*cache, f, data, /*uid=*/1000);
+  nfs_.stale_fh = f;
+  nfs_.FailNext(testing::FakeNfs::Proc::kWrite, ESTALE);
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    ASSERT_FALSE(flusher.FlushAll().ok());
+    EXPECT_EQ(cache->Stats().dirty_bytes, data.size()) << "asked as root, a live file looked gone";
+    bool asked_as_writer = false;
+    for (const auto& c : nfs_.History()) {
+      asked_as_writer = asked_as_writer || (c.proc == testing::FakeNfs::Proc::kGetattr && c.fh == f && c.cred.uid == 1000);
+    }
+    EXPECT_TRUE(asked_as_writer);
+    ASSERT_TRUE(flusher.FlushAll().ok());
+  }
+  EXPECT_EQ(nfs_.Contents(f), data);
+  nfs_.Quiesce();
+}
+
+// Found by review: the drop took every dirty page of the file, also those
+// written while the server was being asked, by a user nobody asked about.
+// Those are kept (and asked about at the next round).
+TEST_F(FlusherTest, WritesMadeWhileTheServerIsAskedAreNotDroppedWithoutAsking) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  Store(*cache, f, std::string(8192, 'b'), /*uid=*/2000);
+  RemoveOnServer("f");
+  nfs_.Pause();
+  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+  auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
+  // The WRITE (stale), the root, the file (stale): then, before the root
+  // is asked again, another user's write.
+  int roots = 0;
+  while (nfs_.WaitPending(1)) {
+    const auto q = nfs_.Queued().front();
+    if (q.proc == testing::FakeNfs::Proc::kGetattr && q.fh == nfs_.root() && ++roots == 2) break;
+    ASSERT_TRUE(nfs_.StepOne(0));
+  }
+  ASSERT_EQ(roots, 2) << "the server was not asked: the test shows nothing";
+  Store(*cache, f, std::string(4096, 'a'), /*uid=*/1000, /*off=*/65536);
+  nfs_.Resume();
+  auto r = flush.get();
+  EXPECT_FALSE(r.ok()) << "the flush dropped a write made while the server was asked";
+  EXPECT_EQ(cache->Stats().dirty_bytes, 8192u + 4096u);
+  // Asked again, now about both writers: gone, dropped.
+  ASSERT_TRUE(flusher.FlushAll().ok());
+  EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  nfs_.Quiesce();
+}
+
+// Found by review: a file whose writes are kept (ESTALE the server could
+// not confirm) failed every background round it was in and held up the
+// files after it; a flush request stopped at it.
+TEST_F(FlusherTest, AFileWhoseWritesAreKeptDoesNotHoldUpTheOthers) {
+  auto cache = OpenCache(/*dirty_age_s=*/1);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh kept = Create("a"), other = Create("b");
+  ASSERT_LT(kept, other) << "the test needs the kept file's runs first (rounds go in handle order)";
+  Store(*cache, kept, std::string(2 << 20, 'k'));  // (more than an age round carries)
+  const std::string data(8192, 'o');
+  Store(*cache, other, data);
+  nfs_.stale_writes = kept;  // (the file itself answers: kept)
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    const auto t0 = std::chrono::steady_clock::now();
+    while (nfs_.Contents(other) != data && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(nfs_.Contents(other), data) << "the background rounds never got past the kept file";
+    EXPECT_GE(cache->Stats().dirty_bytes, uint64_t{2} << 20) << "the kept file's writes were dropped";
+    Store(*cache, other, data, 0, 8192);
+    auto r = flusher.FlushAll();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().err, EIO);
+    EXPECT_EQ(nfs_.Contents(other), data + data) << "a flush request stopped at the kept file";
+    nfs_.stale_writes.clear();
+    ASSERT_TRUE(flusher.FlushAll().ok());
+  }
+  EXPECT_EQ(nfs_.Contents(kept), std::string(2 << 20, 'k'));
   nfs_.Quiesce();
 }
 

@@ -26,6 +26,7 @@ struct GoneCheck::State {
   nfs::Client& nfs;
   const nfs::Fh root;
   const size_t max_in_flight;
+  std::atomic<bool> cancelled{false};
   std::mutex mu;
   std::deque<AskedP> queue GUARDED_BY(mu);
   size_t in_flight GUARDED_BY(mu) = 0;
@@ -59,14 +60,16 @@ class GoneCheckSteps {
 
  private:
   static void Run(const StateP& st, const AskedP& a) {
+    if (st->cancelled) return Finish(st, a, Answer::kLive);
     st->nfs.Getattr(st->root, a->writers[0], [st, a](Result<nfs::Attr> r) {
       if (!r) return Finish(st, a, Answer::kNoExport);
+      if (st->cancelled) return Finish(st, a, Answer::kLive);
       a->left = a->writers.size();
       for (const auto& w : a->writers) {
         st->nfs.Getattr(a->fh, w, [st, a](Result<nfs::Attr> f) {
           if (f || f.error().err != ESTALE) a->live = true;
           if (--a->left > 0) return;
-          if (a->live) return Finish(st, a, Answer::kLive);
+          if (a->live || st->cancelled) return Finish(st, a, Answer::kLive);
           st->nfs.Getattr(st->root, a->writers[0], [st, a](Result<nfs::Attr> after) {
             Finish(st, a, after ? Answer::kGone : Answer::kNoExport);
           });
@@ -116,6 +119,8 @@ void GoneCheck::Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::func
   }
   GoneCheckSteps::Launch(st_, std::move(a));
 }
+
+void GoneCheck::Cancel() { st_->cancelled = true; }
 
 const char* ToString(GoneCheck::Answer a) {
   switch (a) {

@@ -14,7 +14,7 @@
 //    not loaded yet after a restart, or during a failover, and one that came
 //    back between two answers would make a live file look gone.
 // Anything else (the file answers, the root does not, any other error) is
-// not "gone": the writes are kept.
+// not "gone": the writes are kept. So is any ask after Cancel().
 //
 // Load. At most `max_in_flight` files are being asked about at once (each
 // ask sends 2 + writers GETATTRs); the others queue, in order. A kernel
@@ -53,6 +53,9 @@ class GoneCheck {
 
   // `writers` must not be empty (the root is asked as the first).
   void Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::function<void(Answer)> done);
+  // From now on nothing more is sent: asks in flight and queued, and new
+  // ones, answer kLive (keep the writes) at their next step. For good.
+  void Cancel();
 
  private:
   friend class GoneCheckSteps;

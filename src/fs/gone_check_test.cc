@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <memory>
+#include <thread>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -46,21 +48,24 @@ class GoneCheckTest : public ::testing::Test {
     nfs_.Remove(nfs_.root(), name, nfs::Cred{}, [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
     ASSERT_TRUE(static_cast<bool>(rm.get_future().get()));
   }
-  // Asks about a live file, the server answering its calls one by one, and
-  // answering ESTALE for everything to the calls `stale(k)` (k-th call, from
-  // 0) says.
-  Answer AskWhileStale(const std::function<bool(int)>& stale) {
+  // Asks about a live file, the server answering its calls one by one and
+  // answering ESTALE for everything while `stale(file_answered)` says so
+  // (file_answered: the file's GETATTR has been answered).
+  Answer AskWhileStale(const std::function<bool(bool)>& stale) {
     GoneCheck g(nfs_, nfs_.root());
     const nfs::Fh f = Create("f");
     nfs_.Pause();
-    std::promise<Answer> p;
-    auto answer = p.get_future();
-    g.Ask(f, {alice_}, [&p](Answer a) { p.set_value(a); });
+    auto p = std::make_shared<std::promise<Answer>>();  // (outlives a failed test)
+    auto answer = p->get_future();
+    g.Ask(f, {alice_}, [p](Answer a) { p->set_value(a); });
+    bool file_answered = false;
     for (int k = 0; k < 20; ++k) {
       if (answer.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready) break;
       if (!nfs_.WaitPending(1, std::chrono::seconds(5))) break;
-      nfs_.set_all_stale(stale(k));
+      const bool file = nfs_.Queued().front().fh == f;
+      nfs_.set_all_stale(stale(file_answered));
       nfs_.StepOne(0);
+      file_answered = file_answered || file;
     }
     nfs_.set_all_stale(false);
     if (answer.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
@@ -158,14 +163,15 @@ TEST_F(GoneCheckTest, AFileStaleToEveryWriterIsGone) {
 // gone. The root's answers before and after each catch it, also when the
 // server came back in between.
 TEST_F(GoneCheckTest, AServerStaleForEverythingBeforeTheFileAnswersCannotTell) {
-  // Stale while the root and the file are asked; back before the root is
+  // Stale until the file has been asked about; back before the root is
   // asked again.
-  EXPECT_EQ(AskWhileStale([](int k) { return k < 2; }), Answer::kNoExport);
+  EXPECT_EQ(AskWhileStale([](bool file_answered) { return !file_answered; }), Answer::kNoExport);
 }
 
 TEST_F(GoneCheckTest, AServerStaleForEverythingAfterTheFileAnswersCannotTell) {
-  // Answering while the root is asked first; stale from the file on.
-  EXPECT_EQ(AskWhileStale([](int k) { return k > 0; }), Answer::kNoExport);
+  // Answering until the file is asked about; stale from then on.
+  int calls = 0;
+  EXPECT_EQ(AskWhileStale([&calls](bool) { return calls++ > 0; }), Answer::kNoExport);
 }
 
 // A kernel dropping its inode cache forgets thousands of files at once: at
@@ -204,6 +210,68 @@ TEST_F(GoneCheckTest, AtMostSoManyFilesAreAskedAboutAtOnce) {
     EXPECT_EQ(answers[i].second, Answer::kGone);
   }
   EXPECT_EQ(answers.back().first, files.back()) << "queued asks run in order";
+}
+
+// Every ask frees its place: asks keep being answered one after another
+// with one place (an ask that kept its place would leave the next queued
+// for ever).
+TEST_F(GoneCheckTest, EachAskFreesItsPlaceForTheNext) {
+  GoneCheck g(nfs_, nfs_.root(), /*max_in_flight=*/1);
+  const nfs::Fh f = Create("f");
+  Remove("f");
+  for (int i = 0; i < 5; ++i) {
+    auto p = std::make_shared<std::promise<Answer>>();
+    auto answer = p->get_future();
+    g.Ask(f, {alice_}, [p](Answer a) { p->set_value(a); });
+    ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "ask " << i << " never ran";
+    EXPECT_EQ(answer.get(), Answer::kGone);
+  }
+}
+
+// Asks still in flight or queued when the GoneCheck goes finish, and their
+// `done` runs (under ASan this would show a use after free).
+TEST_F(GoneCheckTest, AsksOutliveTheirGoneCheck) {
+  const nfs::Fh f = Create("f");
+  Remove("f");
+  auto answered = std::make_shared<std::atomic<int>>(0);
+  nfs_.Pause();
+  {
+    GoneCheck g(nfs_, nfs_.root(), /*max_in_flight=*/3);
+    for (int i = 0; i < 20; ++i) g.Ask(f, {alice_}, [answered](Answer a) { *answered += a == Answer::kGone; });
+    ASSERT_TRUE(nfs_.WaitPending(3));
+  }
+  nfs_.Resume();
+  for (int i = 0; i < 500 && *answered < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(answered->load(), 20);
+}
+
+// After Cancel() nothing more is sent; what was asked is kept (kLive).
+TEST_F(GoneCheckTest, ACancelledCheckSendsNothingMoreAndKeepsEverything) {
+  const nfs::Fh f = Create("f");
+  Remove("f");
+  GoneCheck g(nfs_, nfs_.root(), /*max_in_flight=*/2);
+  auto answers = std::make_shared<std::vector<Answer>>();
+  auto mu = std::make_shared<std::mutex>();
+  nfs_.Pause();
+  for (int i = 0; i < 6; ++i) {
+    g.Ask(f, {alice_}, [answers, mu](Answer a) {
+      std::lock_guard lock(*mu);
+      answers->push_back(a);
+    });
+  }
+  ASSERT_TRUE(nfs_.WaitPending(2));  // the root, for the first two
+  g.Cancel();
+  const uint64_t sent = nfs_.stats().Calls(Proc::kGetattr);
+  g.Ask(f, {alice_}, [answers, mu](Answer a) {
+    std::lock_guard lock(*mu);
+    answers->push_back(a);
+  });
+  nfs_.Resume();
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kGetattr), sent) << "sent after Cancel()";
+  std::lock_guard lock(*mu);
+  ASSERT_EQ(answers->size(), 7u);
+  for (Answer a : *answers) EXPECT_EQ(a, Answer::kLive);
 }
 
 // A client that answers on the calling thread (as a stopped engine may):
