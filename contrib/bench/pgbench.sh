@@ -28,7 +28,17 @@
 # Environment: RUN_A, RUN_B, WARM_B (seconds), SLOWDISK_US, SLOWDISK_SPINDLES,
 # WB_EXTRA (more options for (a)'s write-back mount, e.g. cache_block=64),
 # CONFIGS (which of (a)'s "default writeback local" to run),
-# WORKLOAD, PARTS ("a b" by default), MAX_WAL (max_wal_size, 256MB). Time: (a) ~3 x (init + RUN_A), about
+# WORKLOAD, PARTS ("a b" by default), MAX_WAL (max_wal_size, 256MB),
+# B_ROWS (an extended regex: only (b)'s cached configurations whose label
+# matches run; the no-cache row always does), B_EXTRA (options added to
+# each of (b)'s cache mounts, e.g. dirty_high=10), B_SAMPLE (seconds: print
+# the cache's dirty bytes and slots in use that often during each measured
+# run, to stderr), B_SYNCS=1 (count, over each measured run, PostgreSQL's
+# WAL writes and syncs (pg_stat_wal), the transactions, and mpnfs's
+# fdatasync/fsync calls (perf stat on its syscalls), to stderr). After the
+# configurations, (b) runs the same cluster on the local disk, warmed and
+# measured the same way: the ceiling (with B_ROWS, only if it matches
+# "local disk"). Time: (a) ~3 x (init + RUN_A), about
 # 3 minutes; (b) one init, then 6 x (WARM_B + RUN_B) plus mount, warm pass
 # and start-up: with the defaults (45 + 45 s) about 12 minutes.
 #   contrib/bench/pgbench.sh [-o contrib/bench/OLTP.md]
@@ -122,6 +132,31 @@ bench() {  # SECONDS [WORKLOAD] -> TPS
 stat_of() { build/src/mpnfsctl stats "$MNT" | python3 -c "import json,sys; print(json.load(sys.stdin)['cache']['$1'])"; }
 ratio() { awk -v h="$1" -v n="$2" 'BEGIN { if (n == 0) print "-"; else printf "%.1f%%", 100 * h / n }'; }
 
+# B_SYNCS: counts over one measured run (start_syncs [MPNFS_PID]; end_syncs TPS).
+start_syncs() {
+  perf_out= perf_pid=
+  [ -n "${B_SYNCS:-}" ] || return 0
+  wal0=$(as_pg psql -X -At -c "select wal_write, wal_sync from pg_stat_wal")
+  [ -n "${1:-}" ] || return 0
+  perf_out=$(mktemp)
+  perf stat -x, -o "$perf_out" -e syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync -p "$1" &
+  perf_pid=$!
+}
+end_syncs() {  # TPS
+  [ -n "${B_SYNCS:-}" ] || return 0
+  local n=-
+  if [ -n "$perf_pid" ]; then
+    kill -INT "$perf_pid"; wait "$perf_pid" 2>/dev/null || true
+    n=$(awk -F, '/fdatasync|fsync/ { n += $1 } END { print n + 0 }' "$perf_out"); rm -f "$perf_out"
+  fi
+  wal1=$(as_pg psql -X -At -c "select wal_write, wal_sync from pg_stat_wal")
+  awk -v w0="$wal0" -v w1="$wal1" -v tps="$1" -v secs="$RUN_B" -v n="$n" 'BEGIN {
+    split(w0, a, "|"); split(w1, b, "|"); tx = tps * secs; syncs = b[2] - a[2]
+    printf "  %d transactions (TPS x run); PostgreSQL: %d WAL writes, %d WAL syncs (%.2f per transaction)", tx, b[1] - a[1], syncs, syncs / (tx > 0 ? tx : 1)
+    if (n != "-") printf "; mpnfs: %d fdatasync+fsync (%.2f per WAL sync)", n, n / (syncs > 0 ? syncs : 1)
+    print "" }' >&2
+}
+
 bed_up() {  # [GANESHA_ENV]
   contrib/testbed.sh down >/dev/null 2>&1 || true
   rm -rf "$MPNFS_TB"
@@ -205,9 +240,12 @@ if [[ " $PARTS " == *" b "* ]]; then
   base=
   # LABEL|CACHE_PERCENT(0: none)|MORE_OPTIONS|PAPER
   while IFS="|" read -r -u 3 label pct more paper; do
+    if [ "$pct" -gt 0 ] && [ -n "${B_ROWS:-}" ] && ! [[ "$label" =~ $B_ROWS ]]; then continue; fi
     opts=allow_other,direct_io
     if [ "$pct" -gt 0 ]; then
       rm -rf "$SRC/c"; mkdir -p "$SRC/c"
+      more="$more${B_EXTRA:+,$B_EXTRA}"; more=${more#,}
+      label="$label${B_EXTRA:+, $B_EXTRA}"
       opts="$opts,cache_dir=$SRC/c,cache_size=$((db_mib * pct / 100))M,cache_mode=writeback,cache_block=64${more:+,$more}"
     fi
     mount_mpnfs "$opts"
@@ -222,7 +260,17 @@ if [[ " $PARTS " == *" b "* ]]; then
       rh=$(stat_of read_hits); rm_=$(stat_of read_misses); wh=$(stat_of write_hits); w=$(stat_of writes)
       wb=$(stat_of write_bypasses)
     fi
+    sampler=
+    if [ "$pct" -gt 0 ] && [ -n "${B_SAMPLE:-}" ]; then
+      (while sleep "$B_SAMPLE"; do
+         build/src/mpnfsctl stats "$MNT" 2>/dev/null | python3 -c "import json,sys; c=json.load(sys.stdin)['cache']; print('  dirty blocks', c['dirty_blocks'], 'MiB', c['dirty_bytes'] >> 20, '; slots used', c['slots_used'], 'of', c['slots'])" >&2 || break
+       done) &
+      sampler=$!
+    fi
+    start_syncs "$PID"
     tps=$(bench "$RUN_B" "$WORKLOAD")
+    [ -z "$sampler" ] || kill "$sampler" 2>/dev/null || true
+    end_syncs "$tps"
     rhits=- whits=-
     if [ "$pct" -gt 0 ]; then
       rh=$(($(stat_of read_hits) - rh)); rm_=$(($(stat_of read_misses) - rm_))
@@ -242,6 +290,21 @@ cache 30%, seq_cutoff=0, fill=block|30|seq_cutoff=0,fill=block|85.7% read, 86.7%
 cache 120%, seq_cutoff=0, fill=page|120|seq_cutoff=0,fill=page|97%; 37.6x
 cache 120%, seq_cutoff=0, fill=block|120|seq_cutoff=0,fill=block|97%; 37.6x
 EOF
+  if [ -z "${B_ROWS:-}" ] || [[ "local disk" =~ $B_ROWS ]]; then
+    # The ceiling: the same cluster on this machine's own disk (the disk the
+    # cache directories use), warmed and measured as long.
+    rm -rf "$SRC/local"; mkdir -p "$SRC/local"
+    cp -a "$EXPORT/pg" "$SRC/local/"
+    pg_start "$SRC/local/pg/data"
+    bench "$WARM_B" "$WORKLOAD" >/dev/null
+    start_syncs
+    tps=$(bench "$RUN_B" "$WORKLOAD")
+    end_syncs "$tps"
+    pg_stop "$SRC/local/pg/data"; CUR_DATA=
+    rm -rf "$SRC/local"
+    row "local disk, same settings (the ceiling)" "$tps" \
+        "$(awk -v a="$tps" -v b="$base" 'BEGIN { printf "%.1fx", a / b }')" "-" "-" "-"
+  fi
 fi
 
 if [ -n "$OUT" ]; then cp "$REPORT" "$OUT"; echo "written to $OUT"; fi
