@@ -887,15 +887,17 @@ void BlockCache::Drop(const std::string& fh) {
   ForgetFile(State(fh));
 }
 
-bool BlockCache::DropIfUnchanged(const std::string& fh, uint64_t stamp) {
+BlockCache::DropResult BlockCache::DropIfUnchanged(const std::string& fh, uint64_t stamp) {
   std::unique_lock lock(mu_);
   auto it = files_.find(fh);
-  if (it == files_.end()) return true;  // (nothing held)
-  // (Every write applied, and every flush marking pages clean, moves the
-  // stamp: NoteChange.)
-  if (it->second.write_counter != stamp) return false;
-  ForgetFile(it->second);
-  return true;
+  if (it == files_.end()) return DropResult::kNothing;
+  FileState& f = it->second;
+  bool dirty = false;
+  for (uint32_t s = f.head; s != kNoSlot && !dirty; s = slots_[s].next) dirty = slots_[s].dirty_pin;
+  if (!dirty) return DropResult::kNothing;
+  if (f.dirtied != stamp) return DropResult::kKept;
+  ForgetFile(f);
+  return DropResult::kDropped;
 }
 
 bool BlockCache::ForgetFile(FileState& f) {
@@ -1866,6 +1868,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       }
       SetDirtyPin(part.to);
       NoteChange(f, part.block, part.p0, part.np);
+      f.dirtied = f.write_counter;
     }
     f.wb_size = std::max(f.wb_size, w.off + w.len);
     f.wb_commit = commits_ + 1;  // (no commit runs while this thread applies writes)
@@ -2051,7 +2054,7 @@ std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh, 
   std::lock_guard lock(mu_);
   std::vector<Writer> out;
   auto it = files_.find(fh);
-  if (stamp) *stamp = it == files_.end() ? 0 : it->second.write_counter;
+  if (stamp) *stamp = it == files_.end() ? 0 : it->second.dirtied;
   if (dirty_slots_ == 0 || it == files_.end()) return out;
   for (uint32_t s = it->second.head; s != kNoSlot; s = slots_[s].next) {
     if (!slots_[s].dirty_pin) continue;

@@ -294,11 +294,16 @@ class BlockCache {
   // server (ESTALE). Reads already in flight will not store what they bring
   // back.
   void Drop(const std::string& fh);
-  // Drop(fh), only if nothing was written to or flushed from the file's
-  // blocks since `stamp` (from DirtyWriters): the file was judged gone from
-  // the writers listed then, and a later write (another user's, acknowledged
-  // meanwhile) was not asked about. False if kept.
-  bool DropIfUnchanged(const std::string& fh, uint64_t stamp);
+  // Drop(fh), unless a write-back write was applied to the file since
+  // `stamp` (from DirtyWriters): the file was judged gone from the writers
+  // listed then, and a later write (another user's, acknowledged meanwhile)
+  // was not asked about.
+  enum class DropResult {
+    kDropped,
+    kNothing,  // no unflushed data left (dropped or flushed meanwhile)
+    kKept,     // written since `stamp`
+  };
+  DropResult DropIfUnchanged(const std::string& fh, uint64_t stamp);
   // This client truncates `fh` (after flushing it): forget its blocks. If
   // the file holds unflushed writes (they came after that flush) nothing is
   // forgotten and false is returned: flush again, then call again (a write
@@ -482,6 +487,7 @@ class BlockCache {
     FileVersion validated;
     // This client's writes: counters for the fill rules, WCC bookkeeping.
     uint64_t write_counter = 0, pruned_upto = 0;
+    uint64_t dirtied = 0;  // counter_ at the last write-back write applied (DropIfUnchanged)
     std::map<uint64_t, BlockWrites> writes;
     int writes_inflight = 0;
     int truncates_inflight = 0;  // Truncating() .. TruncateDone(): no fills

@@ -1178,6 +1178,28 @@ TEST_F(WbRaceTest, AMultiBlockWriteThatEvictsItsOwnNextBlockKeepsEachBlockWhereI
 // no failure was seen before Allocate stopped handing out pinned slots: the
 // writer thread writes the fill after the write. DropAll did fail once.)
 enum class DropKind { kAll, kChanged, kGone };
+
+// DropIfUnchanged: a write applied after the stamp was taken keeps the
+// file; a flush (no new unflushed data) does not; a file with nothing
+// unflushed left is "nothing", whether dropped meanwhile or never cached.
+TEST_F(WriteBackTest, DropIfUnchangedKeepsAFileWrittenSinceItsStamp) {
+  auto c = OpenWb();
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
+  uint64_t stamp = 0;
+  ASSERT_EQ(c->DirtyWriters("fh1", &stamp).size(), 1u);
+  ASSERT_EQ(Wb(*c, "fh1", 65536, Pattern(4096, 'b')).kind, WbOutcome::kStored);
+  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kKept);
+  EXPECT_EQ(c->Stats().dirty_bytes, 8192u + 4096u);
+  // Part of it flushed since the stamp: still what was asked about.
+  ASSERT_EQ(c->DirtyWriters("fh1", &stamp).size(), 1u);
+  c->Flushed(c->CollectDirty(4096, "fh1", std::chrono::steady_clock::now()));
+  ASSERT_GT(c->Stats().dirty_bytes, 0u);
+  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kDropped);
+  EXPECT_EQ(c->Stats().dirty_bytes, 0u);
+  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kNothing);
+  EXPECT_EQ(c->DropIfUnchanged("never-cached", 0), BlockCache::DropResult::kNothing);
+}
+
 class WbDropRaceTest : public WbRaceTest, public ::testing::WithParamInterface<std::tuple<DropKind, bool>> {};
 
 TEST_P(WbDropRaceTest, ADropDuringAWriteBackWriteNeverLendsItsSlotToAnotherFile) {

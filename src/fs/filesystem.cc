@@ -109,7 +109,15 @@ void Filesystem::InterruptFlush() {
 
 void Filesystem::FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done) {
   auto fl = flusher_.load();
-  if (!fl) return done(Ok{});
+  if (!fl) {
+    // (A write-back cache still attached without its flusher: the mount is
+    // being torn down. Nothing can be flushed.)
+    auto cache = cache_.load();
+    if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
+      return done(Error::Errno(EIO, "the SSD cache's flusher has stopped"));
+    }
+    return done(Ok{});
+  }
   fl->Flush(inode->fh(), std::move(done));
 }
 
@@ -595,7 +603,8 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
               // handle) is someone's: kept. So are writes made since the
               // writers were listed (not asked about).
               if (a != GoneCheck::Answer::kGone || inodes_.Find(fh)) return;
-              if (auto cache = weak.lock(); cache && cache->DropIfUnchanged(fh, stamp)) {
+              if (auto cache = weak.lock();
+                  cache && cache->DropIfUnchanged(fh, stamp) == cache::BlockCache::DropResult::kDropped) {
                 Log("fs")->debug("a removed file's unflushed cached writes are dropped");
               }
             });

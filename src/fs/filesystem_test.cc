@@ -1335,6 +1335,41 @@ TEST_F(WriteBackTest, AServerStaleForEveryHandleDoesNotMakeAForgottenFileLoseIts
   ForgetWhileStaleKeepsTheWrites(ino, "f", Pattern(8192, 9), [&](bool on) { nfs_.set_all_stale(on); });
 }
 
+// Writes applied to a forgotten file while the server is asked about it
+// (another user's, through a cached handle) were not asked about: kept.
+TEST_F(WriteBackTest, WritesMadeWhileAForgottenFileIsAskedAboutAreKept) {
+  const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 11));
+  ASSERT_NE(ino, 0u);
+  const nfs::Fh fh = *nfs_.FhOf("f");
+  ASSERT_TRUE(Unlink(kRoot, "f").ok());
+  nfs_.Pause();
+  fs_->Forget(ino, kAllLookups);
+  // The root, then the file (stale); before the root is asked again, a
+  // write lands in the cache.
+  int roots = 0;
+  while (nfs_.WaitPending(1)) {
+    const auto q = nfs_.Queued().front();
+    if (q.proc == Proc::kGetattr && q.fh == nfs_.root() && ++roots == 2) break;
+    ASSERT_TRUE(nfs_.StepOne(0));
+  }
+  ASSERT_EQ(roots, 2) << "the server was not asked: the test shows nothing";
+  const std::string more = Pattern(4096, 12);
+  cache::WbWrite w;
+  w.fh = fh;
+  w.off = 65536;
+  w.data = more.data();
+  w.len = more.size();
+  w.uid = 2000;
+  w.gid = 2000;
+  std::promise<cache::WbOutcome> stored;
+  cache_->WriteBack(std::move(w), [&stored](cache::WbOutcome o) { stored.set_value(std::move(o)); });
+  ASSERT_EQ(stored.get_future().get().kind, cache::WbOutcome::kStored);
+  const uint64_t dirty = Dirty();
+  nfs_.Resume();
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(Dirty(), dirty) << "writes nobody asked about were dropped";
+}
+
 // A file the server answers stale for, but that this mount looked up again
 // while the server was being asked (a new inode for its handle), is in use:
 // its writes are kept.

@@ -253,21 +253,37 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     });
     if (!asking || !wait()) return Error::Errno(EINTR, "flushing interrupted");
     for (const auto& [f, a] : st->gone) {
-      if (a == GoneCheck::Answer::kGone && cache_->DropIfUnchanged(f, stamps[f])) {
-        Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
-                           "its cached writes are dropped");
-        bytes += stale[f];  // (dropped: progress too)
-        continue;
+      using Drop = cache::BlockCache::DropResult;
+      switch (a) {
+        case GoneCheck::Answer::kGone:
+          switch (cache_->DropIfUnchanged(f, stamps[f])) {
+            case Drop::kDropped:
+              Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
+                                 "its cached writes are dropped");
+              bytes += stale[f];  // (dropped: progress too)
+              break;
+            case Drop::kNothing:
+              bytes += stale[f];  // (dropped meanwhile, by the filesystem's own question)
+              break;
+            case Drop::kKept:
+              break;  // written since it was listed: asked again at its next round
+          }
+          break;
+        case GoneCheck::Answer::kLive:
+          cache_->NoteFlushError();
+          kept->emplace(f, Error::Errno(EIO, "the server answered a flush with ESTALE, but the file "
+                                             "itself still answers: its cached writes are kept"));
+          break;
+        case GoneCheck::Answer::kNoExport:
+          // The server cannot tell about any file now: the round fails
+          // (retried as a whole, not file by file).
+          if (!first_err || first_err->err == ESTALE) {
+            first_err = Error::Errno(EIO, "the server answered a flush with ESTALE, and its export's root "
+                                          "does not answer either (exports not loaded, a failover?): "
+                                          "cached writes are kept");
+          }
+          break;
       }
-      // Kept: the file answers, the export's root does not, or the file was
-      // written meanwhile (asked again at its next round).
-      cache_->NoteFlushError();
-      std::string why = a == GoneCheck::Answer::kGone ? "written to while the server was asked"
-                        : a == GoneCheck::Answer::kLive
-                            ? "the file itself still answers"
-                            : "the export's root is not answering either (exports not loaded, a failover?)";
-      kept->emplace(f, Error::Errno(EIO, "the server answered a flush with ESTALE, but " + why +
-                                             ": the file's cached writes are kept"));
     }
   }
   if (first_err) {
@@ -292,7 +308,12 @@ Result<Ok> Flusher::Drain(const std::string& fh) {
       return Error::Errno(EIO, "flushing makes no progress (the server keeps losing unstable writes)");
     }
   }
-  if (!kept.empty()) return kept.begin()->second;  // (the caller logs it)
+  if (!kept.empty()) {
+    // (The caller logs it.)
+    const Error& e = kept.begin()->second;
+    if (kept.size() == 1) return e;
+    return Error::Errno(e.err, std::to_string(kept.size()) + " files' cached writes kept (" + e.what + ")");
+  }
   return Ok{};
 }
 
@@ -339,20 +360,18 @@ void Flusher::Main() {
     Result<uint64_t> r = uint64_t{0};
     bool pending = false;
     std::set<std::string> skip;
-    for (auto it = backoff_.begin(); it != backoff_.end();) {
-      if (it->second.until > now) {
-        skip.insert(it->first);
-      } else if (cache_->DirtyWriters(it->first).empty()) {
-        it = backoff_.erase(it);  // flushed or dropped since
-        continue;
-      }
-      ++it;
+    for (const auto& [f, b] : backoff_) {
+      if (b.until > now) skip.insert(f);
     }
     Kept kept;
     if (above_low) {
       r = Round("", kBackgroundRound, now, &pending, skip, &kept);
     } else if (level.blocks > 0 && level.oldest >= age) {
       r = Round("", kAgeRound, now - age, &pending, skip, &kept);
+    }
+    // Files whose wait was over and that were not kept again start afresh.
+    for (auto it = backoff_.begin(); it != backoff_.end();) {
+      it = it->second.until <= now && !kept.count(it->first) ? backoff_.erase(it) : std::next(it);
     }
     for (const auto& [f, e] : kept) {
       Backoff& b = backoff_[f];
@@ -365,7 +384,7 @@ void Flusher::Main() {
     if (!r) {
       log->warn("background flush failed: {} (dirty data kept; retrying in 1 s)", r.error().what);
       retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    } else if (pending && *r == 0) {
+    } else if (pending && *r == 0 && kept.empty()) {
       // Nothing became clean (the server keeps losing the unstable writes
       // before their COMMIT): going round again at once would spin.
       log->warn("background flush made no progress (dirty data kept; retrying in 1 s)");

@@ -23,11 +23,12 @@
 // the handle stale to each user whose writes wait, between two answers of
 // the export's root). A server that answers ESTALE for everything while its
 // exports load or during a failover has not lost the file: the writes are
-// kept (a drop also waits for nothing to have been written to the file
-// since its writers were listed). A kept file does not hold up the others:
+// kept and the round fails (EIO; background: retried in 1 s). A file that
+// itself still answers although its WRITE got ESTALE is kept too, but alone:
 // background rounds leave it out for 1 s, doubling up to 30 s while it stays
-// so; a flush request goes on with the other files and then fails with the
-// kept file's error (EIO).
+// so, and a flush request goes on with the other files and then fails with
+// EIO. A file written to while the server was asked is asked about again at
+// its next round (the writes made meanwhile were not asked about).
 //
 // Interrupt. A flush to a server that has gone away waits for it on a hard
 // mount, for ever. Interrupt() (SIGTERM during the flush at unmount) makes

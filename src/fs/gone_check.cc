@@ -71,6 +71,7 @@ class GoneCheckSteps {
           if (--a->left > 0) return;
           if (a->live || st->cancelled) return Finish(st, a, Answer::kLive);
           st->nfs.Getattr(st->root, a->writers[0], [st, a](Result<nfs::Attr> after) {
+            if (st->cancelled) return Finish(st, a, Answer::kLive);
             Finish(st, a, after ? Answer::kGone : Answer::kNoExport);
           });
         });

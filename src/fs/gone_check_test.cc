@@ -184,14 +184,18 @@ TEST_F(GoneCheckTest, AtMostSoManyFilesAreAskedAboutAtOnce) {
     Remove("f" + std::to_string(i));
   }
   nfs_.Pause();
-  std::mutex mu;
-  std::vector<std::pair<nfs::Fh, Answer>> answers;
-  std::promise<void> all;
+  // (Shared with the callbacks: they outlive a test that failed early.)
+  struct Answers {
+    std::mutex mu;
+    std::vector<std::pair<nfs::Fh, Answer>> got;
+    std::promise<void> all;
+  };
+  auto answers = std::make_shared<Answers>();
   for (const auto& f : files) {
-    g.Ask(f, {alice_}, [&, f](Answer a) {
-      std::lock_guard lock(mu);
-      answers.emplace_back(f, a);
-      if (answers.size() == files.size()) all.set_value();
+    g.Ask(f, {alice_}, [answers, f, n = files.size()](Answer a) {
+      std::lock_guard lock(answers->mu);
+      answers->got.emplace_back(f, a);
+      if (answers->got.size() == n) answers->all.set_value();
     });
   }
   ASSERT_TRUE(nfs_.WaitPending(3));
@@ -202,14 +206,12 @@ TEST_F(GoneCheckTest, AtMostSoManyFilesAreAskedAboutAtOnce) {
     most = std::max(most, nfs_.Pending());
   }
   nfs_.Resume();
-  all.get_future().wait();
+  ASSERT_EQ(answers->all.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_LE(most, 3u);
-  std::lock_guard lock(mu);
-  ASSERT_EQ(answers.size(), files.size());
-  for (size_t i = 0; i < files.size(); ++i) {
-    EXPECT_EQ(answers[i].second, Answer::kGone);
-  }
-  EXPECT_EQ(answers.back().first, files.back()) << "queued asks run in order";
+  std::lock_guard lock(answers->mu);
+  ASSERT_EQ(answers->got.size(), files.size());
+  for (const auto& [f, a] : answers->got) EXPECT_EQ(a, Answer::kGone);
+  EXPECT_EQ(answers->got.back().first, files.back()) << "queued asks run in order";
 }
 
 // Every ask frees its place: asks keep being answered one after another
@@ -272,6 +274,28 @@ TEST_F(GoneCheckTest, ACancelledCheckSendsNothingMoreAndKeepsEverything) {
   std::lock_guard lock(*mu);
   ASSERT_EQ(answers->size(), 7u);
   for (Answer a : *answers) EXPECT_EQ(a, Answer::kLive);
+}
+
+// Cancel() between the file's answer and the root's second one: kLive, not
+// kGone.
+TEST_F(GoneCheckTest, ACheckCancelledAfterTheFileAnsweredKeepsTheWrites) {
+  const nfs::Fh f = Create("f");
+  Remove("f");
+  GoneCheck g(nfs_, nfs_.root());
+  auto p = std::make_shared<std::promise<Answer>>();
+  auto answer = p->get_future();
+  nfs_.Pause();
+  g.Ask(f, {alice_}, [p](Answer a) { p->set_value(a); });
+  int roots = 0;
+  while (nfs_.WaitPending(1)) {
+    if (nfs_.Queued().front().fh == nfs_.root() && ++roots == 2) break;
+    ASSERT_TRUE(nfs_.StepOne(0));
+  }
+  ASSERT_EQ(roots, 2);
+  g.Cancel();
+  nfs_.Resume();
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(answer.get(), Answer::kLive);
 }
 
 // A client that answers on the calling thread (as a stopped engine may):
