@@ -892,12 +892,32 @@ BlockCache::DropResult BlockCache::DropIfUnchanged(const std::string& fh, uint64
   auto it = files_.find(fh);
   if (it == files_.end()) return DropResult::kNothing;
   FileState& f = it->second;
-  bool dirty = false;
-  for (uint32_t s = f.head; s != kNoSlot && !dirty; s = slots_[s].next) dirty = slots_[s].dirty_pin;
-  if (!dirty) return DropResult::kNothing;
-  if (f.dirtied != stamp) return DropResult::kKept;
-  ForgetFile(f);
-  return DropResult::kDropped;
+  // A block written since the stamp has a newer write generation (both
+  // come from counter_): its last writer may not have been asked.
+  const auto newer = [this, stamp](uint32_t s) { return slots_[s].dirty_pin && WbOf(s).wgen > stamp; };
+  bool asked_dirty = false, any_newer = false;
+  for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
+    if (newer(s)) {
+      any_newer = true;
+    } else if (slots_[s].dirty_pin) {
+      asked_dirty = true;
+    }
+  }
+  if (!asked_dirty) return DropResult::kNothing;
+  if (!any_newer) {
+    ForgetFile(f);
+    return DropResult::kDropped;
+  }
+  std::vector<uint32_t> old;
+  for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
+    if (!newer(s)) old.push_back(s);
+  }
+  for (uint32_t s : old) {
+    FreeSlot(s, /*persist=*/true);
+    policy_->Release(s);
+  }
+  stats_.files_dropped++;
+  return DropResult::kPartial;
 }
 
 bool BlockCache::ForgetFile(FileState& f) {

@@ -294,14 +294,14 @@ class BlockCache {
   // server (ESTALE). Reads already in flight will not store what they bring
   // back.
   void Drop(const std::string& fh);
-  // Drop(fh), unless a write-back write was applied to the file since
-  // `stamp` (from DirtyWriters): the file was judged gone from the writers
-  // listed then, and a later write (another user's, acknowledged meanwhile)
-  // was not asked about.
+  // Drop(fh), but only of what was unflushed when `stamp` was taken (from
+  // DirtyWriters): the file was judged gone by asking the writers listed
+  // then; blocks written since (another user's writes, acknowledged
+  // meanwhile) were not asked about and stay, to be asked about again.
   enum class DropResult {
-    kDropped,
-    kNothing,  // no unflushed data left (dropped or flushed meanwhile)
-    kKept,     // written since `stamp`
+    kDropped,  // everything
+    kPartial,  // what was asked about; blocks written since kept
+    kNothing,  // nothing asked about is left unflushed (dropped or flushed meanwhile)
   };
   DropResult DropIfUnchanged(const std::string& fh, uint64_t stamp);
   // This client truncates `fh` (after flushing it): forget its blocks. If

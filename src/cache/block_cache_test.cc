@@ -1179,18 +1179,19 @@ TEST_F(WbRaceTest, AMultiBlockWriteThatEvictsItsOwnNextBlockKeepsEachBlockWhereI
 // writer thread writes the fill after the write. DropAll did fail once.)
 enum class DropKind { kAll, kChanged, kGone };
 
-// DropIfUnchanged: a write applied after the stamp was taken keeps the
-// file; a flush (no new unflushed data) does not; a file with nothing
-// unflushed left is "nothing", whether dropped meanwhile or never cached.
-TEST_F(WriteBackTest, DropIfUnchangedKeepsAFileWrittenSinceItsStamp) {
+// DropIfUnchanged: only what was unflushed when the stamp was taken goes;
+// a block written since stays (its writer was not asked); a flush since
+// changes nothing; a file with nothing asked about left is "nothing".
+TEST_F(WriteBackTest, DropIfUnchangedKeepsOnlyTheBlocksWrittenSinceItsStamp) {
   auto c = OpenWb();
   ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
   uint64_t stamp = 0;
   ASSERT_EQ(c->DirtyWriters("fh1", &stamp).size(), 1u);
-  ASSERT_EQ(Wb(*c, "fh1", 65536, Pattern(4096, 'b')).kind, WbOutcome::kStored);
-  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kKept);
-  EXPECT_EQ(c->Stats().dirty_bytes, 8192u + 4096u);
-  // Part of it flushed since the stamp: still what was asked about.
+  ASSERT_EQ(Wb(*c, "fh1", kBlock, Pattern(4096, 'b')).kind, WbOutcome::kStored);  // (another block)
+  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kPartial);
+  EXPECT_EQ(c->Stats().dirty_bytes, 4096u) << "the block written since the stamp must stay, and only it";
+  // A flush since the stamp: what is left is still what was asked about.
+  ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'c')).kind, WbOutcome::kStored);
   ASSERT_EQ(c->DirtyWriters("fh1", &stamp).size(), 1u);
   c->Flushed(c->CollectDirty(4096, "fh1", std::chrono::steady_clock::now()));
   ASSERT_GT(c->Stats().dirty_bytes, 0u);
@@ -1198,6 +1199,12 @@ TEST_F(WriteBackTest, DropIfUnchangedKeepsAFileWrittenSinceItsStamp) {
   EXPECT_EQ(c->Stats().dirty_bytes, 0u);
   EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kNothing);
   EXPECT_EQ(c->DropIfUnchanged("never-cached", 0), BlockCache::DropResult::kNothing);
+  // Only blocks written since the stamp: nothing asked about is left.
+  ASSERT_EQ(Wb(*c, "fh2", 0, Pattern(4096, 'd')).kind, WbOutcome::kStored);
+  ASSERT_TRUE(c->DirtyWriters("fh2", &stamp).size() == 1u);
+  ASSERT_EQ(Wb(*c, "fh2", 0, Pattern(4096, 'e')).kind, WbOutcome::kStored);
+  EXPECT_EQ(c->DropIfUnchanged("fh2", stamp), BlockCache::DropResult::kNothing);
+  EXPECT_EQ(c->Stats().dirty_bytes, 4096u);
 }
 
 class WbDropRaceTest : public WbRaceTest, public ::testing::WithParamInterface<std::tuple<DropKind, bool>> {};

@@ -601,10 +601,11 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
             [this, fh, stamp, weak = std::weak_ptr<cache::BlockCache>(cache)](GoneCheck::Answer a) {
               // A file looked up again meanwhile (a new inode for the
               // handle) is someone's: kept. So are writes made since the
-              // writers were listed (not asked about).
+              // writers were listed (not asked about: at the flush, they
+              // will be).
               if (a != GoneCheck::Answer::kGone || inodes_.Find(fh)) return;
               if (auto cache = weak.lock();
-                  cache && cache->DropIfUnchanged(fh, stamp) == cache::BlockCache::DropResult::kDropped) {
+                  cache && cache->DropIfUnchanged(fh, stamp) != cache::BlockCache::DropResult::kNothing) {
                 Log("fs")->debug("a removed file's unflushed cached writes are dropped");
               }
             });

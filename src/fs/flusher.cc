@@ -99,9 +99,13 @@ Result<Ok> Flusher::FlushAll() {
 
 Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
                                 std::chrono::steady_clock::time_point older_than, bool* pending,
-                                const std::set<std::string>& skip, Kept* kept) {
+                                const std::set<std::string>& skip, Kept* kept,
+                                std::set<std::string>* files_sent) {
   if (interrupted_) return Error::Errno(EINTR, "flushing interrupted");
   std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than, &skip);
+  if (files_sent) {
+    for (const auto& r : runs) files_sent->insert(r.fh);
+  }
   *pending = !runs.empty();
   if (runs.empty()) return uint64_t{0};
   // Join neighbours (runs come in file order) into calls of up to wsize.
@@ -260,14 +264,16 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
             case Drop::kDropped:
               Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
                                  "its cached writes are dropped");
-              bytes += stale[f];  // (dropped: progress too)
+              break;
+            case Drop::kPartial:
+              Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
+                                 "its cached writes are dropped, but those made while the server was "
+                                 "asked (asked about at its next flush)");
               break;
             case Drop::kNothing:
-              bytes += stale[f];  // (dropped meanwhile, by the filesystem's own question)
-              break;
-            case Drop::kKept:
-              break;  // written since it was listed: asked again at its next round
+              break;  // (dropped or flushed meanwhile)
           }
+          bytes += stale[f];  // (progress)
           break;
         case GoneCheck::Answer::kLive:
           cache_->NoteFlushError();
@@ -277,7 +283,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
         case GoneCheck::Answer::kNoExport:
           // The server cannot tell about any file now: the round fails
           // (retried as a whole, not file by file).
-          if (!first_err || first_err->err == ESTALE) {
+          if (!first_err) {
             first_err = Error::Errno(EIO, "the server answered a flush with ESTALE, and its export's root "
                                           "does not answer either (exports not loaded, a failover?): "
                                           "cached writes are kept");
@@ -364,14 +370,18 @@ void Flusher::Main() {
       if (b.until > now) skip.insert(f);
     }
     Kept kept;
+    std::set<std::string> sent;
     if (above_low) {
-      r = Round("", kBackgroundRound, now, &pending, skip, &kept);
+      r = Round("", kBackgroundRound, now, &pending, skip, &kept, &sent);
     } else if (level.blocks > 0 && level.oldest >= age) {
-      r = Round("", kAgeRound, now - age, &pending, skip, &kept);
+      r = Round("", kAgeRound, now - age, &pending, skip, &kept, &sent);
     }
-    // Files whose wait was over and that were not kept again start afresh.
+    // Files sent again and not kept this time start afresh (as do files
+    // with nothing left to flush).
     for (auto it = backoff_.begin(); it != backoff_.end();) {
-      it = it->second.until <= now && !kept.count(it->first) ? backoff_.erase(it) : std::next(it);
+      const bool done = it->second.until <= now && !kept.count(it->first) &&
+                        (sent.count(it->first) || cache_->DirtyWriters(it->first).empty());
+      it = done ? backoff_.erase(it) : std::next(it);
     }
     for (const auto& [f, e] : kept) {
       Backoff& b = backoff_[f];

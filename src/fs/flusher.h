@@ -27,8 +27,8 @@
 // itself still answers although its WRITE got ESTALE is kept too, but alone:
 // background rounds leave it out for 1 s, doubling up to 30 s while it stays
 // so, and a flush request goes on with the other files and then fails with
-// EIO. A file written to while the server was asked is asked about again at
-// its next round (the writes made meanwhile were not asked about).
+// EIO. Of a file written to while the server was asked, only what was
+// asked about goes; the newer writes are asked about at its next round.
 //
 // Interrupt. A flush to a server that has gone away waits for it on a hard
 // mount, for ever. Interrupt() (SIGTERM during the flush at unmount) makes
@@ -98,10 +98,12 @@ class Flusher {
   // One round over at most `max_bytes`, leaving out the files in `skip`;
   // the bytes made clean (or dropped: their file is gone), 0 if nothing
   // matched or none were. `*pending` says whether anything matched at all;
-  // files kept are added to `*kept` (not an error of the round).
+  // files kept are added to `*kept` (not an error of the round), and the
+  // files it sent to `*files_sent` (if given).
   Result<uint64_t> Round(const std::string& fh, uint64_t max_bytes,
                          std::chrono::steady_clock::time_point older_than, bool* pending,
-                         const std::set<std::string>& skip, Kept* kept);
+                         const std::set<std::string>& skip, Kept* kept,
+                         std::set<std::string>* files_sent = nullptr);
   Result<Ok> Drain(const std::string& fh);
 
   nfs::Client& nfs_;

@@ -389,7 +389,9 @@ TEST_F(FlusherTest, AFileWhoseWritesAreKeptDoesNotHoldUpTheOthers) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().err, EIO);
     EXPECT_GE(nfs_.stale_write_calls - before, 1u) << "the kept file's writes were not sent: the test shows nothing";
-    EXPECT_LE(nfs_.stale_write_calls - before, 2u) << "a flush request sent the kept file's writes again and again";
+    // (Two more if a background round met it meanwhile; without the skip,
+    // ten rounds of two.)
+    EXPECT_LE(nfs_.stale_write_calls - before, 4u) << "a flush request sent the kept file's writes again and again";
     EXPECT_EQ(nfs_.Contents(other), data + data);
     // The server answers again: the background flushes the kept file too,
     // unasked, once its wait is over.
@@ -436,10 +438,14 @@ TEST_F(FlusherTest, InterruptStopsTheQuestionsAboutAGoneFile) {
   Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
   auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
   // The WRITE (stale); then the root's GETATTR waits.
-  while (nfs_.WaitPending(1)) {
-    if (nfs_.Queued().front().proc == testing::FakeNfs::Proc::kGetattr) break;
-    ASSERT_TRUE(nfs_.StepOne(0));
+  bool asking = false;
+  while (!asking && nfs_.WaitPending(1)) {
+    asking = nfs_.Queued().front().proc == testing::FakeNfs::Proc::kGetattr;
+    if (!asking) {
+      ASSERT_TRUE(nfs_.StepOne(0));
+    }
   }
+  ASSERT_TRUE(asking) << "the server was never asked: the test shows nothing";
   flusher.Interrupt();
   auto r = flush.get();
   ASSERT_FALSE(r.ok());
