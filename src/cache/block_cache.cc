@@ -887,13 +887,14 @@ void BlockCache::Drop(const std::string& fh) {
   ForgetFile(State(fh));
 }
 
-BlockCache::DropResult BlockCache::DropIfUnchanged(const std::string& fh, uint64_t stamp) {
+BlockCache::DropResult BlockCache::DropAsOf(const std::string& fh, uint64_t stamp) {
   std::unique_lock lock(mu_);
   auto it = files_.find(fh);
   if (it == files_.end()) return DropResult::kNothing;
   FileState& f = it->second;
   // A block written since the stamp has a newer write generation (both
-  // come from counter_): its last writer may not have been asked.
+  // come from counter_, which only grows): its last writer may not have
+  // been asked.
   const auto newer = [this, stamp](uint32_t s) { return slots_[s].dirty_pin && WbOf(s).wgen > stamp; };
   bool asked_dirty = false, any_newer = false;
   for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
@@ -1888,7 +1889,6 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       }
       SetDirtyPin(part.to);
       NoteChange(f, part.block, part.p0, part.np);
-      f.dirtied = f.write_counter;
     }
     f.wb_size = std::max(f.wb_size, w.off + w.len);
     f.wb_commit = commits_ + 1;  // (no commit runs while this thread applies writes)
@@ -2074,7 +2074,7 @@ std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh, 
   std::lock_guard lock(mu_);
   std::vector<Writer> out;
   auto it = files_.find(fh);
-  if (stamp) *stamp = it == files_.end() ? 0 : it->second.dirtied;
+  if (stamp) *stamp = counter_;
   if (dirty_slots_ == 0 || it == files_.end()) return out;
   for (uint32_t s = it->second.head; s != kNoSlot; s = slots_[s].next) {
     if (!slots_[s].dirty_pin) continue;

@@ -303,7 +303,7 @@ class BlockCache {
     kPartial,  // what was asked about; blocks written since kept
     kNothing,  // nothing asked about is left unflushed (dropped or flushed meanwhile)
   };
-  DropResult DropIfUnchanged(const std::string& fh, uint64_t stamp);
+  DropResult DropAsOf(const std::string& fh, uint64_t stamp);
   // This client truncates `fh` (after flushing it): forget its blocks. If
   // the file holds unflushed writes (they came after that flush) nothing is
   // forgotten and false is returned: flush again, then call again (a write
@@ -363,7 +363,8 @@ class BlockCache {
     std::vector<uint32_t> groups;
     bool operator==(const Writer&) const = default;
   };
-  // `*stamp` (if given): the file's write stamp now, for DropIfUnchanged.
+  // `*stamp` (if given): now, for DropAsOf (blocks written later have a
+  // newer write generation).
   std::vector<Writer> DirtyWriters(const std::string& fh, uint64_t* stamp = nullptr);
   // The file's size as this client's unflushed writes make it (0: none).
   uint64_t SizeFloor(const std::string& fh);
@@ -487,7 +488,6 @@ class BlockCache {
     FileVersion validated;
     // This client's writes: counters for the fill rules, WCC bookkeeping.
     uint64_t write_counter = 0, pruned_upto = 0;
-    uint64_t dirtied = 0;  // counter_ at the last write-back write applied (DropIfUnchanged)
     std::map<uint64_t, BlockWrites> writes;
     int writes_inflight = 0;
     int truncates_inflight = 0;  // Truncating() .. TruncateDone(): no fills

@@ -1179,31 +1179,31 @@ TEST_F(WbRaceTest, AMultiBlockWriteThatEvictsItsOwnNextBlockKeepsEachBlockWhereI
 // writer thread writes the fill after the write. DropAll did fail once.)
 enum class DropKind { kAll, kChanged, kGone };
 
-// DropIfUnchanged: only what was unflushed when the stamp was taken goes;
+// DropAsOf: only what was unflushed when the stamp was taken goes;
 // a block written since stays (its writer was not asked); a flush since
 // changes nothing; a file with nothing asked about left is "nothing".
-TEST_F(WriteBackTest, DropIfUnchangedKeepsOnlyTheBlocksWrittenSinceItsStamp) {
+TEST_F(WriteBackTest, DropAsOfKeepsOnlyTheBlocksWrittenSinceItsStamp) {
   auto c = OpenWb();
   ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'a')).kind, WbOutcome::kStored);
   uint64_t stamp = 0;
   ASSERT_EQ(c->DirtyWriters("fh1", &stamp).size(), 1u);
   ASSERT_EQ(Wb(*c, "fh1", kBlock, Pattern(4096, 'b')).kind, WbOutcome::kStored);  // (another block)
-  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kPartial);
+  EXPECT_EQ(c->DropAsOf("fh1", stamp), BlockCache::DropResult::kPartial);
   EXPECT_EQ(c->Stats().dirty_bytes, 4096u) << "the block written since the stamp must stay, and only it";
   // A flush since the stamp: what is left is still what was asked about.
   ASSERT_EQ(Wb(*c, "fh1", 0, Pattern(8192, 'c')).kind, WbOutcome::kStored);
   ASSERT_EQ(c->DirtyWriters("fh1", &stamp).size(), 1u);
   c->Flushed(c->CollectDirty(4096, "fh1", std::chrono::steady_clock::now()));
   ASSERT_GT(c->Stats().dirty_bytes, 0u);
-  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kDropped);
+  EXPECT_EQ(c->DropAsOf("fh1", stamp), BlockCache::DropResult::kDropped);
   EXPECT_EQ(c->Stats().dirty_bytes, 0u);
-  EXPECT_EQ(c->DropIfUnchanged("fh1", stamp), BlockCache::DropResult::kNothing);
-  EXPECT_EQ(c->DropIfUnchanged("never-cached", 0), BlockCache::DropResult::kNothing);
+  EXPECT_EQ(c->DropAsOf("fh1", stamp), BlockCache::DropResult::kNothing);
+  EXPECT_EQ(c->DropAsOf("never-cached", 0), BlockCache::DropResult::kNothing);
   // Only blocks written since the stamp: nothing asked about is left.
   ASSERT_EQ(Wb(*c, "fh2", 0, Pattern(4096, 'd')).kind, WbOutcome::kStored);
   ASSERT_TRUE(c->DirtyWriters("fh2", &stamp).size() == 1u);
   ASSERT_EQ(Wb(*c, "fh2", 0, Pattern(4096, 'e')).kind, WbOutcome::kStored);
-  EXPECT_EQ(c->DropIfUnchanged("fh2", stamp), BlockCache::DropResult::kNothing);
+  EXPECT_EQ(c->DropAsOf("fh2", stamp), BlockCache::DropResult::kNothing);
   EXPECT_EQ(c->Stats().dirty_bytes, 4096u);
 }
 

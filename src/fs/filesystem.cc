@@ -80,7 +80,7 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
       log_(Log("fs")) {
   if (cache && cache->mode() == cache::CacheMode::kWriteBack) {
     flusher_.store(std::make_shared<Flusher>(
-        nfs_, cache, opts_.wsize, inodes_.Get(InodeTable::kRootIno)->fh(), [this](const std::string& fh, uint64_t off, uint64_t len) {
+        nfs_, cache, opts_.wsize, root, [this](const std::string& fh, uint64_t off, uint64_t len) {
           auto inode = inodes_.Find(fh);
           if (!inode) return;  // not known here: nothing kept to resend
           std::lock_guard lock(inode->mu);
@@ -591,10 +591,8 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   auto cache = cache_.load();
   if (!cache) return;
   uint64_t stamp = 0;
-  auto writers = cache->DirtyWriters(fh, &stamp);
-  if (writers.empty()) return;
-  std::vector<Cred> creds;
-  for (auto& w : writers) creds.push_back(Cred{w.uid, w.gid, std::move(w.groups)});
+  auto creds = AsCreds(cache->DirtyWriters(fh, &stamp));
+  if (creds.empty()) return;
   // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
   // event loop thread, by this call.)
   gone_.Ask(fh, std::move(creds),
@@ -605,7 +603,7 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
               // will be).
               if (a != GoneCheck::Answer::kGone || inodes_.Find(fh)) return;
               if (auto cache = weak.lock();
-                  cache && cache->DropIfUnchanged(fh, stamp) != cache::BlockCache::DropResult::kNothing) {
+                  cache && cache->DropAsOf(fh, stamp) != cache::BlockCache::DropResult::kNothing) {
                 Log("fs")->debug("a removed file's unflushed cached writes are dropped");
               }
             });

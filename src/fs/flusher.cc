@@ -235,10 +235,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     std::vector<std::pair<std::string, std::vector<engine::Cred>>> ask;
     std::map<std::string, uint64_t> stamps;
     for (const auto& [f, n] : stale) {
-      std::vector<engine::Cred> creds;
-      for (auto& w : cache_->DirtyWriters(f, &stamps[f])) {
-        creds.push_back(engine::Cred{w.uid, w.gid, std::move(w.groups)});
-      }
+      auto creds = AsCreds(cache_->DirtyWriters(f, &stamps[f]));
       if (creds.empty()) {
         bytes += n;  // (nothing of it waits any more)
         continue;
@@ -260,7 +257,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
       using Drop = cache::BlockCache::DropResult;
       switch (a) {
         case GoneCheck::Answer::kGone:
-          switch (cache_->DropIfUnchanged(f, stamps[f])) {
+          switch (cache_->DropAsOf(f, stamps[f])) {
             case Drop::kDropped:
               Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
                                  "its cached writes are dropped");

@@ -123,6 +123,31 @@ class FlusherTest : public ::testing::Test {
     }
     return false;
   }
+  // A write-back cache holding 8 KiB of `fill` written by `uid` to "f",
+  // which is then removed on the server; the server paused and a FlushAll
+  // started. Whatever happens to the test, the server resumes before the
+  // flush is waited for (a failed ASSERT cannot hang it).
+  struct GoneFlush {
+    GoneFlush(FlusherTest& t, char fill, uint32_t uid = 0) : nfs(t.nfs_) {
+      cache = t.OpenCache(/*dirty_age_s=*/3600);
+      if (!cache) return;
+      f = t.Create("f");
+      Store(*cache, f, std::string(8192, fill), uid);
+      t.RemoveOnServer("f");
+      nfs.Pause();
+      flusher = std::make_unique<Flusher>(nfs, cache, 1 << 20, nfs.root());
+      flush = std::async(std::launch::async, [this] { return flusher->FlushAll(); });
+    }
+    ~GoneFlush() {
+      nfs.Resume();
+      if (flush.valid()) flush.wait();
+    }
+    LyingNfs& nfs;
+    std::shared_ptr<cache::BlockCache> cache;
+    nfs::Fh f;
+    std::unique_ptr<Flusher> flusher;
+    std::future<Result<Ok>> flush;
+  };
   void RemoveOnServer(const std::string& name) {
     std::promise<Result<nfs::Wcc>> rm;
     nfs_.Remove(nfs_.root(), name, engine::Cred{}, [&rm](Result<nfs::Wcc> r) { rm.set_value(std::move(r)); });
@@ -335,14 +360,11 @@ TEST_F(FlusherTest, AFlushAsksAboutAStaleFileAsTheUserWhoWroteIt) {
 // written while the server was being asked, by a user nobody asked about.
 // The file is asked about again, as that user too, before anything goes.
 TEST_F(FlusherTest, WritesMadeWhileTheServerIsAskedAreNotDroppedWithoutAsking) {
-  auto cache = OpenCache(/*dirty_age_s=*/3600);
-  ASSERT_NE(cache, nullptr);
-  const nfs::Fh f = Create("f");
-  Store(*cache, f, std::string(8192, 'b'), /*uid=*/2000);
-  RemoveOnServer("f");
-  nfs_.Pause();
-  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
-  auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
+  GoneFlush g(*this, 'b', /*uid=*/2000);
+  ASSERT_NE(g.cache, nullptr);
+  auto& cache = g.cache;
+  const nfs::Fh& f = g.f;
+  auto& flush = g.flush;
   // The WRITE (stale), the root, the file (stale): then, before the root
   // is asked again, another user's write.
   ASSERT_TRUE(StepUntilTheRootIsAskedAgain()) << "the server was not asked: the test shows nothing";
@@ -409,14 +431,11 @@ TEST_F(FlusherTest, AFileWhoseWritesAreKeptDoesNotHoldUpTheOthers) {
 // A file another question (the filesystem's, at FORGET) dropped while the
 // flusher's was going on is not an error: nothing of it is left.
 TEST_F(FlusherTest, AFileDroppedWhileTheFlusherAsksIsNotAnError) {
-  auto cache = OpenCache(/*dirty_age_s=*/3600);
-  ASSERT_NE(cache, nullptr);
-  const nfs::Fh f = Create("f");
-  Store(*cache, f, std::string(8192, 'd'));
-  RemoveOnServer("f");
-  nfs_.Pause();
-  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
-  auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
+  GoneFlush g(*this, 'd');
+  ASSERT_NE(g.cache, nullptr);
+  auto& cache = g.cache;
+  const nfs::Fh& f = g.f;
+  auto& flush = g.flush;
   ASSERT_TRUE(StepUntilTheRootIsAskedAgain()) << "the server was not asked: the test shows nothing";
   cache->Drop(f);
   nfs_.Resume();
@@ -429,14 +448,11 @@ TEST_F(FlusherTest, AFileDroppedWhileTheFlusherAsksIsNotAnError) {
 // Interrupt() (SIGTERM at unmount) also stops the questions: nothing more
 // is sent, and the writes stay.
 TEST_F(FlusherTest, InterruptStopsTheQuestionsAboutAGoneFile) {
-  auto cache = OpenCache(/*dirty_age_s=*/3600);
-  ASSERT_NE(cache, nullptr);
-  const nfs::Fh f = Create("f");
-  Store(*cache, f, std::string(8192, 'i'));
-  RemoveOnServer("f");
-  nfs_.Pause();
-  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
-  auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
+  GoneFlush g(*this, 'i');
+  ASSERT_NE(g.cache, nullptr);
+  auto& cache = g.cache;
+  auto& flusher = *g.flusher;
+  auto& flush = g.flush;
   // The WRITE (stale); then the root's GETATTR waits.
   bool asking = false;
   while (!asking && nfs_.WaitPending(1)) {

@@ -123,13 +123,10 @@ void GoneCheck::Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::func
 
 void GoneCheck::Cancel() { st_->cancelled = true; }
 
-const char* ToString(GoneCheck::Answer a) {
-  switch (a) {
-    case GoneCheck::Answer::kGone: return "gone";
-    case GoneCheck::Answer::kLive: return "live";
-    case GoneCheck::Answer::kNoExport: return "export not answering";
-  }
-  return "?";
+std::vector<nfs::Cred> AsCreds(std::vector<cache::BlockCache::Writer> writers) {
+  std::vector<nfs::Cred> out;
+  for (auto& w : writers) out.push_back(nfs::Cred{w.uid, w.gid, std::move(w.groups)});
+  return out;
 }
 
 }  // namespace mpnfs::fs

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/block_cache.h"
 #include "nfs/client.h"
 
 namespace mpnfs::fs {
@@ -63,6 +64,7 @@ class GoneCheck {
   std::shared_ptr<State> st_;
 };
 
-const char* ToString(GoneCheck::Answer a);
+// The users whose writes wait (BlockCache::DirtyWriters), as they are asked.
+std::vector<nfs::Cred> AsCreds(std::vector<cache::BlockCache::Writer> writers);
 
 }  // namespace mpnfs::fs
