@@ -48,6 +48,7 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   engine::ConnectionStats a, b;
   a.endpoint = "10.0.0.1:2049#0";
   b.endpoint = "10.0.1.1:2049#1";
+  a.sojourn_us = 2500;
   auto& ra = a.ops[static_cast<int>(engine::Proc::kRead)];
   ra.ops = 3;
   ra.bytes_in = 3000;
@@ -72,6 +73,8 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   EXPECT_DOUBLE_EQ(doc["uptime_s"].get<double>(), 42.5);
   const auto& c0 = doc["connections"][0];
   EXPECT_EQ(c0["ops"]["READ"]["ops"], 3);
+  EXPECT_EQ(c0["sojourn_us"], 2500);
+  EXPECT_EQ(doc["connections"][1]["sojourn_us"], 0);
   EXPECT_EQ(c0["ops"]["READ"]["rtt_p50_us"], 1023);
   EXPECT_EQ(c0["ops"]["READ"]["rtt_mean_us"], 800);
   EXPECT_FALSE(c0["ops"].contains("WRITE"));  // never called there

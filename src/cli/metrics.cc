@@ -108,6 +108,9 @@ void PathMetrics(Families& f, const Labels& mount, const engine::ConnectionStats
           path, static_cast<double>(c.outstanding_bytes));
   f.Gauge("mpnfs_path_throughput_bytes_per_second",
           "Recent throughput while busy (0 until measured)", path, static_cast<double>(c.rate_bps));
+  f.Gauge("mpnfs_path_sojourn_seconds",
+          "Recent mean time from queued to answered, weighted by bytes (0 until measured)",
+          path, static_cast<double>(c.sojourn_us) / 1e6);
 
   static constexpr const char* kStable[] = {"unstable", "data_sync", "file_sync"};
   for (int p = 0; p < engine::kProcCount; ++p) {

@@ -73,6 +73,7 @@ ConnectionStats Connection::Snapshot() const {
   s.probes = stats_.probes;
   s.outstanding_bytes = charged_bytes_;
   s.rate_bps = rate_;
+  s.sojourn_us = static_cast<uint64_t>(sojourn_.load(std::memory_order_relaxed) * 1e6);
   s.bytes_out = stats_.bytes_out;
   s.bytes_in = stats_.bytes_in;
   s.inflight = stats_.inflight;
@@ -151,10 +152,12 @@ void Connection::BecomeUp() {
                            : std::string("NFS NULL call answered"));
   up_ = true;
   backoff_.Reset();
-  // A new connection starts unmeasured (so it is tried at once).
+  // A new connection starts unmeasured.
   rate_.store(0, std::memory_order_relaxed);
+  sojourn_.store(0, std::memory_order_relaxed);
   win_bytes_ = 0;
   win_busy_ = {};
+  win_wait_ = 0;
   if (disabled()) {
     // A disabled path is quiet (see engine.h).
     log_->info("connection {} of a disabled path is up", name_);
@@ -173,6 +176,7 @@ void Connection::BecomeUp() {
 void Connection::Charge(Request& r) {
   charged_bytes_.fetch_add(r.cost, std::memory_order_relaxed);
   r.charged = this;
+  r.charged_at = Clock::now();
 }
 
 void Connection::Uncharge(Request& r) {
@@ -346,13 +350,14 @@ void Connection::OnProbeReply(Attempt* a, ReplyStatus status, const char* error)
   if (state_ == State::kProbing) BecomeUp();
 }
 
-void Connection::Account(Clock::time_point now, int64_t bytes) {
+void Connection::Account(Clock::time_point now, int64_t bytes, Clock::duration sojourn) {
   // Throughput over busy time only (Send() restarts the mark when the
-  // connection was idle). Windows of small calls carry no rate information
-  // (their time is latency, not bandwidth) and are discarded.
+  // connection was idle), and the byte-weighted mean sojourn, over the same
+  // windows. Windows of small calls are discarded: too few bytes to tell.
   win_busy_ += now - mark_;
   mark_ = now;
   win_bytes_ += bytes;
+  win_wait_ += static_cast<double>(bytes) * std::chrono::duration<double>(sojourn).count();
   constexpr int64_t kMinBytes = 1 << 20;
   const auto busy_ms = std::chrono::duration_cast<Millis>(win_busy_).count();
   if (win_bytes_ >= kMinBytes && (busy_ms >= 200 || (win_bytes_ >= 8 * kMinBytes && busy_ms >= 20))) {
@@ -360,12 +365,16 @@ void Connection::Account(Clock::time_point now, int64_t bytes) {
     const double old = static_cast<double>(rate_.load(std::memory_order_relaxed));
     const double next = old == 0 ? sample : 0.75 * old + 0.25 * sample;
     rate_.store(static_cast<uint64_t>(std::max(next, 65536.0)), std::memory_order_relaxed);
-    rate_at_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    const double wait = std::max(win_wait_ / static_cast<double>(win_bytes_), 1e-6);
+    const double old_wait = sojourn_.load(std::memory_order_relaxed);
+    sojourn_.store(old_wait == 0 ? wait : 0.75 * old_wait + 0.25 * wait, std::memory_order_relaxed);
     win_bytes_ = 0;
     win_busy_ = {};
+    win_wait_ = 0;
   } else if (busy_ms >= 2000) {
     win_bytes_ = 0;
     win_busy_ = {};
+    win_wait_ = 0;
   }
 }
 
@@ -469,7 +478,7 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
   }
   const auto now = Clock::now();
   Heard(now);
-  Account(now, r->cost);
+  Account(now, r->cost, now - r->charged_at);
   const ReplySummary sum = r->call->Summarize(result);
   const uint64_t in = sum.data_bytes >= 0 ? static_cast<uint64_t>(sum.data_bytes) : r->call->BytesIn();
   const auto rtt = std::chrono::duration_cast<std::chrono::microseconds>(now - sent);

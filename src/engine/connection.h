@@ -65,12 +65,6 @@ class Connection : public TransportSink {
   // Silent with work outstanding: about to be probed or declared dead.
   bool suspect() const { return suspect_.load(std::memory_order_relaxed); }
   int64_t outstanding_bytes() const { return charged_bytes_.load(std::memory_order_relaxed); }
-  // Recent throughput while busy (bytes/s); 0 when unknown or older than
-  // `fresh` (a path that carried nothing lately is not judged by its past).
-  uint64_t rate(Clock::time_point now, Clock::duration fresh) const {
-    const auto at = Clock::time_point(Clock::duration(rate_at_.load(std::memory_order_relaxed)));
-    return now - at <= fresh ? rate_.load(std::memory_order_relaxed) : 0;
-  }
   Clock::time_point last_heard() const {
     return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
   }
@@ -155,8 +149,10 @@ class Connection : public TransportSink {
   void OnProbeReply(Attempt* a, ReplyStatus status, const char* error);
   void BecomeUp();
   void Heard(Clock::time_point now);
-  // Throughput bookkeeping on each answered call.
-  void Account(Clock::time_point now, int64_t bytes);
+  // Throughput and sojourn bookkeeping on each answered call (statistics
+  // only: the balancer weighs outstanding bytes alone, engine.cc Scan).
+  // `sojourn`: since the call was charged here.
+  void Account(Clock::time_point now, int64_t bytes, Clock::duration sojourn);
   // Liveness while up: probe at half path_timeout, declare dead at full.
   void CheckSilence(Clock::time_point now);
   void Charge(Request& r);
@@ -209,13 +205,15 @@ class Connection : public TransportSink {
   Clock::time_point busy_since_{};     // work outstanding since
   Attempt* probe_ = nullptr;           // the NULL probe in flight, if any
   bool asked_others_ = false;
-  // Throughput estimate (loop thread): bytes and busy time of the current window.
+  // Statistics (loop thread writes): throughput while busy and mean sojourn,
+  // from the bytes, busy time and waits of the current window.
   Clock::time_point mark_{};
   Clock::duration win_busy_{};
   int64_t win_bytes_ = 0;
+  double win_wait_ = 0;  // sum of bytes x sojourn (s) over the window
   std::atomic<int64_t> charged_bytes_{0};
   std::atomic<uint64_t> rate_{0};
-  std::atomic<Clock::rep> rate_at_{0};
+  std::atomic<double> sojourn_{0};
   std::atomic<Clock::rep> last_heard_{0};
   std::atomic<bool> suspect_{false};
   RateLimit down_log_{std::chrono::seconds(60)};

@@ -74,31 +74,32 @@ Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fal
   const size_t n = nslots_.load(std::memory_order_acquire);
   *fallback = nullptr;
   if (n == 0) return nullptr;
-  // A connection not measured yet is assumed as fast as the fastest one
-  // measured, so it gets traffic and thereby a measurement.
-  const auto now = Clock::now();
-  constexpr auto kFresh = std::chrono::seconds(2);
-  uint64_t fastest = 0;
-  ForEach([&](Connection* c) {
-    if (!c->disabled()) fastest = std::max(fastest, c->rate(now, kFresh));
-  });
-  const double unknown = fastest > 0 ? static_cast<double>(fastest) : 100e6;
+  // Join the shortest queue, in bytes: a call goes where the least work is
+  // outstanding (queued and in flight), its own included. Paths are not
+  // weighed by any estimate of their speed: what a client measures of a path
+  // depends on the load it gives it (a path that is not the limit delivers in
+  // proportion to what it is given; a server that batches answers a busy
+  // connection sooner), so such weights feed on themselves and starve
+  // whichever path was given less (balance_test.cc). Speed needs no
+  // estimate: a path whose link is the limit drains its queue at the link's
+  // speed, so a faster path empties sooner and is given more, and every path
+  // stays busy. Ties go round robin (the scan starts at a rotating slot). A
+  // suspect (silent) connection only if nothing else is up.
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
-  double best_score = 0;
+  bool best_suspect = false;
+  int64_t best_score = 0;
   for (size_t i = 0; i < n; ++i) {
     Connection* c = slots_[(start + i) % n].load(std::memory_order_acquire);
     if (c == nullptr || c == avoid || c->disabled()) continue;
     if (*fallback == nullptr) *fallback = c;
     if (!c->up()) continue;
-    const uint64_t rate = c->rate(now, kFresh);
-    // Expected seconds until this call is done there.
-    double score = static_cast<double>(c->outstanding_bytes() + cost) /
-                   (rate > 0 ? static_cast<double>(rate) : unknown);
-    if (c->suspect()) score += 1e6;  // silent: only if nothing else is up
-    if (best == nullptr || score < best_score) {
+    const int64_t score = c->outstanding_bytes() + cost;
+    const bool suspect = c->suspect();
+    if (best == nullptr || (suspect == best_suspect ? score < best_score : best_suspect)) {
       best = c;
       best_score = score;
+      best_suspect = suspect;
     }
   }
   return best;

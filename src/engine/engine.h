@@ -27,12 +27,13 @@
 //    once a connection is up, never lost and never failed on a hard mount.
 //
 // Multipath. Every connection of every path is a candidate for every call.
-// A call goes to the connection where it is expected to finish first: the
-// bytes already outstanding there plus its own, divided by the throughput
-// that connection has recently delivered (measured over busy time only, so an
-// idle path is not mistaken for a slow one). Paths of different speeds are
-// so kept full in proportion to their speed, and a small call lands where
-// the least work is queued ahead of it. Calls stay on the connection they
+// A call goes to the connection with the least work outstanding (bytes
+// queued and in flight): join the shortest queue. No estimate of a path's
+// speed weighs in, since what a client measures of a path follows the load
+// it gives it, and such weights were measured to starve paths (engine.cc,
+// Scan). A path whose link is the limit drains its queue at its own speed,
+// so faster paths are given more and all stay busy; a small call lands
+// where the least work is queued ahead of it. Calls stay on the connection they
 // were sent on; a timeout retransmits there (duplicate request cache). Only
 // a connection declared dead moves its calls elsewhere: one that has work
 // outstanding, has heard nothing from the server (not even a TCP ACK, nor
@@ -186,6 +187,7 @@ struct ConnectionStats {
   int64_t inflight = 0, queued = 0;
   int64_t outstanding_bytes = 0;      // queued + in flight, as weighed by the balancer
   uint64_t rate_bps = 0;              // recent throughput while busy; 0 = not measured yet
+  uint64_t sojourn_us = 0;            // recent mean time queued to answered, by bytes; 0 = not yet
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
   uint64_t latency_p50_us = 0;
   std::array<OpStats, kProcCount> ops{};                   // indexed by Proc

@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "test/fakes/fake_transport.h"
+#include "test/fakes/wait_up.h"
 
 namespace mpnfs::engine {
 namespace {
@@ -59,12 +60,7 @@ class EngineStatsTest : public ::testing::Test {
     auto e = std::make_unique<Engine>(
         o, [this](TransportSink* sink) { return std::make_unique<FakeTransport>(&net_, sink); });
     e->Start();
-    for (int i = 0; i < 500; ++i) {
-      auto st = e->Stats();
-      if (std::all_of(st.begin(), st.end(), [](auto& s) { return s.state == "up"; })) return e;
-      std::this_thread::sleep_for(10ms);
-    }
-    ADD_FAILURE() << "connections did not come up";
+    testing::WaitAllUp(*e);
     return e;
   }
   CallStatus Run(Engine& e, const std::shared_ptr<StatCall>& c) {

@@ -11,6 +11,7 @@
 
 #include "engine/event_loop.h"
 #include "test/fakes/fake_transport.h"
+#include "test/fakes/wait_up.h"
 
 namespace mpnfs::engine {
 namespace {
@@ -62,15 +63,7 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(f.wait_for(s), std::future_status::ready) << "call never completed";
     return f.valid() ? f.get() : std::make_pair(CallStatus::kShutdown, false);
   }
-  // Waits (up to 5 s) until every connection reports "up".
-  static void WaitAllUp(Engine& e) {
-    for (int i = 0; i < 500; ++i) {
-      auto st = e.Stats();
-      if (std::all_of(st.begin(), st.end(), [](auto& s) { return s.state == "up"; })) return;
-      std::this_thread::sleep_for(10ms);
-    }
-    ADD_FAILURE() << "connections did not come up";
-  }
+  static void WaitAllUp(Engine& e) { testing::WaitAllUp(e); }
   // The transport sees a call before the connection counts it as in flight
   // (on the loop thread): waits (up to 5 s) until the counts add up to n.
   static std::vector<ConnectionStats> WaitInflight(Engine& e, int64_t n) {

@@ -47,6 +47,7 @@ struct Request {
   // the connection whose outstanding-bytes counter it is charged to.
   int64_t cost = 0;
   Connection* charged = nullptr;
+  Clock::time_point charged_at{};  // when it was charged there (its sojourn starts)
 };
 
 struct Attempt : CallToken {

@@ -57,13 +57,11 @@ class FakeNet {
   int max_pending_seen = 0;
 
   void Set(const std::function<void(FakeNet&)>& fn) {
-    std::vector<FakeTransport*> live;
-    {
-      std::lock_guard lock(mu);
-      fn(*this);
-      live.assign(live_.begin(), live_.end());
-    }
-    for (auto* t : live) Poke(t);
+    // Poked under mu: a transport closes (and leaves live_) under mu before
+    // its eventfd is closed, so none is poked once gone.
+    std::lock_guard lock(mu);
+    fn(*this);
+    for (auto* t : live_) Poke(t);
   }
   // The server answers, on every live transport, every transmission it has
   // not answered yet.

@@ -106,7 +106,9 @@ def test_every_path_carries_traffic(mount_factory):
     (m.path / "spread").write_bytes(data)
     os.sync()
     sent = [tx_bytes(k) - before[k - 1] for k in range(1, 5)]
-    assert min(sent) > 8 << 20, f"bytes sent per path: {sent}"
+    # Equal paths share evenly: each carries at least half an even share (a
+    # balancer weighing paths by measured speed once left one with 6%).
+    assert min(sent) > (len(data) // 4) // 2, f"bytes sent per path: {sent}"
     assert (m.path / "spread").read_bytes() == data
 
 
