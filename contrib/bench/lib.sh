@@ -27,7 +27,7 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
 mount_mpnfs() {  # [OPTIONS]
   mkdir -p "$MNT"
-  build/src/mpnfs "$SERVER:$EXPORT" "$MNT" -f -o "mountport=20048${1:+,$1}" 2>>"$MPNFS_TB/mpnfs.log" &
+  "${MPNFS_BIN:-build/src/mpnfs}" "$SERVER:$EXPORT" "$MNT" -f -o "mountport=20048${1:+,$1}" 2>>"$MPNFS_TB/mpnfs.log" &
   PID=$!
   for _ in $(seq 100); do grep -q " $MNT fuse.mpnfs " /proc/mounts && return 0; sleep 0.1; done
   echo "mount failed" >&2; cat "$MPNFS_TB/mpnfs.log" >&2; exit 1

@@ -107,13 +107,18 @@ for k in 1 2 3; do
   row "path $k alone ($((100 * (1 << (k - 1)))) mbit)" "$w" "$r" "" "" ""
   sumw=$(plus "$sumw" "$w"); sumr=$(plus "$sumr" "$r")
 done
-mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2"
-t0=$(now); dd if="$SRC" of="$MNT/h3.bin" bs=1M count=$((4 * PER)) conv=fsync status=none; t1=$(now)
-w=$(mbps $((4 * PER)) "$(secs "$t0" "$t1")")
-drop; t0=$(now); dd if="$MNT/h3.bin" of=/dev/null bs=1M status=none; t1=$(now)
-r=$(mbps $((4 * PER)) "$(secs "$t0" "$t1")")
-umount_mpnfs
-row "all three at once" "$w ($(pct "$w" "$sumw") of $sumw)" "$r ($(pct "$r" "$sumr") of $sumr)" "" "" ""
+# Unweighted, then with weight= saying the speeds (mpnfs(8): the balancer
+# divides outstanding bytes by it; it measures no speed itself).
+for weights in "" "1+2+4"; do
+  mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2${weights:+,weight=$weights}"
+  t0=$(now); dd if="$SRC" of="$MNT/h3.bin" bs=1M count=$((4 * PER)) conv=fsync status=none; t1=$(now)
+  w=$(mbps $((4 * PER)) "$(secs "$t0" "$t1")")
+  drop; t0=$(now); dd if="$MNT/h3.bin" of=/dev/null bs=1M status=none; t1=$(now)
+  r=$(mbps $((4 * PER)) "$(secs "$t0" "$t1")")
+  umount_mpnfs
+  row "all three at once${weights:+, weight=$weights}" "$w ($(pct "$w" "$sumw") of $sumw)" \
+    "$r ($(pct "$r" "$sumr") of $sumr)" "" "" ""
+done
 for k in 1 2 3; do contrib/testbed.sh shape "$k" "${RATE}mbit"; done
 
 # A path dies 3 s into a write and into a read (4 paths).

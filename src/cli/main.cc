@@ -379,6 +379,11 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     path_addrs.push_back(*a);
   }
   if (path_addrs.empty()) path_addrs.push_back(*addr);
+  if (m.weights.size() > path_addrs.size()) {
+    rep.Done(kExitMountFailed, fmt::format("mpnfs: more weight= entries ({}) than paths ({})",
+                                           m.weights.size(), path_addrs.size()));
+    return kExitMountFailed;
+  }
   m.engine.paths.clear();
   for (size_t k = 0; k < path_addrs.size(); ++k) {
     std::string local = k < m.locals.size() ? m.locals[k] : std::string();
@@ -393,7 +398,8 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
       log->info("path {} leaves by {}{}", path_addrs[k], b->ifname,
                 b->addr_len != 0 ? " from " + local : std::string());
     }
-    m.engine.paths.push_back(engine::Endpoint{path_addrs[k], m.port, local});
+    m.engine.paths.push_back(
+        engine::Endpoint{path_addrs[k], m.port, local, k < m.weights.size() ? m.weights[k] : 1});
   }
   // MOUNT is asked over the server's address, then over each path in turn,
   // so that a mount succeeds while some of them are down.

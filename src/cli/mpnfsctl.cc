@@ -4,7 +4,7 @@
 //   mpnfsctl cache drop|detach|flush MOUNTPOINT      online cache operations (root)
 //   mpnfsctl path list MOUNTPOINT                    the paths and their state
 //   mpnfsctl path disable|enable|remove MOUNTPOINT ADDR
-//   mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=L]   online path maintenance (root)
+//   mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=L] [weight=W]   online path maintenance (root)
 //   mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]
 //                                                    measure the paths (root)
 // The gateway streams its answer; "progress ..." lines are shown on a
@@ -34,7 +34,7 @@ int Usage() {
           "       mpnfsctl cache drop|detach|flush MOUNTPOINT\n"
           "       mpnfsctl path list MOUNTPOINT\n"
           "       mpnfsctl path disable|enable|remove MOUNTPOINT ADDR[:PORT]\n"
-          "       mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=IFACE|LOCALADDR]\n"
+          "       mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=IFACE|LOCALADDR] [weight=W]\n"
           "       mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]\n");
   return 1;
 }
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
     mountpoint = argv[3];
     const bool ok = (op == "list" && argc == 4) ||
                     ((op == "disable" || op == "enable" || op == "remove") && argc == 5) ||
-                    (op == "add" && (argc == 5 || argc == 6));
+                    (op == "add" && argc >= 5 && argc <= 7);
     if (!ok) return Usage();
     cmd = "path " + op;
     for (int i = 4; i < argc; ++i) {

@@ -144,7 +144,22 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
                                           "' cannot be set in 'options:' (use path: and local: lines)");
         }
       }
-      merged = {"-o", e->options};
+      // The block's weight= weighs the block's paths: path= on the command
+      // line replaces both (unless weight= is given there too).
+      std::string opts = e->options;
+      if (!m->paths.empty() && m->weights.empty()) {
+        std::string kept;
+        size_t from = 0;
+        while (from <= opts.size()) {
+          size_t comma = opts.find(',', from);
+          if (comma == std::string::npos) comma = opts.size();
+          const std::string o = opts.substr(from, comma - from);
+          if (o.rfind("weight=", 0) != 0) kept += (kept.empty() ? "" : ",") + o;
+          from = comma + 1;
+        }
+        opts = kept;
+      }
+      if (!opts.empty()) merged = {"-o", opts};
     }
     merged.insert(merged.end(), args.begin(), args.end());
     auto m2 = ParseMountArgs(merged);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 namespace mpnfs::cli {
@@ -161,6 +162,26 @@ TEST_F(LoadTest, LocalLinesBindTheirPaths) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->paths, (std::vector<std::string>{"9.9.9.9"}));
   EXPECT_TRUE(m->locals.empty());
+}
+
+TEST_F(LoadTest, AWeightListWeighsTheBlocksPathsUnlessTheCommandLineGivesOthers) {
+  files_["/etc/mpnfstab"] =
+      "server: s\npath: 1.2.3.4\npath: 1.2.4.4\nexport: /e mount: /m\noptions: ro,weight=1+4\n";
+  auto m = LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->weights, (std::vector<int>{1, 4}));
+  m = LoadMountOptions({"s:/e", "/m", "-o", "weight=2"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->weights, (std::vector<int>{2}));
+  // path= on the command line replaces the block's paths and their weights.
+  m = LoadMountOptions({"s:/e", "/m", "-o", "path=9.9.9.9"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_TRUE(m->weights.empty());
+  EXPECT_NE(std::find(m->fuse_opts.begin(), m->fuse_opts.end(), "ro"), m->fuse_opts.end());
+  m = LoadMountOptions({"s:/e", "/m", "-o", "path=9.9.9.9+9.9.9.8,weight=5+6"}, "", "/etc/mpnfstab",
+                       Reader());
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->weights, (std::vector<int>{5, 6}));
 }
 
 TEST_F(LoadTest, BlockWithoutPathsUsesTheServerName) {

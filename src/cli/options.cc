@@ -215,6 +215,21 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           m.locals.push_back(val.substr(from, plus - from));  // "" keeps that path unbound
           from = plus + 1;
         }
+      } else if (key == "weight") {
+        // weight=W[+W...]; the k-th weighs the k-th path. The last weight=
+        // counts (so the command line overrides an mpnfstab block's).
+        if (val.empty()) return Bad("weight= needs a number (weight=W[+W...], 1 to 1000)");
+        m.weights.clear();
+        size_t from = 0;
+        while (from <= val.size()) {
+          size_t plus = val.find('+', from);
+          if (plus == std::string::npos) plus = val.size();
+          const std::string w = val.substr(from, plus - from);
+          long v = 1;  // "" keeps that path's default
+          if (!w.empty() && !ToInt(w, 1, 1000, &v)) return Bad("bad weight '" + w + "' (1 to 1000)");
+          m.weights.push_back(static_cast<int>(v));
+          from = plus + 1;
+        }
       } else if (key == "cache_dir") {
         if (val.empty() || val[0] != '/') return Bad("cache_dir= needs an absolute directory path");
         m.cache.dir = val;
@@ -284,6 +299,10 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       }
       if (end == s.size()) break;
     }
+  }
+  if (!m.paths.empty() && m.weights.size() > m.paths.size()) {
+    return Bad("more weight= entries (" + std::to_string(m.weights.size()) + ") than paths (" +
+               std::to_string(m.paths.size()) + ")");
   }
   if (m.locals.size() > std::max<size_t>(1, m.paths.size())) {
     return Bad("more local= entries (" + std::to_string(m.locals.size()) + ") than paths (" +

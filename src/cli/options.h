@@ -32,6 +32,10 @@ struct MountOptions {
   // or a local address; "" lets routing choose). With no path=, the first
   // one binds the connection to SERVER.
   std::vector<std::string> locals;
+  // weight=: the relative throughput of each path, in path order (1 to
+  // 1000; an empty entry is 1). The balancer divides a connection's
+  // outstanding bytes by it.
+  std::vector<int> weights;
   std::string tab;        // tab=FILE: the mpnfstab to read first
   std::string tab_entry;  // file:line of the mpnfstab block used, if any
   int port = 2049;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <netdb.h>
 
+#include <charconv>
 #include <sstream>
 #include <vector>
 
@@ -16,7 +17,7 @@ namespace {
 
 const char* const kUsage =
     "error: usage: path list | path disable ADDR | path enable ADDR | "
-    "path add ADDR[:PORT] [local=IFACE|LOCALADDR] | path remove ADDR\n";
+    "path add ADDR[:PORT] [local=IFACE|LOCALADDR] [weight=W] | path remove ADDR\n";
 
 std::string Refuse(const std::string& why) { return "error: " + why + "\n"; }
 
@@ -36,10 +37,10 @@ Result<std::string> Resolve(const std::string& host) {
   return std::string(buf);
 }
 
-// "path add ADDR[:PORT] [local=L]" -> the endpoint, the port defaulting to
-// the mount's (port=).
+// "path add ADDR[:PORT] [local=L] [weight=W]" -> the endpoint, the port
+// defaulting to the mount's (port=).
 Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int default_port) {
-  if (words.size() < 3 || words.size() > 4) return Error::Errno(EINVAL, "");
+  if (words.size() < 3 || words.size() > 5) return Error::Errno(EINVAL, "");
   engine::Endpoint ep;
   std::string host = words[2];
   ep.port = default_port;
@@ -57,12 +58,26 @@ Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int def
   auto addr = Resolve(host);
   if (!addr) return addr.error();
   ep.host = *addr;
-  if (words.size() == 4) {
-    if (words[3].rfind("local=", 0) != 0 || words[3].size() == 6) return Error::Errno(EINVAL, "");
-    ep.local = words[3].substr(6);
-    // Checked now, as at mount time: a typo is an error, not a path that
-    // never comes up.
-    if (auto b = nfs::ResolveLocal(ep.local); !b) return b.error();
+  bool have_local = false, have_weight = false;
+  for (size_t i = 3; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w.rfind("local=", 0) == 0 && w.size() > 6 && !have_local) {
+      have_local = true;
+      ep.local = w.substr(6);
+      // Checked now, as at mount time: a typo is an error, not a path that
+      // never comes up.
+      if (auto b = nfs::ResolveLocal(ep.local); !b) return b.error();
+    } else if (w.rfind("weight=", 0) == 0 && !have_weight) {
+      have_weight = true;
+      const std::string v = w.substr(7);
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), ep.weight);
+      if (v.empty() || ec != std::errc() || end != v.data() + v.size() || ep.weight < 1 ||
+          ep.weight > 1000) {
+        return Error::Errno(EINVAL, "bad weight '" + v + "' (1 to 1000)");
+      }
+    } else {
+      return Error::Errno(EINVAL, "");
+    }
   }
   return ep;
 }
@@ -84,14 +99,16 @@ std::string Target(const std::string& word) {
 }  // namespace
 
 std::string PathTable(const std::vector<engine::PathInfo>& paths) {
-  std::string out = fmt::format("{:<22} {:<9} {:<10} {:>5} {:>3} {:>8} {:>6} {:>10} {:>14} {:>14} {}\n",
-                                "PATH", "ADMIN", "STATE", "CONNS", "UP", "INFLIGHT", "QUEUED",
-                                "CALLS", "BYTES_OUT", "BYTES_IN", "LOCAL");
+  std::string out =
+      fmt::format("{:<22} {:<9} {:<10} {:>5} {:>3} {:>8} {:>6} {:>10} {:>14} {:>14} {:>6} {}\n", "PATH",
+                  "ADMIN", "STATE", "CONNS", "UP", "INFLIGHT", "QUEUED", "CALLS", "BYTES_OUT",
+                  "BYTES_IN", "WEIGHT", "LOCAL");
   for (const auto& p : paths) {
-    out += fmt::format("{:<22} {:<9} {:<10} {:>5} {:>3} {:>8} {:>6} {:>10} {:>14} {:>14} {}\n",
+    out += fmt::format("{:<22} {:<9} {:<10} {:>5} {:>3} {:>8} {:>6} {:>10} {:>14} {:>14} {:>6} {}\n",
                        fmt::format("{}:{}", p.endpoint.host, p.endpoint.port), p.admin, p.state,
                        p.connections, p.connections_up, p.inflight, p.queued, p.calls,
-                       p.bytes_out, p.bytes_in, p.endpoint.local.empty() ? "-" : p.endpoint.local);
+                       p.bytes_out, p.bytes_in, p.endpoint.weight,
+                       p.endpoint.local.empty() ? "-" : p.endpoint.local);
   }
   return out;
 }

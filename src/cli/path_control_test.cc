@@ -54,6 +54,18 @@ TEST_F(PathControlTest, AnyoneListsOnlyRootChanges) {
   EXPECT_EQ(eng_->Paths()[1].admin, "enabled");
 }
 
+TEST_F(PathControlTest, AnAddedPathTakesItsWeightAndTheListShowsIt) {
+  EXPECT_EQ(Run("path add 10.0.2.1 weight=4 local=lo").rfind("path 10.0.2.1:2049 added", 0), 0u);
+  const auto paths = eng_->Paths();
+  ASSERT_EQ(paths.size(), 3u);
+  EXPECT_EQ(paths[0].endpoint.weight, 1);
+  EXPECT_EQ(paths[2].endpoint.weight, 4);
+  EXPECT_EQ(paths[2].endpoint.local, "lo");
+  const std::string list = Run("path list", false);
+  EXPECT_NE(list.find(" WEIGHT LOCAL\n"), std::string::npos) << list;
+  EXPECT_NE(list.find("      4 lo\n"), std::string::npos) << list;
+}
+
 TEST_F(PathControlTest, SaysWhatIsWrong) {
   EXPECT_EQ(Run("path disable 10.9.9.9"),
             "error: no path 10.9.9.9 on this mount; paths are: 10.0.0.1:2049, 10.0.1.1:2049\n");
@@ -62,6 +74,10 @@ TEST_F(PathControlTest, SaysWhatIsWrong) {
   EXPECT_EQ(Run("path add 10.0.2.1:99999"), "error: path add: bad port '99999' (1 to 65535)\n");
   EXPECT_NE(Run("path add 10.0.2.1 local=nosuch0").find("no such interface"), std::string::npos);
   EXPECT_NE(Run("path add 10.0.0.1").find("already on this mount"), std::string::npos);
+  EXPECT_EQ(Run("path add 10.0.2.1 weight=0"), "error: path add: bad weight '0' (1 to 1000)\n");
+  EXPECT_EQ(Run("path add 10.0.2.1 weight=2x"), "error: path add: bad weight '2x' (1 to 1000)\n");
+  EXPECT_EQ(Run("path add 10.0.2.1 weight=2 weight=3").rfind("error: usage:", 0), 0u);
+  EXPECT_EQ(eng_->Paths().size(), 2u);
   EXPECT_EQ(Run("path disable 10.0.0.1").rfind("path 10.0.0.1:2049 disabled", 0), 0u);
   EXPECT_NE(Run("path remove 10.0.1.1").find("last enabled path"), std::string::npos);
   EXPECT_NE(Run("path list").find("10.0.0.1:2049          disabled"), std::string::npos)

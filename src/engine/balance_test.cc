@@ -227,9 +227,11 @@ class BalanceTest : public ::testing::Test {
  protected:
   static constexpr size_t kMiB = 1 << 20;
 
-  std::unique_ptr<Engine> Start(std::vector<std::string> hosts) {
+  std::unique_ptr<Engine> Start(std::vector<std::string> hosts, std::vector<int> weights = {}) {
     EngineOptions o;
-    for (auto& h : hosts) o.paths.push_back(Endpoint{h, 2049, {}});
+    for (size_t k = 0; k < hosts.size(); ++k) {
+      o.paths.push_back(Endpoint{hosts[k], 2049, {}, k < weights.size() ? weights[k] : 1});
+    }
     o.timeo = 60s;
     o.connect_timeout = 2s;
     o.loops = 2;
@@ -316,6 +318,21 @@ TEST_F(BalanceTest, AFasterPathCarriesMore) {
   Drive(*e, 800, 8, kMiB);
   EXPECT_GT(Share("10.0.0.1"), 0.7);
   EXPECT_GT(Share("10.0.1.1"), 0.05);
+}
+
+// Unweighted, the slower path's calls wait behind as many bytes as the
+// faster path's, so about four times as long; with weights that say the
+// speeds, its queue is four times shorter and its calls wait about as long.
+TEST_F(BalanceTest, WeightsThatSayTheSpeedsKeepTheSlowerPathsQueueShort) {
+  net_.paths = {{"10.0.0.1", {500us, 2ms}}, {"10.0.1.1", {500us, 8ms}}};
+  auto e = Start({"10.0.0.1", "10.0.1.1"}, {4, 1});
+  Drive(*e, 800, 16, kMiB);
+  const auto st = e->Stats();
+  ASSERT_EQ(st.size(), 2u);
+  ASSERT_GT(st[0].sojourn_us, 0u);
+  ASSERT_GT(st[1].sojourn_us, 0u);
+  EXPECT_LT(st[1].sojourn_us, 2 * st[0].sojourn_us) << st[0].sojourn_us << " " << st[1].sojourn_us;
+  EXPECT_GT(Share("10.0.0.1"), 0.7);
 }
 
 }  // namespace

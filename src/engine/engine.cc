@@ -75,26 +75,30 @@ Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fal
   *fallback = nullptr;
   if (n == 0) return nullptr;
   // Join the shortest queue, in bytes: a call goes where the least work is
-  // outstanding (queued and in flight), its own included. Paths are not
-  // weighed by any estimate of their speed: what a client measures of a path
-  // depends on the load it gives it (a path that is not the limit delivers in
-  // proportion to what it is given; a server that batches answers a busy
-  // connection sooner), so such weights feed on themselves and starve
-  // whichever path was given less (balance_test.cc). Speed needs no
-  // estimate: a path whose link is the limit drains its queue at the link's
-  // speed, so a faster path empties sooner and is given more, and every path
-  // stays busy. Ties go round robin (the scan starts at a rotating slot). A
-  // suspect (silent) connection only if nothing else is up.
+  // outstanding (queued and in flight), its own included, divided by the
+  // path's configured weight (weight=, default 1). Paths are not weighed by
+  // any estimate of their speed: what a client measures of a path depends on
+  // the load it gives it (a path that is not the limit delivers in
+  // proportion to what it is given; a server that batches, or TCP after
+  // idling, answers a busy connection sooner), so such weights feed on
+  // themselves and starve whichever path was given less (balance_test.cc).
+  // Unweighted, a path whose link is the limit still drains its queue at its
+  // speed, so a faster path is given more and every path stays busy; but a
+  // call on the slower path waits behind as many bytes as on the faster
+  // one, which a single stream feels. weight= says the speeds (as
+  // dm-multipath's service-time selector takes them), so that each path's
+  // queue lasts about as long. Ties go round robin (the scan starts at a
+  // rotating slot). A suspect (silent) connection only if nothing else is up.
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
   bool best_suspect = false;
-  int64_t best_score = 0;
+  double best_score = 0;
   for (size_t i = 0; i < n; ++i) {
     Connection* c = slots_[(start + i) % n].load(std::memory_order_acquire);
     if (c == nullptr || c == avoid || c->disabled()) continue;
     if (*fallback == nullptr) *fallback = c;
     if (!c->up()) continue;
-    const int64_t score = c->outstanding_bytes() + cost;
+    const double score = static_cast<double>(c->outstanding_bytes() + cost) / c->endpoint().weight;
     const bool suspect = c->suspect();
     if (best == nullptr || (suspect == best_suspect ? score < best_score : best_suspect)) {
       best = c;

@@ -28,12 +28,14 @@
 //
 // Multipath. Every connection of every path is a candidate for every call.
 // A call goes to the connection with the least work outstanding (bytes
-// queued and in flight): join the shortest queue. No estimate of a path's
-// speed weighs in, since what a client measures of a path follows the load
-// it gives it, and such weights were measured to starve paths (engine.cc,
-// Scan). A path whose link is the limit drains its queue at its own speed,
-// so faster paths are given more and all stay busy; a small call lands
-// where the least work is queued ahead of it. Calls stay on the connection they
+// queued and in flight, divided by the path's configured weight): join the
+// shortest queue. No estimate of a path's speed weighs in, since what a
+// client measures of a path follows the load it gives it, and such weights
+// were measured to starve paths (engine.cc, Scan). A path whose link is the
+// limit drains its queue at its own speed, so faster paths are given more
+// and all stay busy; Endpoint::weight says how much faster, so that a
+// slower path's queue is shorter. A small call lands where the least work
+// is queued ahead of it. Calls stay on the connection they
 // were sent on; a timeout retransmits there (duplicate request cache). Only
 // a connection declared dead moves its calls elsewhere: one that has work
 // outstanding, has heard nothing from the server (not even a TCP ACK, nor

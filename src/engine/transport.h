@@ -27,6 +27,9 @@ struct Endpoint {
   // device) or a local address (bound to it and to the interface holding
   // it); empty: let routing choose.
   std::string local;
+  // Relative throughput of the path (weight=, 1 to 1000): the balancer
+  // compares outstanding bytes divided by it. Not part of its identity.
+  int weight = 1;
 };
 
 enum class ReplyStatus { kSuccess, kError, kCancel };

@@ -112,6 +112,34 @@ def test_every_path_carries_traffic(mount_factory):
     assert (m.path / "spread").read_bytes() == data
 
 
+def test_a_weighted_path_carries_in_proportion(mount_factory):
+    """weight=4+1 on two equal paths: a call goes to the second only once the
+    first has four times its outstanding bytes, so the first carries most
+    (124 of 128 MiB measured: write-behind keeps few calls outstanding)."""
+    m = mount_factory(f"path={SERVER}+{SERVER2},weight=4+1")
+    wait_all_up(m)
+    r = subprocess.run([CTL, "path", "list", str(m.path)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    head, *rows = [line.split() for line in r.stdout.splitlines()]
+    weights = {row[0].rsplit(":", 1)[0]: row[head.index("WEIGHT")] for row in rows}
+    assert weights == {SERVER: "4", SERVER2: "1"}, r.stdout
+    before = [tx_bytes(k) for k in (1, 2)]
+    data = os.urandom(1 << 20) * 128
+    (m.path / "weighted").write_bytes(data)
+    os.sync()
+    sent = [tx_bytes(k) - before[k - 1] for k in (1, 2)]
+    assert sent[0] > 2 * sent[1], f"bytes sent per path: {sent}"
+    assert (m.path / "weighted").read_bytes() == data
+
+
+def test_bad_weight_refuses_to_mount(bed, tmp_path):
+    for weights, msg in (("0", "bad weight '0' (1 to 1000)"),
+                         ("1+1+1+1+1", "more weight= entries (5) than paths (4)")):
+        r, _ = run_mount(tmp_path, f"{SERVER}:{EXPORT}", f"mountport=20048,path={ALL_PATHS},weight={weights}")
+        assert r.returncode != 0
+        assert msg in r.stderr, r.stderr
+
+
 def test_written_over_two_paths_read_over_the_other_two(mount_factory):
     a = mount_factory(f"path={SERVER}+{SERVER2}")
     b = mount_factory(f"path={SERVER3}+{SERVER4}")
