@@ -104,7 +104,7 @@ void PathMetrics(Families& f, const Labels& mount, const engine::ConnectionStats
           static_cast<double>(c.inflight));
   f.Gauge("mpnfs_path_queued_calls", "Calls waiting to be sent on the connection", path,
           static_cast<double>(c.queued));
-  f.Gauge("mpnfs_path_outstanding_bytes", "Bytes queued and in flight, as the balancer weighs them",
+  f.Gauge("mpnfs_path_outstanding_bytes", "Bytes queued and in flight (the balancer divides them by the path's weight)",
           path, static_cast<double>(c.outstanding_bytes));
   f.Gauge("mpnfs_path_throughput_bytes_per_second",
           "Recent throughput while busy (0 until measured)", path, static_cast<double>(c.rate_bps));

@@ -169,6 +169,11 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
       // The entry's paths come with their local sides, unless local= was given.
       if (m2->locals.empty() && !e->paths.empty()) m2->locals = e->locals;
     }
+    if (m2->weights.size() > m2->paths.size()) {
+      return Error::Errno(EINVAL, e->where + ": more weight= entries (" +
+                                      std::to_string(m2->weights.size()) + ") than paths (" +
+                                      std::to_string(m2->paths.size()) + ")");
+    }
     m2->tab_entry = e->where;
     return m2;
   }

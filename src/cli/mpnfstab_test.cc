@@ -182,6 +182,11 @@ TEST_F(LoadTest, AWeightListWeighsTheBlocksPathsUnlessTheCommandLineGivesOthers)
                        Reader());
   ASSERT_TRUE(m.ok()) << m.error().what;
   EXPECT_EQ(m->weights, (std::vector<int>{5, 6}));
+  // More weights than the block's paths: an error naming the block.
+  files_["/etc/mpnfstab"] = "server: s\npath: 1.2.3.4\nexport: /e mount: /m\noptions: weight=1+4\n";
+  m = LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().what, "/etc/mpnfstab:1: more weight= entries (2) than paths (1)");
 }
 
 TEST_F(LoadTest, BlockWithoutPathsUsesTheServerName) {

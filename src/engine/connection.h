@@ -150,7 +150,8 @@ class Connection : public TransportSink {
   void BecomeUp();
   void Heard(Clock::time_point now);
   // Throughput and sojourn bookkeeping on each answered call (statistics
-  // only: the balancer weighs outstanding bytes alone, engine.cc Scan).
+  // only: the balancer weighs outstanding bytes and the path's configured
+  // weight, engine.cc Scan).
   // `sojourn`: since the call was charged here.
   void Account(Clock::time_point now, int64_t bytes, Clock::duration sojourn);
   // Liveness while up: probe at half path_timeout, declare dead at full.

@@ -36,7 +36,10 @@ void Engine::Start() {
   if (idle_cap <= Clock::duration::zero()) idle_cap = Clock::duration::max();
   for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap));
   std::lock_guard lock(admin_mu_);
-  for (const auto& ep : opts_.paths) paths_.push_back(PathEntry{ep, {}, false, false});
+  for (auto ep : opts_.paths) {
+    ep.weight = std::clamp(ep.weight, 1, kMaxWeight);  // Scan divides by it
+    paths_.push_back(PathEntry{ep, {}, false, false});
+  }
   // Connection k of every path before connection k+1 of any: the loops get
   // the paths in turn.
   const int per = std::max(1, opts_.conns_per_path);
@@ -451,6 +454,7 @@ Result<std::string> Engine::AddPath(const Endpoint& ep) {
     return Error::Errno(ENOSPC, fmt::format("a mount has at most {} paths", kMaxPaths));
   }
   paths_.push_back(PathEntry{ep, {}, false, false});
+  paths_.back().ep.weight = std::clamp(ep.weight, 1, kMaxWeight);  // Scan divides by it
   if (auto st = StartConnections(paths_.back()); !st) {
     paths_.pop_back();
     return st.error();

@@ -187,7 +187,7 @@ struct ConnectionStats {
   uint64_t probes = 0;                // NFS NULL probes sent
   uint64_t bytes_out = 0, bytes_in = 0;
   int64_t inflight = 0, queued = 0;
-  int64_t outstanding_bytes = 0;      // queued + in flight, as weighed by the balancer
+  int64_t outstanding_bytes = 0;      // queued + in flight (the balancer divides it by the weight)
   uint64_t rate_bps = 0;              // recent throughput while busy; 0 = not measured yet
   uint64_t sojourn_us = 0;            // recent mean time queued to answered, by bytes; 0 = not yet
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
@@ -271,8 +271,9 @@ class Engine {
 
   // Engine-internal (used by Connection).
   uint32_t NextXid() { return xid_.fetch_add(1, std::memory_order_relaxed); }
-  // The up connection (other than `avoid`) where a call of `cost` bytes is
-  // expected to finish first; null if none is up and `avoid` is set.
+  // The up connection (other than `avoid`) with the least outstanding bytes,
+  // its call's `cost` included, divided by its path's weight (Scan); null if
+  // none is up and `avoid` is set.
   Connection* PickConnection(const Connection* avoid, int64_t cost);
   // Whether a connection other than `self` has heard from the server since `since`.
   bool AnotherHeardSince(const Connection* self, Clock::time_point since) const;

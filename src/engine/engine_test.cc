@@ -607,6 +607,55 @@ TEST_F(EngineTest, CallsGoWhereTheLeastWorkIsOutstanding) {
   for (const auto& s : e->Stats()) EXPECT_EQ(s.outstanding_bytes, 0) << s.endpoint;
 }
 
+// weight=4+1: a call goes to the first path while its outstanding bytes,
+// this call's included, are under four times the second's. Ten equal calls
+// held unanswered: 1, 2, 3 to the first; the fourth ties (either); then one
+// to the second, three more to the first, and the tenth ties again: 7 or 8.
+TEST_F(EngineTest, AWeightedPathTakesCallsUntilItHoldsItsWeightTimesTheOthersWork) {
+  auto o = TwoPaths(0ms);
+  o.paths[0].weight = 4;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  auto calls = SubmitN(*e, 10, 1 << 20);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 10; }));
+  const auto st = WaitInflight(*e, 10);
+  ASSERT_EQ(st.size(), 2u);
+  const int64_t heavy = st[0].endpoint.rfind("10.0.0.1:", 0) == 0 ? st[0].inflight : st[1].inflight;
+  EXPECT_GE(heavy, 7);
+  EXPECT_LE(heavy, 8);
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  AwaitAllOk(calls);
+}
+
+// A connection silent for half path_timeout with work outstanding (suspect)
+// is passed over while another is up, however much more the other holds.
+TEST_F(EngineTest, ASuspectConnectionGetsNoNewCallWhileAnotherIsUp) {
+  auto e = Started(TwoPaths(4s));
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  ASSERT_TRUE(net_.BlackholeHost("10.0.1.1"));
+  SubmitOptions to_silent, to_other;
+  to_silent.path = Endpoint{"10.0.1.1", 2049, {}};
+  to_other.path = Endpoint{"10.0.0.1", 2049, {}};
+  auto small = std::make_shared<ProbeCall>(64 << 10);
+  auto large = std::make_shared<ProbeCall>(8 << 20);
+  e->Submit(small, Cred{}, to_silent);
+  e->Submit(large, Cred{}, to_other);
+  // Suspect after 2 s of silence (checked every 1 s); declared dead at 4 s.
+  std::this_thread::sleep_for(3s);
+  // By outstanding bytes alone this call would go to the silent path.
+  auto next = std::make_shared<ProbeCall>(64 << 10);
+  e->Submit(next, Cred{});
+  const auto st = WaitInflight(*e, 3);
+  ASSERT_EQ(st.size(), 2u);
+  const auto& other = st[0].endpoint.rfind("10.0.0.1:", 0) == 0 ? st[0] : st[1];
+  EXPECT_EQ(other.inflight, 2) << "the new call went to the silent path";
+  net_.Unblackhole();
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  AwaitAllOk({small, large, next});
+}
+
 TEST_F(EngineTest, ASilentPathIsDeclaredDeadAndItsCallsMove) {
   auto e = Started(TwoPaths(200ms));
   ASSERT_TRUE(net_.Blackhole(0));

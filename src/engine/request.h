@@ -43,7 +43,7 @@ struct Request {
   Clock::time_point give_up = Clock::time_point::max();  // soft limit / SubmitOptions
   Clock::time_point submitted{};  // for the statistics' execution time
   Proc proc = Proc::kOther;       // call->Procedure(), asked once
-  // Load-balancing weight: payload bytes plus a fixed per-call overhead, and
+  // Load-balancing cost: payload bytes plus a fixed per-call overhead, and
   // the connection whose outstanding-bytes counter it is charged to.
   int64_t cost = 0;
   Connection* charged = nullptr;

@@ -20,6 +20,8 @@
 
 namespace mpnfs::engine {
 
+inline constexpr int kMaxWeight = 1000;
+
 struct Endpoint {
   std::string host;  // numeric address
   int port = 2049;
@@ -27,8 +29,9 @@ struct Endpoint {
   // device) or a local address (bound to it and to the interface holding
   // it); empty: let routing choose.
   std::string local;
-  // Relative throughput of the path (weight=, 1 to 1000): the balancer
-  // compares outstanding bytes divided by it. Not part of its identity.
+  // Relative throughput of the path (weight=, 1 to kMaxWeight; the engine
+  // clamps it): the balancer compares outstanding bytes divided by it. Not
+  // part of the path's identity.
   int weight = 1;
 };
 

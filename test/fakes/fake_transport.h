@@ -29,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -74,6 +75,8 @@ class FakeNet {
   // live; returns false if there is none. Its calls are never answered and
   // SilentMs() grows from now on, as on a path whose link went down.
   bool Blackhole(size_t k);
+  // The same for every live transport to `host`; false if there is none.
+  bool BlackholeHost(const std::string& host);
   // Answer again (the link came back).
   void Unblackhole();
   // Waits (with a generous cap) until pred holds; returns whether it did.
@@ -99,8 +102,9 @@ class FakeTransport final : public engine::Transport {
     close(efd_);
   }
 
-  bool StartConnect(const engine::Endpoint&, std::string*) override {
+  bool StartConnect(const engine::Endpoint& ep, std::string*) override {
     std::lock_guard lock(net_->mu);
+    host_ = ep.host;
     net_->connect_attempts++;
     connect_result_ = !net_->refuse_connect;
     connecting_ = true;
@@ -252,6 +256,7 @@ class FakeTransport final : public engine::Transport {
   bool silent_ = false;     // guarded by net_->mu
   std::chrono::steady_clock::time_point silent_since_;  // guarded by net_->mu
   bool reply_all_ = false;  // guarded by net_->mu
+  std::string host_;        // guarded by net_->mu
 };
 
 inline void FakeNet::Poke(FakeTransport* t) { t->Signal(); }
@@ -278,6 +283,18 @@ inline bool FakeNet::Blackhole(size_t k) {
   order_[k]->silent_ = true;
   order_[k]->silent_since_ = std::chrono::steady_clock::now();
   return true;
+}
+
+inline bool FakeNet::BlackholeHost(const std::string& host) {
+  std::lock_guard lock(mu);
+  bool any = false;
+  for (auto* t : live_) {
+    if (t->host_ != host) continue;
+    t->silent_ = true;
+    t->silent_since_ = std::chrono::steady_clock::now();
+    any = true;
+  }
+  return any;
 }
 
 inline void FakeNet::Unblackhole() {
