@@ -130,6 +130,23 @@ std::string JsonStr(const std::string& s) {
 
 }  // namespace
 
+std::string SuggestWeight(const CalibrateResult& r) {
+  std::vector<double> mbs;
+  for (const auto& t : r.targets) {
+    if (t.name != "all") mbs.push_back((t.seq_read_mbs + t.seq_write_mbs) / 2);
+  }
+  if (mbs.size() < 2 || !r.skipped.empty()) return "";
+  const double fastest = *std::max_element(mbs.begin(), mbs.end());
+  const double slowest = *std::min_element(mbs.begin(), mbs.end());
+  if (fastest <= 0 || slowest >= 0.85 * fastest) return "";
+  std::string out;
+  for (double m : mbs) {
+    const long w = std::clamp(std::lround(10 * m / fastest), 1L, 10L);
+    out += (out.empty() ? "" : "+") + std::to_string(w);
+  }
+  return out;
+}
+
 std::string RenderTable(const CalibrateResult& r) {
   std::string out = fmt::format(
       "scratch file {} MiB, {} s per step; random I/O {} KiB (writes UNSTABLE + COMMIT), "
@@ -150,14 +167,19 @@ std::string RenderTable(const CalibrateResult& r) {
         t.seq_read_mbs, t.seq_write_mbs);
   }
   for (const auto& p : r.skipped) out += "not measured (down or disabled at the start): " + p + "\n";
+  if (const std::string w = SuggestWeight(r); !w.empty()) {
+    out += "paths differ in speed: suggested mount option weight=" + w +
+           " (sequential MB/s against the fastest path's; see weight= in mpnfs(8))\n";
+  }
   return out;
 }
 
 std::string RenderJson(const CalibrateResult& r) {
   std::string out = fmt::format(
       "{{\"file_bytes\": {}, \"step_seconds\": {}, \"random_io_bytes\": {}, "
-      "\"sequential_io_bytes\": {}, \"random_writes\": \"unstable+commit\", \"targets\": [",
-      r.file_bytes, r.step_s, r.small_io, r.large_io);
+      "\"sequential_io_bytes\": {}, \"random_writes\": \"unstable+commit\", "
+      "\"suggested_weight\": {}, \"targets\": [",
+      r.file_bytes, r.step_s, r.small_io, r.large_io, JsonStr(SuggestWeight(r)));
   for (size_t i = 0; i < r.targets.size(); ++i) {
     const auto& t = r.targets[i];
     out += fmt::format(

@@ -99,6 +99,13 @@ std::optional<std::vector<DepthPoint>> SweepDepths(
 // Upper bound of the run time in seconds (every sweep to max_depth).
 double EstimateSeconds(const CalibrateOptions& o, size_t targets);
 
+// A weight= for the mount's paths from each one's sequential throughput
+// (the mean of its read and write MB/s), the fastest 10, the others in
+// proportion (at least 1), in the order measured (the mount's path order).
+// Empty when fewer than two paths were measured, a path was skipped, or
+// every path is within 15% of the fastest (equal paths want no weight).
+std::string SuggestWeight(const CalibrateResult& r);
+
 std::string RenderTable(const CalibrateResult& r);
 std::string RenderJson(const CalibrateResult& r);
 

@@ -155,6 +155,39 @@ TEST(CalibrateTest, JsonHasTheSweepsAndTheBest) {
   EXPECT_NE(j.find(R"("skipped": ["10.0.0.3"]})"), std::string::npos) << j;
 }
 
+TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
+  CalibrateResult r;
+  auto add = [&r](const std::string& name, double rd, double wr) {
+    TargetResult t;
+    t.name = name;
+    t.seq_read_mbs = rd;
+    t.seq_write_mbs = wr;
+    r.targets.push_back(t);
+  };
+  add("10.0.1.2", 11.9, 11.8);  // 100, 200 and 400 mbit (MULTIPATH.md)
+  add("10.0.2.2", 23.9, 23.2);
+  add("10.0.3.2", 47.7, 46.2);
+  add("all", 83.0, 81.8);
+  EXPECT_EQ(SuggestWeight(r), "3+5+10");
+  EXPECT_NE(RenderTable(r).find("suggested mount option weight=3+5+10 "), std::string::npos);
+  EXPECT_NE(RenderJson(r).find(R"("suggested_weight": "3+5+10")"), std::string::npos) << RenderJson(r);
+  r.skipped = {"10.0.4.2"};  // a path not measured: its place in the list is unknown
+  EXPECT_EQ(SuggestWeight(r), "");
+  EXPECT_EQ(RenderTable(r).find("suggested"), std::string::npos);
+  r.skipped.clear();
+  r.targets = {};
+  add("10.0.1.2", 23.8, 23.6);  // equal paths, measured a little apart
+  add("10.0.2.2", 21.0, 21.5);
+  add("all", 47.0, 46.0);
+  EXPECT_EQ(SuggestWeight(r), "");
+  EXPECT_NE(RenderJson(r).find(R"("suggested_weight": "")"), std::string::npos);
+  r.targets = {};
+  add("10.0.1.2", 900, 1.0);  // one path (--path): nothing to compare
+  EXPECT_EQ(SuggestWeight(r), "");
+  add("10.0.2.2", 0.1, 0.1);  // a very slow one still gets 1
+  EXPECT_EQ(SuggestWeight(r), "10+1");
+}
+
 // The scratch file's name, from the fake's CREATE record.
 std::string ScratchName(const FakeNfs& f) {
   for (const auto& c : f.History()) {

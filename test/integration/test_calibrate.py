@@ -62,6 +62,8 @@ def test_calibrate_measures_each_path_alone_and_together(bed, mount_factory):
     assert by[SERVER2]["seq_read_mbs"] < by[SERVER]["seq_read_mbs"], doc
     assert by[SERVER2]["seq_write_mbs"] < by[SERVER]["seq_write_mbs"], doc
     assert by[SERVER2]["seq_read_mbs"] < 3.5, doc
+    # Paths of such different speeds: a weight= is suggested, in path order.
+    assert doc["suggested_weight"] == "10+1", doc
     assert not scratch_files(m)
 
 
