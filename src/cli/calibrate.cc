@@ -130,20 +130,49 @@ std::string JsonStr(const std::string& s) {
 
 }  // namespace
 
-std::string SuggestWeight(const CalibrateResult& r) {
-  std::vector<double> mbs;
+namespace {
+
+// The per-path targets, when a suggestion is due (see SuggestWeight()).
+std::vector<const TargetResult*> SuggestionTargets(const CalibrateResult& r) {
+  std::vector<const TargetResult*> paths;
+  bool all = false;
   for (const auto& t : r.targets) {
-    if (t.name != "all") mbs.push_back((t.seq_read_mbs + t.seq_write_mbs) / 2);
+    if (t.name == "all") {
+      all = true;
+    } else {
+      paths.push_back(&t);
+    }
   }
-  if (mbs.size() < 2 || !r.skipped.empty()) return "";
-  const double fastest = *std::max_element(mbs.begin(), mbs.end());
-  const double slowest = *std::min_element(mbs.begin(), mbs.end());
-  if (fastest <= 0 || slowest >= 0.85 * fastest) return "";
+  if (!all || paths.size() < 2 || !r.skipped.empty()) return {};
+  auto mean = [](const TargetResult* t) { return (t->seq_read_mbs + t->seq_write_mbs) / 2; };
+  double fastest = 0, slowest = mean(paths.front());
+  for (const auto* t : paths) {
+    fastest = std::max(fastest, mean(t));
+    slowest = std::min(slowest, mean(t));
+  }
+  if (slowest <= 0 || slowest >= 0.85 * fastest) return {};
+  return paths;
+}
+
+}  // namespace
+
+std::string SuggestWeight(const CalibrateResult& r) {
+  const auto paths = SuggestionTargets(r);
+  if (paths.empty()) return "";
+  double slowest = paths.front()->seq_read_mbs + paths.front()->seq_write_mbs;
+  for (const auto* t : paths) slowest = std::min(slowest, t->seq_read_mbs + t->seq_write_mbs);
   std::string out;
-  for (double m : mbs) {
-    const long w = std::clamp(std::lround(10 * m / fastest), 1L, 10L);
-    out += (out.empty() ? "" : "+") + std::to_string(w);
+  for (const auto* t : paths) {
+    const double ratio = (t->seq_read_mbs + t->seq_write_mbs) / slowest;
+    const long w = std::lround(std::min(10 * ratio, static_cast<double>(engine::kMaxWeight)));
+    out += (out.empty() ? "" : "+") + std::to_string(std::max(w, 1L));
   }
+  return out;
+}
+
+std::string SuggestPaths(const CalibrateResult& r) {
+  std::string out;
+  for (const auto* t : SuggestionTargets(r)) out += (out.empty() ? "" : "+") + t->name;
   return out;
 }
 
@@ -168,8 +197,8 @@ std::string RenderTable(const CalibrateResult& r) {
   }
   for (const auto& p : r.skipped) out += "not measured (down or disabled at the start): " + p + "\n";
   if (const std::string w = SuggestWeight(r); !w.empty()) {
-    out += "paths differ in speed: suggested mount option weight=" + w +
-           " (sequential MB/s against the fastest path's; see weight= in mpnfs(8))\n";
+    out += "paths differ in speed: suggested mount options path=" + SuggestPaths(r) + ",weight=" + w +
+           " (sequential MB/s against the slowest path's; see weight= in mpnfs(8))\n";
   }
   return out;
 }
@@ -178,8 +207,9 @@ std::string RenderJson(const CalibrateResult& r) {
   std::string out = fmt::format(
       "{{\"file_bytes\": {}, \"step_seconds\": {}, \"random_io_bytes\": {}, "
       "\"sequential_io_bytes\": {}, \"random_writes\": \"unstable+commit\", "
-      "\"suggested_weight\": {}, \"targets\": [",
-      r.file_bytes, r.step_s, r.small_io, r.large_io, JsonStr(SuggestWeight(r)));
+      "\"suggested_weight\": {}, \"suggested_paths\": {}, \"targets\": [",
+      r.file_bytes, r.step_s, r.small_io, r.large_io, JsonStr(SuggestWeight(r)),
+      JsonStr(SuggestPaths(r)));
   for (size_t i = 0; i < r.targets.size(); ++i) {
     const auto& t = r.targets[i];
     out += fmt::format(

@@ -168,9 +168,14 @@ TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
   add("10.0.2.2", 23.9, 23.2);
   add("10.0.3.2", 47.7, 46.2);
   add("all", 83.0, 81.8);
-  EXPECT_EQ(SuggestWeight(r), "3+5+10");
-  EXPECT_NE(RenderTable(r).find("suggested mount option weight=3+5+10 "), std::string::npos);
-  EXPECT_NE(RenderJson(r).find(R"("suggested_weight": "3+5+10")"), std::string::npos) << RenderJson(r);
+  EXPECT_EQ(SuggestWeight(r), "10+20+40");
+  EXPECT_EQ(SuggestPaths(r), "10.0.1.2+10.0.2.2+10.0.3.2");
+  EXPECT_NE(RenderTable(r).find("suggested mount options path=10.0.1.2+10.0.2.2+10.0.3.2,weight=10+20+40 "),
+            std::string::npos)
+      << RenderTable(r);
+  EXPECT_NE(RenderJson(r).find(R"("suggested_weight": "10+20+40", "suggested_paths": "10.0.1.2+10.0.2.2+10.0.3.2")"),
+            std::string::npos)
+      << RenderJson(r);
   r.skipped = {"10.0.4.2"};  // a path not measured: its place in the list is unknown
   EXPECT_EQ(SuggestWeight(r), "");
   EXPECT_EQ(RenderTable(r).find("suggested"), std::string::npos);
@@ -182,10 +187,12 @@ TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
   EXPECT_EQ(SuggestWeight(r), "");
   EXPECT_NE(RenderJson(r).find(R"("suggested_weight": "")"), std::string::npos);
   r.targets = {};
-  add("10.0.1.2", 900, 1.0);  // one path (--path): nothing to compare
+  add("10.0.1.2", 900, 1.0);  // --path: no "all" row, not every path measured
+  add("10.0.2.2", 0.1, 0.1);
   EXPECT_EQ(SuggestWeight(r), "");
-  add("10.0.2.2", 0.1, 0.1);  // a very slow one still gets 1
-  EXPECT_EQ(SuggestWeight(r), "10+1");
+  add("all", 900, 1.0);
+  EXPECT_EQ(SuggestWeight(r), "1000+10");  // at most 1000
+  EXPECT_EQ(SuggestPaths(r), "10.0.1.2+10.0.2.2");
 }
 
 // The scratch file's name, from the fake's CREATE record.

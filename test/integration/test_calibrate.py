@@ -62,8 +62,14 @@ def test_calibrate_measures_each_path_alone_and_together(bed, mount_factory):
     assert by[SERVER2]["seq_read_mbs"] < by[SERVER]["seq_read_mbs"], doc
     assert by[SERVER2]["seq_write_mbs"] < by[SERVER]["seq_write_mbs"], doc
     assert by[SERVER2]["seq_read_mbs"] < 3.5, doc
-    # Paths of such different speeds: a weight= is suggested, in path order.
-    assert doc["suggested_weight"] == "10+1", doc
+    # Paths of such different speeds: path= and weight= are suggested, the
+    # slower path 10, the other in proportion to the measured MB/s (at most
+    # 1000; the JSON's MB/s are rounded, so give or take a little).
+    assert doc["suggested_paths"] == f"{SERVER}+{SERVER2}", doc
+    w1, w2 = (int(w) for w in doc["suggested_weight"].split("+"))
+    mean = {p: (by[p]["seq_read_mbs"] + by[p]["seq_write_mbs"]) / 2 for p in (SERVER, SERVER2)}
+    assert w2 == 10, doc
+    assert abs(w1 - min(1000, 10 * mean[SERVER] / mean[SERVER2])) <= max(2, w1 * 0.05), doc
     assert not scratch_files(m)
 
 
