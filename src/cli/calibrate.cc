@@ -130,49 +130,29 @@ std::string JsonStr(const std::string& s) {
 
 }  // namespace
 
-namespace {
-
-// The per-path targets, when a suggestion is due (see SuggestWeight()).
-std::vector<const TargetResult*> SuggestionTargets(const CalibrateResult& r) {
-  std::vector<const TargetResult*> paths;
+WeightSuggestion SuggestWeight(const CalibrateResult& r) {
+  std::vector<std::pair<std::string, double>> mbs;  // per path, in order
   bool all = false;
   for (const auto& t : r.targets) {
     if (t.name == "all") {
       all = true;
     } else {
-      paths.push_back(&t);
+      mbs.emplace_back(t.name, (t.seq_read_mbs + t.seq_write_mbs) / 2);
     }
   }
-  if (!all || paths.size() < 2 || !r.skipped.empty()) return {};
-  auto mean = [](const TargetResult* t) { return (t->seq_read_mbs + t->seq_write_mbs) / 2; };
-  double fastest = 0, slowest = mean(paths.front());
-  for (const auto* t : paths) {
-    fastest = std::max(fastest, mean(t));
-    slowest = std::min(slowest, mean(t));
+  if (!all || mbs.size() < 2 || !r.skipped.empty()) return {};
+  double fastest = 0, slowest = mbs.front().second;
+  for (const auto& [name, m] : mbs) {
+    fastest = std::max(fastest, m);
+    slowest = std::min(slowest, m);
   }
   if (slowest <= 0 || slowest >= 0.85 * fastest) return {};
-  return paths;
-}
-
-}  // namespace
-
-std::string SuggestWeight(const CalibrateResult& r) {
-  const auto paths = SuggestionTargets(r);
-  if (paths.empty()) return "";
-  double slowest = paths.front()->seq_read_mbs + paths.front()->seq_write_mbs;
-  for (const auto* t : paths) slowest = std::min(slowest, t->seq_read_mbs + t->seq_write_mbs);
-  std::string out;
-  for (const auto* t : paths) {
-    const double ratio = (t->seq_read_mbs + t->seq_write_mbs) / slowest;
-    const long w = std::lround(std::min(10 * ratio, static_cast<double>(engine::kMaxWeight)));
-    out += (out.empty() ? "" : "+") + std::to_string(std::max(w, 1L));
+  WeightSuggestion out;
+  for (const auto& [name, m] : mbs) {
+    const long w = std::lround(std::min(10 * m / slowest, static_cast<double>(engine::kMaxWeight)));
+    out.paths += (out.paths.empty() ? "" : "+") + name;
+    out.weight += (out.weight.empty() ? "" : "+") + std::to_string(w);
   }
-  return out;
-}
-
-std::string SuggestPaths(const CalibrateResult& r) {
-  std::string out;
-  for (const auto* t : SuggestionTargets(r)) out += (out.empty() ? "" : "+") + t->name;
   return out;
 }
 
@@ -196,20 +176,20 @@ std::string RenderTable(const CalibrateResult& r) {
         t.seq_read_mbs, t.seq_write_mbs);
   }
   for (const auto& p : r.skipped) out += "not measured (down or disabled at the start): " + p + "\n";
-  if (const std::string w = SuggestWeight(r); !w.empty()) {
-    out += "paths differ in speed: suggested mount options path=" + SuggestPaths(r) + ",weight=" + w +
+  if (const auto w = SuggestWeight(r); !w.weight.empty()) {
+    out += "paths differ in speed: suggested mount options path=" + w.paths + ",weight=" + w.weight +
            " (sequential MB/s against the slowest path's; see weight= in mpnfs(8))\n";
   }
   return out;
 }
 
 std::string RenderJson(const CalibrateResult& r) {
+  const WeightSuggestion w = SuggestWeight(r);
   std::string out = fmt::format(
       "{{\"file_bytes\": {}, \"step_seconds\": {}, \"random_io_bytes\": {}, "
       "\"sequential_io_bytes\": {}, \"random_writes\": \"unstable+commit\", "
       "\"suggested_weight\": {}, \"suggested_paths\": {}, \"targets\": [",
-      r.file_bytes, r.step_s, r.small_io, r.large_io, JsonStr(SuggestWeight(r)),
-      JsonStr(SuggestPaths(r)));
+      r.file_bytes, r.step_s, r.small_io, r.large_io, JsonStr(w.weight), JsonStr(w.paths));
   for (size_t i = 0; i < r.targets.size(); ++i) {
     const auto& t = r.targets[i];
     out += fmt::format(

@@ -99,15 +99,17 @@ std::optional<std::vector<DepthPoint>> SweepDepths(
 // Upper bound of the run time in seconds (every sweep to max_depth).
 double EstimateSeconds(const CalibrateOptions& o, size_t targets);
 
-// A weight= for the paths measured, from each one's sequential throughput
-// (the mean of its read and write MB/s): the slowest 10, the others in
-// proportion (at most 1000), in the order measured, which SuggestPaths()
-// names ('+'-joined; the mount's engine order, which path add/remove can
-// change). Empty unless every path of the mount was measured (the "all" row
-// is there and none was skipped) and the slowest is under 85% of the fastest
-// (equal paths want no weight).
-std::string SuggestWeight(const CalibrateResult& r);
-std::string SuggestPaths(const CalibrateResult& r);
+// path= and weight= values for the paths measured, from each one's
+// sequential throughput (the mean of its read and write MB/s): the slowest
+// 10, the others in proportion (at most engine::kMaxWeight), in the order
+// measured (the mount's engine order, which path add/remove can change),
+// '+'-joined. Both empty unless every path of the mount was measured (the
+// "all" row is there and none was skipped) and the slowest is under 85% of
+// the fastest (equal paths want no weight).
+struct WeightSuggestion {
+  std::string paths, weight;
+};
+WeightSuggestion SuggestWeight(const CalibrateResult& r);
 
 std::string RenderTable(const CalibrateResult& r);
 std::string RenderJson(const CalibrateResult& r);

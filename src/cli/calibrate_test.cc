@@ -168,8 +168,8 @@ TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
   add("10.0.2.2", 23.9, 23.2);
   add("10.0.3.2", 47.7, 46.2);
   add("all", 83.0, 81.8);
-  EXPECT_EQ(SuggestWeight(r), "10+20+40");
-  EXPECT_EQ(SuggestPaths(r), "10.0.1.2+10.0.2.2+10.0.3.2");
+  EXPECT_EQ(SuggestWeight(r).weight, "10+20+40");
+  EXPECT_EQ(SuggestWeight(r).paths, "10.0.1.2+10.0.2.2+10.0.3.2");
   EXPECT_NE(RenderTable(r).find("suggested mount options path=10.0.1.2+10.0.2.2+10.0.3.2,weight=10+20+40 "),
             std::string::npos)
       << RenderTable(r);
@@ -177,22 +177,23 @@ TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
             std::string::npos)
       << RenderJson(r);
   r.skipped = {"10.0.4.2"};  // a path not measured: its place in the list is unknown
-  EXPECT_EQ(SuggestWeight(r), "");
+  EXPECT_EQ(SuggestWeight(r).weight, "");
+  EXPECT_EQ(SuggestWeight(r).paths, "");
   EXPECT_EQ(RenderTable(r).find("suggested"), std::string::npos);
   r.skipped.clear();
   r.targets = {};
   add("10.0.1.2", 23.8, 23.6);  // equal paths, measured a little apart
   add("10.0.2.2", 21.0, 21.5);
   add("all", 47.0, 46.0);
-  EXPECT_EQ(SuggestWeight(r), "");
+  EXPECT_EQ(SuggestWeight(r).weight, "");
   EXPECT_NE(RenderJson(r).find(R"("suggested_weight": "")"), std::string::npos);
   r.targets = {};
   add("10.0.1.2", 900, 1.0);  // --path: no "all" row, not every path measured
   add("10.0.2.2", 0.1, 0.1);
-  EXPECT_EQ(SuggestWeight(r), "");
+  EXPECT_EQ(SuggestWeight(r).weight, "");
   add("all", 900, 1.0);
-  EXPECT_EQ(SuggestWeight(r), "1000+10");  // at most 1000
-  EXPECT_EQ(SuggestPaths(r), "10.0.1.2+10.0.2.2");
+  EXPECT_EQ(SuggestWeight(r).weight, "1000+10");  // at most 1000
+  EXPECT_EQ(SuggestWeight(r).paths, "10.0.1.2+10.0.2.2");
 }
 
 // The scratch file's name, from the fake's CREATE record.

@@ -379,11 +379,6 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     path_addrs.push_back(*a);
   }
   if (path_addrs.empty()) path_addrs.push_back(*addr);
-  if (m.weights.size() > path_addrs.size()) {
-    rep.Done(kExitMountFailed, fmt::format("mpnfs: more weight= entries ({}) than paths ({})",
-                                           m.weights.size(), path_addrs.size()));
-    return kExitMountFailed;
-  }
   m.engine.paths.clear();
   for (size_t k = 0; k < path_addrs.size(); ++k) {
     std::string local = k < m.locals.size() ? m.locals[k] : std::string();

@@ -1,5 +1,6 @@
 #include "cli/mpnfstab.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -8,6 +9,14 @@
 
 namespace mpnfs::cli {
 namespace {
+
+// No more weights than paths (no path=: SERVER's address is the one path).
+Status CheckWeights(const MountOptions& m) {
+  const size_t paths = std::max<size_t>(1, m.paths.size());
+  if (m.weights.size() <= paths) return Ok{};
+  return Error::Errno(EINVAL, "more weight= entries (" + std::to_string(m.weights.size()) +
+                                  ") than paths (" + std::to_string(paths) + ")");
+}
 
 std::string StripSlashes(std::string p) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -144,22 +153,7 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
                                           "' cannot be set in 'options:' (use path: and local: lines)");
         }
       }
-      // The block's weight= weighs the block's paths: path= on the command
-      // line replaces both (unless weight= is given there too).
-      std::string opts = e->options;
-      if (!m->paths.empty() && m->weights.empty()) {
-        std::string kept;
-        size_t from = 0;
-        while (from <= opts.size()) {
-          size_t comma = opts.find(',', from);
-          if (comma == std::string::npos) comma = opts.size();
-          const std::string o = opts.substr(from, comma - from);
-          if (o.rfind("weight=", 0) != 0) kept += (kept.empty() ? "" : ",") + o;
-          from = comma + 1;
-        }
-        opts = kept;
-      }
-      if (!opts.empty()) merged = {"-o", opts};
+      merged = {"-o", e->options};
     }
     merged.insert(merged.end(), args.begin(), args.end());
     auto m2 = ParseMountArgs(merged);
@@ -169,14 +163,14 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
       // The entry's paths come with their local sides, unless local= was given.
       if (m2->locals.empty() && !e->paths.empty()) m2->locals = e->locals;
     }
-    if (m2->weights.size() > m2->paths.size()) {
-      return Error::Errno(EINVAL, e->where + ": more weight= entries (" +
-                                      std::to_string(m2->weights.size()) + ") than paths (" +
-                                      std::to_string(m2->paths.size()) + ")");
-    }
+    // The block's weight= weighs the block's paths: path= on the command
+    // line replaces both, unless weight= is given there too.
+    if (!m->paths.empty() && m->weights.empty()) m2->weights.clear();
     m2->tab_entry = e->where;
+    if (auto bad = CheckWeights(*m2); !bad) return Error::Errno(EINVAL, e->where + ": " + bad.error().what);
     return m2;
   }
+  if (auto bad = CheckWeights(*m); !bad) return bad.error();
   return m;
 }
 

@@ -182,7 +182,17 @@ TEST_F(LoadTest, AWeightListWeighsTheBlocksPathsUnlessTheCommandLineGivesOthers)
                        Reader());
   ASSERT_TRUE(m.ok()) << m.error().what;
   EXPECT_EQ(m->weights, (std::vector<int>{5, 6}));
-  // More weights than the block's paths: an error naming the block.
+  // More weights than paths: an error (naming the block when there is one).
+  m = LoadMountOptions({"s:/e", "/m", "-o", "path=9.9.9.9,weight=1+2"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().what, "/etc/mpnfstab:1: more weight= entries (2) than paths (1)");
+  files_.clear();
+  m = LoadMountOptions({"s:/e", "/m", "-o", "weight=1+2"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().what, "more weight= entries (2) than paths (1)");
+  m = LoadMountOptions({"s:/e", "/m", "-o", "path=9.9.9.8+9.9.9.9,weight=1+2"}, "", "/etc/mpnfstab",
+                       Reader());
+  EXPECT_TRUE(m.ok());
   files_["/etc/mpnfstab"] = "server: s\npath: 1.2.3.4\nexport: /e mount: /m\noptions: weight=1+4\n";
   m = LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader());
   ASSERT_FALSE(m.ok());

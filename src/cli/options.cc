@@ -33,6 +33,12 @@ const std::set<std::string> kFstabOnly = {"_netdev", "nofail", "noauto", "auto",
 
 }  // namespace
 
+std::optional<int> ParseWeight(const std::string& s) {
+  long v = 0;
+  if (!ToInt(s, 1, engine::kMaxWeight, &v)) return std::nullopt;
+  return static_cast<int>(v);
+}
+
 bool SplitSource(const std::string& src, std::string* server, std::string* export_path) {
   auto colon = src.find(':');
   if (colon == std::string::npos || colon == 0) return false;
@@ -225,9 +231,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           size_t plus = val.find('+', from);
           if (plus == std::string::npos) plus = val.size();
           const std::string w = val.substr(from, plus - from);
-          long v = 1;  // "" keeps that path's default
-          if (!w.empty() && !ToInt(w, 1, 1000, &v)) return Bad("bad weight '" + w + "' (1 to 1000)");
-          m.weights.push_back(static_cast<int>(v));
+          const std::optional<int> v = w.empty() ? 1 : ParseWeight(w);  // "": the default
+          if (!v) return Bad("bad weight '" + w + "' (1 to " + std::to_string(engine::kMaxWeight) + ")");
+          m.weights.push_back(*v);
           from = plus + 1;
         }
       } else if (key == "cache_dir") {
@@ -299,10 +305,6 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       }
       if (end == s.size()) break;
     }
-  }
-  if (!m.paths.empty() && m.weights.size() > m.paths.size()) {
-    return Bad("more weight= entries (" + std::to_string(m.weights.size()) + ") than paths (" +
-               std::to_string(m.paths.size()) + ")");
   }
   if (m.locals.size() > std::max<size_t>(1, m.paths.size())) {
     return Bad("more local= entries (" + std::to_string(m.locals.size()) + ") than paths (" +

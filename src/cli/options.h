@@ -7,6 +7,7 @@
 // else is an error naming the option.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,9 @@ struct MountOptions {
   // one binds the connection to SERVER.
   std::vector<std::string> locals;
   // weight=: the relative throughput of each path, in path order (1 to
-  // 1000; an empty entry is 1). The balancer divides a connection's
-  // outstanding bytes by it.
+  // engine::kMaxWeight; an empty entry is 1). The balancer divides a
+  // connection's outstanding bytes by it. Not checked against the number of
+  // paths here: mpnfstab may supply the paths (LoadMountOptions checks).
   std::vector<int> weights;
   std::string tab;        // tab=FILE: the mpnfstab to read first
   std::string tab_entry;  // file:line of the mpnfstab block used, if any
@@ -60,6 +62,10 @@ struct MountOptions {
 };
 
 Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
+
+// One path weight ("4"), as weight= and `path add ... weight=` take it:
+// 1 to engine::kMaxWeight; nullopt otherwise.
+std::optional<int> ParseWeight(const std::string& s);
 
 // "SERVER:/EXPORT" -> server, export.
 bool SplitSource(const std::string& src, std::string* server, std::string* export_path);

@@ -4,10 +4,10 @@
 #include <fmt/format.h>
 #include <netdb.h>
 
-#include <charconv>
 #include <sstream>
 #include <vector>
 
+#include "cli/options.h"
 #include "common/log.h"
 #include "nfs/local_bind.h"
 
@@ -69,12 +69,9 @@ Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int def
       if (auto b = nfs::ResolveLocal(ep.local); !b) return b.error();
     } else if (w.rfind("weight=", 0) == 0 && !have_weight) {
       have_weight = true;
-      const std::string v = w.substr(7);
-      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), ep.weight);
-      if (v.empty() || ec != std::errc() || end != v.data() + v.size() || ep.weight < 1 ||
-          ep.weight > 1000) {
-        return Error::Errno(EINVAL, "bad weight '" + v + "' (1 to 1000)");
-      }
+      const std::optional<int> v = ParseWeight(w.substr(7));
+      if (!v) return Error::Errno(EINVAL, fmt::format("bad weight '{}' (1 to {})", w.substr(7), engine::kMaxWeight));
+      ep.weight = *v;
     } else {
       return Error::Errno(EINVAL, "");
     }

@@ -27,7 +27,6 @@ namespace mpnfs::engine {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 struct PathModel {
   Clock::duration latency{};
