@@ -41,8 +41,8 @@ const char* ModeName(CacheMode m) {
 }
 
 // Whether the index of geometry `g` in `dir` holds dirty records.
-Result<bool> IndexHasDirty(Disk& disk, const std::string& dir, const Geometry& g) {
-  auto index = Index::Open(disk, dir, g);
+Result<bool> IndexHasDirty(Disk& disk, const std::string& dir, const Geometry& g, File* data) {
+  auto index = Index::Open(disk, dir, g, data);
   if (!index) return index.error();
   bool dirty = false;
   auto st = (*index)->Load([&dirty](uint32_t, Record&& r) { dirty = dirty || AnyBit(r.dirty); });
@@ -247,7 +247,7 @@ Result<bool> BlockCache::Init() {
   const uint64_t total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
   const uint64_t avail = uint64_t{vfs.f_bavail} * vfs.f_frsize + have;
   const uint64_t margin = total / 20;
-  const uint64_t per_slot = opts_.block + Index::FileBytes(Geometry{opts_.block, 4096}) / 4096 + 1;
+  const uint64_t per_slot = opts_.block + Index::RegionBytes(Geometry{opts_.block, 4096}) / 4096 + 1;
   uint64_t want = opts_.size / opts_.block;
   const uint64_t fit = avail > margin ? (avail - margin) / per_slot : 0;
   if (fit < want) {
@@ -263,18 +263,29 @@ Result<bool> BlockCache::Init() {
   Geometry g{opts_.block, static_cast<uint32_t>(std::min<uint64_t>(want, UINT32_MAX - 1)),
              opts_.index_per_page};
 
+  // A cache of format 3 is converted first, keeping every record.
+  if (auto up = Index::Upgrade(disk_, dir); !up) {
+    return Error::Errno(up.error().err, "cache_dir " + dir + ": converting the index of format 3: " +
+                                            up.error().what + "; refusing to start rather than lose "
+                                            "write-back data");
+  }
   // Reuse what a previous mount left if it has the same geometry. An index
   // that cannot be read is refused, never replaced (it may hold the only
   // copy of acknowledged writes).
   auto found = Index::Probe(disk_, dir);
   if (!found) return Error::Errno(found.error().err, "cache_dir " + dir + ": " + found.error().what);
+  // cache_direct: cached data lives on the cache disk only, not a second
+  // time in the page cache. Filesystems without O_DIRECT get buffered I/O.
+  auto data = disk_.Open(data_path, Disk::kCreate | (opts_.direct ? Disk::kDirect : 0));
+  if (!data) return Error::Errno(data.error().err, "cache data file " + data.error().what);
+  data_ = std::move(*data);
   bool reuse = false;
   if (*found && **found == g) {
     reuse = true;
   } else if (*found) {
     // Write-back data not yet on the server is never thrown away for a
     // change of geometry: the cache keeps its old one until it is flushed.
-    auto dirty = IndexHasDirty(disk_, dir, **found);
+    auto dirty = IndexHasDirty(disk_, dir, **found, data_.get());
     if (!dirty) return Error::Errno(dirty.error().err, "cache_dir " + dir + ": " + dirty.error().what);
     if (*dirty) {
       g = **found;
@@ -284,28 +295,28 @@ Result<bool> BlockCache::Init() {
                          dir, (uint64_t{g.slots} * g.block) >> 20, g.block >> 10);
     } else {
       Log("cache")->warn("cache_dir {}: cache_size or cache_block changed; starting empty", dir);
+      // Gone before the data file is resized under it (a crash then finds
+      // no index, not one whose records were cut off).
+      if (!disk_.Remove(index_path) || !disk_.SyncDir(dir)) return Sys("removing " + index_path);
     }
   }
   opts_.block = g.block;
   opts_.size = uint64_t{g.slots} * g.block;
   nslots_ = g.slots;
-  // cache_direct: cached data lives on the cache disk only, not a second
-  // time in the page cache. Filesystems without O_DIRECT get buffered I/O.
-  auto data = disk_.Open(data_path, Disk::kCreate | (opts_.direct ? Disk::kDirect : 0));
-  if (!data) return Error::Errno(data.error().err, "cache data file " + data.error().what);
-  data_ = std::move(*data);
-  const uint64_t data_size = uint64_t{nslots_} * opts_.block;
-  if (data_->Size() != data_size && (!data_->Truncate(data_size) || !data_->Allocate(data_size))) {
-    return Sys("sizing the cache data file " + data_path);
-  }
+  const uint64_t data_size = Index::DataFileBytes(g);
   if (!reuse) {
-    // The data file is sized before the index that points into it exists.
+    // The record region is cleared (cut and grown again), then the data
+    // file synced, before the index that points into it exists.
+    if (!data_->Truncate(std::min(data_->Size(), Index::RegionOffset(g))) || !data_->Truncate(data_size) ||
+        !data_->Allocate(data_size)) {
+      return Sys("sizing the cache data file " + data_path);
+    }
     if (!data_->Sync()) return Sys("syncing " + data_path);
     auto made = Index::Create(disk_, dir, g);
     if (!made) return Error::Errno(made.error().err, "cache_dir " + dir + ": " + made.error().what);
     disk_.Remove(dir + "/meta");  // format 2 kept its geometry there
   }
-  auto index = Index::Open(disk_, dir, g);
+  auto index = Index::Open(disk_, dir, g, data_.get());
   if (!index) return Error::Errno(index.error().err, "cache index " + index.error().what);
   journal_ = std::move(*index);
   {
@@ -462,10 +473,8 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     FileState& f = FileOf(slot);
     f.wb_size = std::max(f.wb_size, WbOf(s).fsize);
   }
-  // What was read may be in the page cache only (the last mount was killed):
-  // the pages the records point to must be durable before anything else is
-  // written (Index::Load syncs the index the same way).
-  if (!data_->Sync()) return Sys("syncing the cache data file");
+  // (What was read may have been in the page cache only, the last mount
+  // killed: Index::Load synced the data file, records and pages, first.)
   // A superseded claim must not come back once the newer one is gone: free
   // it on disk too (queued, written by the writer).
   // (Empty claims that won are freed once the claims they superseded are
@@ -553,8 +562,8 @@ BlockCache::~BlockCache() {
       }
     }
     // (The writer is gone: this thread is the index's only writer now.)
-    if (data_) data_->Sync();
     Commit(lock);
+    if (!index_broken_ && !journal_->Mark()) IndexFailed("writing or syncing the cache index's mark", errno);
     DiscardBrokenIndex(lock);  // again: the disk may take it now
   }
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
@@ -588,11 +597,13 @@ void BlockCache::Persist(uint32_t s) {
 }
 
 bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
-  // Rule 1: no record may declare write-back data that is not synced, and a
-  // record reflects every page of its group as it is in memory now.
-  if (wb_unsynced_) SyncWbData(lock);
+  // Rule 1: a record is written after the data it declares (every write-back
+  // write was applied by this thread before it got here), and reflects
+  // every page of its group as it is in memory now. The sync below covers
+  // both.
   if (index_broken_) {
     queued_groups_.clear();
+    wb_unsynced_ = false;  // (no record will declare it)
     return false;
   }
   const uint32_t per = journal_->per_page();
@@ -644,6 +655,8 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
   const int err = errno;
   lock.lock();
   if (ok && sync) {
+    wb_unsynced_ = false;
+    last_sync_ = std::chrono::steady_clock::now();
     synced_batch_ = std::max(synced_batch_, batch);
     SettleTombs();
   }
@@ -651,12 +664,32 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
     // The index may now claim pages that are gone (or miss newer ones): the
     // next mount must not trust it. It is emptied once it records no
     // unflushed writes (the flusher drains a cache that is out of service).
-    DeviceError("writing the cache index", err);
-    health_ = Health::kOut;
-    index_broken_ = true;
-    queued_groups_.clear();
+    // A failed sync: acknowledged writes whose data may not be on the disk
+    // are in records no later load trusts without checking them (index.h);
+    // the cache goes out of service, Durable() answers false from now on
+    // (fsync goes to the server) and the flusher takes their pages to the
+    // server from the data file (checked by their CRCs).
+    IndexFailed(sync ? "writing or syncing the cache index and data" : "writing the cache index", err);
   }
   return ok;
+}
+
+void BlockCache::WriteMark(std::unique_lock<std::mutex>& lock) {
+  last_mark_ = std::chrono::steady_clock::now();
+  lock.unlock();
+  const bool ok = journal_->Mark();
+  const int err = errno;
+  lock.lock();
+  if (!ok) IndexFailed("writing or syncing the cache index's mark", err);
+}
+
+void BlockCache::IndexFailed(const char* what, int err) {
+  if (index_broken_) return;
+  DeviceError(what, err);
+  health_ = Health::kOut;
+  index_broken_ = true;
+  queued_groups_.clear();
+  wb_unsynced_ = false;
 }
 
 void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
@@ -1349,10 +1382,17 @@ void BlockCache::WriterMain() {
       // old slots of moved blocks waiting for it grow many.
       writing_ = true;
       Commit(lock);
+      // Under a steady stream of commits, the mark (below) is also written
+      // every 10 s, after the commit answered its waiters: what a load must
+      // check stays about what 10 s wrote.
+      if (!index_broken_ && journal_->MarkBehind() &&
+          std::chrono::steady_clock::now() - last_mark_ >= std::chrono::seconds(10)) {
+        WriteMark(lock);
+      }
       continue;
     }
     if (jobs_.empty() && WbPending()) {
-      // Records wait for the commit too (writing them would sync the data).
+      // Records wait for the commit too (it writes them all at once).
       writing_ = false;
       idle_cv_.notify_all();
       cv_.wait_until(lock, commit_due_);
@@ -1389,6 +1429,17 @@ void BlockCache::WriterMain() {
             }
           }
         }
+      } else if (journal_ && !index_broken_ && journal_->MarkBehind()) {
+        // Idle a while after a sync: its pages are marked synced (index.h),
+        // a check the next mount's load then skips. (Not at once: a stream
+        // of fsyncs would pay a second sync each.)
+        const auto due = last_sync_ + opts_.commit_interval;
+        if (std::chrono::steady_clock::now() < due) {
+          cv_.wait_until(lock, due);
+          continue;
+        }
+        writing_ = true;
+        WriteMark(lock);
       } else {
         cv_.wait(lock);
       }
@@ -1407,8 +1458,8 @@ void BlockCache::WriterMain() {
     }
     if (jobs_.front().wb) {
       // Write-back writes are applied in batches and acknowledged; a later
-      // commit makes them durable (one sync of the data file and one of the
-      // index for all of them).
+      // commit makes them durable (one sync of the data file, records
+      // included, for all of them).
       std::vector<Job> batch;
       while (!jobs_.empty() && jobs_.front().wb && batch.size() < 64) {
         batch.push_back(std::move(jobs_.front()));
@@ -1925,31 +1976,6 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
   lock.lock();
 }
 
-bool BlockCache::SyncWbData(std::unique_lock<std::mutex>& lock) {
-  if (!wb_unsynced_) return true;
-  // (Only the writer thread writes write-back data, and it is here: no
-  // write-back write is applied while the lock is released.)
-  lock.unlock();
-  const bool ok = data_->Sync();
-  const int err = errno;
-  lock.lock();
-  wb_unsynced_ = false;
-  if (ok) return true;
-  // Acknowledged writes whose data may not be on the disk: no record may
-  // ever declare them (the index is broken from now on: the last synced
-  // records, with the older copies they name, are what a crash keeps), the
-  // cache goes out of service, and the flusher takes their pages to the
-  // server from the data file (checked by their CRCs). Durable() answers
-  // false from now on: fsync goes to the server.
-  DeviceError("syncing the cache data", err);
-  health_ = Health::kOut;
-  if (!index_broken_) {
-    index_broken_ = true;
-    queued_groups_.clear();
-  }
-  return false;
-}
-
 bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
   // Old slots whose block's newest copy is gone already (a truncate or a
   // drop freed it) are freed in this commit's records, not after them: a
@@ -1961,11 +1987,12 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
     policy_->Unpin(r.slot);
     return true;
   });
-  bool ok = SyncWbData(lock);
   for (uint32_t s : wb_persist_) Persist(s);
   wb_persist_.clear();
-  // (WriteRecords fails, writing nothing, once the index is broken.)
-  ok = WriteRecords(lock, /*sync=*/true) && ok;
+  // One sync of the data file: the write-back data and the records that
+  // declare it. (WriteRecords fails, writing nothing, once the index is
+  // broken.)
+  bool ok = WriteRecords(lock, /*sync=*/true);
   bool newest_gone = false;
   for (const Retire& r : wb_retire_) {
     // After the new records are durable: a crash keeps one or both claims,

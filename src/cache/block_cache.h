@@ -71,12 +71,16 @@
 // allows: each index page as the last index sync left it or as a later
 // whole state. On that, the cache keeps these rules, and the crash-state
 // explorer (crash_test.cc) checks them over every state a crash may leave:
-//  1. Data before records: no record declaring a write-back write's pages
-//     is written before those pages are synced (WriteRecords syncs the
-//     data written since the last sync first). A write-back write is
-//     acknowledged once its pages are in the data file ("durable at
-//     fsync", as a local filesystem): a commit (Commit) then syncs the
-//     data, writes and syncs the records, and frees old slots; it runs
+//  1. Data before records, one sync for both: no record declaring a
+//     write-back write's pages is written before those pages (the writer
+//     thread applies the write, then writes records), and the records live
+//     in the data file (index.h), so one sync makes both durable. A record
+//     that reaches the disk without its pages (a crash before the sync) is
+//     found at load by the pages' CRCs, and the slot's last synced record
+//     is used instead (index.h). A write-back write is acknowledged once
+//     its pages are in the data file ("durable at fsync", as a local
+//     filesystem): a commit (Commit) then writes the records, syncs the
+//     data file once, and frees old slots; it runs
 //     when asked by Durable() (fsync, O_SYNC/O_DSYNC writes), Quiesce() or
 //     unmount, within commit_interval (1 s) of the first write it covers,
 //     and when many old slots wait for it. A crash may lose writes no
@@ -116,16 +120,17 @@
 // write makes the whole index untrusted for the next mount: no record is
 // written after it, and it is emptied (in write-back mode once the flusher,
 // which drains a cache out of service, has left nothing dirty). A failed
-// sync of write-back data does the same (no record may declare data that
-// may not be on the disk) and fails the Durable() calls waiting for it:
+// sync does the same (records written before it, which may declare data
+// that is not on the disk, are checked at load: index.h) and fails the
+// Durable() calls waiting for it:
 // fsync then sends the file's writes to the server, and the flusher drains
 // the rest from the data file (each page checked by its CRC).
 //
 // Write-back (cache_mode=writeback). A write is stored as dirty pages and
 // answered once they are written to the data file; it is durable after the
-// next commit (rule 1: data synced, then the records that declare it, then
-// those synced; one sync pair for every write since the last commit), which
-// fsync waits for (Durable). A dirty page that a record may declare
+// next commit (rule 1: the records that declare it written, then one sync
+// of the data file for every write since the last commit), which fsync
+// waits for (Durable). A dirty page that a record may declare
 // (WbSlot::claimed: any record of the slot written since) is never
 // overwritten in place: a write that touches one copies the block to another
 // slot and the newer record wins at load (copy-on-write), so a crash leaves
@@ -655,15 +660,19 @@ class BlockCache {
   // invalidation) is dropped; an unflushed write it held is lost and
   // reported to fsync. True if the page was dirty.
   bool DropDamagedPage(uint32_t s, uint32_t p) REQUIRES(mu_);
+  // A record write or a sync failed: the index is broken (the next mount
+  // must not trust it; emptied once nothing dirty is left), the cache out.
+  void IndexFailed(const char* what, int err) REQUIRES(mu_);
+  // Writes and syncs the index's mark (index.h). Writer thread.
+  void WriteMark(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
   // After an index sync: drops durable older frees, releases tombstones.
   void SettleTombs() REQUIRES(mu_);
   bool WbPending() const REQUIRES(mu_) { return wb_unsynced_ || !wb_persist_.empty() || !wb_retire_.empty(); }
-  // Syncs the write-back data written since the last sync; on failure the
-  // index is broken (no record may declare that data) and the cache out.
-  bool SyncWbData(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
-  // Makes every applied write-back write durable (data sync, their records
-  // written and synced, old slots of moved blocks freed) and answers the
-  // Durable() waiters; false if that failed. Writer thread, or no writer.
+  // Makes every applied write-back write durable (their records written,
+  // then one sync of the data file for data and records, then old slots of
+  // moved blocks freed) and answers the Durable() waiters; false if that
+  // failed (the index is then broken and the cache out). Writer thread, or
+  // no writer.
   bool Commit(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
   // Processes a batch of write-back jobs (group commit).
   void WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock);
@@ -728,7 +737,9 @@ class BlockCache {
     uint32_t gen;
     uint32_t to, to_gen;  // the slot the block moved to (its partner-to-be)
   };
-  bool wb_unsynced_ GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_sync_ GUARDED_BY(mu_);  // of the data file (records)
+  std::chrono::steady_clock::time_point last_mark_ GUARDED_BY(mu_);
+  bool wb_unsynced_ GUARDED_BY(mu_) = false;  // write-back data applied since the last sync
   std::vector<uint32_t> wb_persist_ GUARDED_BY(mu_);  // slots whose records wait for the commit
   std::vector<Retire> wb_retire_ GUARDED_BY(mu_);     // old slots of moved blocks (pinned till then)
   std::chrono::steady_clock::time_point commit_due_ GUARDED_BY(mu_);

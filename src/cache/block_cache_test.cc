@@ -410,6 +410,67 @@ TEST_F(WriteBackTest, AWriteThatFindsTheUnflushedPageItCompletesDamagedReportsTh
   EXPECT_TRUE(Collected(*c, "fh1", 0, 4096) == Pattern(8192, 'a').substr(0, 4096));  // the sound page stays
 }
 
+// A cache left by an mpnfs of format 3 (its records in the index file, the
+// data synced before them) is converted at the first mount, keeping its
+// unflushed writes; the next mount finds them again.
+TEST_F(WriteBackTest, AFormat3CacheIsConvertedKeepingItsUnflushedWrites) {
+  const uint32_t pages = kBlock / kPage, slots = 16, slot = 5;
+  const uint32_t rb = RecordBytes(pages), per3 = (kPage - 4 - 16) / rb;
+  const uint32_t groups3 = (slots + per3 - 1) / per3;
+  auto put = [](std::string& b, size_t at, auto v) { std::memcpy(b.data() + at, &v, sizeof(v)); };
+  std::string header(kPage, '\0');
+  put(header, 0, uint32_t{0x494e504d});
+  put(header, 4, uint32_t{3});
+  put(header, 8, kBlock);
+  put(header, 12, slots);
+  put(header, 16, rb);
+  put(header, 20, uint32_t{0});
+  put(header, kPage - 4, Crc(header.data(), kPage - 4));
+  const std::string a = Pattern(8192, 'a');
+  Record r;
+  r.seq = 7;
+  r.fh = "fh1";
+  r.block = 0;
+  for (uint32_t p = 0; p < 2; ++p) {
+    SetBit(r.valid, p);
+    SetBit(r.dirty, p);
+  }
+  r.version = kV1;
+  r.fsize = 8192;
+  r.uid = r.gid = 1000;
+  r.crc.assign(pages, 0);
+  r.crc[0] = Crc(a.data(), kPage);
+  r.crc[1] = Crc(a.data() + kPage, kPage);
+  std::string group(kPage, '\0');
+  put(group, 0, uint32_t{0x474e504d});
+  put(group, 4, uint16_t{3});
+  put(group, 6, static_cast<uint16_t>(per3));
+  put(group, 8, uint64_t{9});
+  const std::string rec = EncodeRecord(r, pages);
+  std::memcpy(group.data() + 16 + (slot % per3) * rb, rec.data(), rec.size());
+  put(group, kPage - 4, Crc(group.data(), kPage - 4));
+  {
+    std::string index((1 + 2 * groups3) * kPage, '\0');
+    index.replace(0, kPage, header);
+    index.replace((1 + slot / per3 + groups3) * kPage, kPage, group);  // (copy 1)
+    std::ofstream(dir_ + "/index", std::ios::binary) << index;
+    std::string data(size_t{slots} * kBlock, '\0');
+    data.replace(size_t{slot} * kBlock, a.size(), a);
+    std::ofstream(dir_ + "/data", std::ios::binary) << data;
+  }
+  {
+    auto c = OpenWb();
+    ASSERT_NE(c, nullptr);
+    EXPECT_TRUE(Collected(*c, "fh1", 0, 8192) == a) << "the unflushed write was not kept";
+    EXPECT_EQ(c->SizeFloor("fh1"), 8192u);
+    EXPECT_EQ(std::filesystem::file_size(dir_ + "/index"), kPage) << "still format 3";
+  }
+  auto c = OpenWb();
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(Collected(*c, "fh1", 0, 8192) == a) << "lost at the second mount";
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+}
+
 // Found by review: a write that covers a damaged unflushed page whole
 // replaces it; nothing is lost, nothing is read back, fsync succeeds.
 TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
@@ -1018,8 +1079,8 @@ TEST_F(BlockCacheTest, AReadOlderThanAForgottenFilesWriteNeverFills) {
 
 // Races of write-back writes (found by review): a disk whose data file holds
 // one write of a given length until released.
-// It can also hold the index's next sync, and fail the data file's syncs
-// and reads.
+// It can also hold the next sync of the records (the data file's), and
+// fail the data file's syncs and reads.
 struct GateFile : File {
   std::unique_ptr<File> f;
   struct GateDisk* d;
@@ -1036,7 +1097,7 @@ struct GateDisk : Disk {
   std::condition_variable cv;
   bool armed = false, held = false, release = false;
   size_t hold_len = 0;
-  bool hold_index_sync = false;  // like armed/held/release, for the index's next sync
+  bool hold_index_sync = false;  // like armed/held/release, for the next sync of the records (the data file's)
   bool tear = false;             // a held data write lands half before it holds
   bool fail_torn = false;        // ... and then fails (EIO) instead of holding
   bool read_armed = false, read_held = false, read_release = false;  // the next data read
@@ -1094,7 +1155,7 @@ bool GateFile::Sync() {
     errno = EIO;
     return false;
   }
-  if (index) {
+  if (!index) {  // (the data file's sync makes the records durable too)
     std::unique_lock l(d->mu);
     if (d->hold_index_sync) {
       d->hold_index_sync = false;

@@ -40,7 +40,7 @@ std::string EncodeRecord(const Record& r, uint32_t pages) {
   std::string out(RecordBytes(pages), '\0');
   size_t at = 0;
   Put<uint32_t>(out, at, kMagic);
-  Put<uint16_t>(out, at + 4, kFormatVersion);
+  Put<uint16_t>(out, at + 4, kRecordVersion);
   Put<uint16_t>(out, at + 6, static_cast<uint16_t>(std::min(r.fh.size(), kMaxFh)));
   at += 8;
   Put<uint64_t>(out, at, r.seq);
@@ -75,7 +75,7 @@ std::string EncodeRecord(const Record& r, uint32_t pages) {
 std::optional<Record> DecodeRecord(std::string_view in, uint32_t pages) {
   if (in.size() != RecordBytes(pages)) return std::nullopt;
   const size_t crc_at = in.size() - 4;
-  if (Get<uint32_t>(in, 0) != kMagic || Get<uint16_t>(in, 4) != kFormatVersion ||
+  if (Get<uint32_t>(in, 0) != kMagic || Get<uint16_t>(in, 4) != kRecordVersion ||
       Get<uint32_t>(in, crc_at) != Crc(in.data(), crc_at)) {
     return std::nullopt;
   }

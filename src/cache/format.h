@@ -1,9 +1,10 @@
-// The on-disk format of the block cache (version 3).
+// The on-disk format of the block cache (version 4).
 //
 // A cache directory holds:
-//   data    the slots, slot i at i * block bytes; preallocated (fallocate)
-//   index   a header with the geometry, then the slots' records in 4 KiB
-//           pages, each page twice (index.h)
+//   data    the slots, slot i at i * block bytes, then the index's record
+//           pages (index.h); preallocated (fallocate)
+//   index   one header page: format version, geometry and a random name of
+//           this index, which its record pages carry (index.h)
 //   id      a random name of the cache, kept across mounts (fs/owner.h)
 //   lock    flock()ed by the mount that uses the directory
 //
@@ -14,9 +15,16 @@
 // pages the file size they imply and the user (uid, gid, supplementary
 // groups) who wrote them: the flusher writes as that user. A record carries
 // the sequence number of the change that made it (the newest claim to a
-// block wins) and its own CRC. Page data is written before the record that
-// declares it valid, and page CRCs are checked on every read, so a crash can
-// lose cached clean pages but never serve wrong ones.
+// block wins) and its own CRC. Page data and the records that declare it
+// share the data file and are made durable by one sync; a record that a
+// crash may have kept without its pages is told apart by their CRCs when
+// the index is loaded (index.h), and page CRCs are checked on every read,
+// so a crash can lose cached clean pages and unsynced writes but never
+// serve wrong ones.
+//
+// Format 3 kept the record pages in the index file; it is converted on the
+// first mount (Index::Upgrade). Records themselves are unchanged
+// (kRecordVersion).
 //
 // Thread safety: plain functions on values.
 #pragma once
@@ -30,7 +38,8 @@
 
 namespace mpnfs::cache {
 
-constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kFormatVersion = 4;  // of the index (index.h)
+constexpr uint16_t kRecordVersion = 3;  // of a record (unchanged since format 3)
 constexpr uint32_t kPage = 4096;
 constexpr uint32_t kMaxPages = 256;  // 1 MiB blocks at most
 constexpr size_t kMaxFh = 64;

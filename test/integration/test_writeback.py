@@ -359,12 +359,14 @@ def test_online_detach_flushes_and_frees_the_export(mount_factory, cache_dir):
     assert is_mounted(m.path)
 
 
-@pytest.mark.parametrize("broken", ["data", "index"])
+@pytest.mark.parametrize("broken", ["data"])
 def test_a_failing_cache_disk_loses_no_write(mount_factory, cache_dir, broken):
-    """The cache's data or index file stops taking writes (chattr +i: EPERM
-    on every write, as a failing device would give EIO): new writes go to
-    the server, the unflushed ones already in the cache are flushed, nothing
-    is lost, and a later mount starts from a cache it can trust."""
+    """The cache's data file, which holds the blocks and the index records
+    (the index file is only a header written at creation), stops taking
+    writes (chattr +i: EPERM on every write, as a failing device would give
+    EIO): new writes go to the server, the unflushed ones already in the
+    cache are flushed, nothing is lost, and a later mount starts from a
+    cache it can trust."""
     m = mount_factory(wb_opts(cache_dir))
     f, data = file_with_dirty_pieces(m, f"wb-fail-{broken}", 2, 10, 65536)
     assert cache_stats(m)["dirty_bytes"] > 0
@@ -377,8 +379,8 @@ def test_a_failing_cache_disk_loses_no_write(mount_factory, cache_dir, broken):
             new = os.urandom(8192)
             direct_write(f, o, new)
             data[o:o + 8192] = new
-        # fsync: a broken index cannot make the writes durable in the cache
-        # (its commit fails), so they go to the server, and fsync succeeds.
+        # fsync: a broken cache cannot make the writes durable there (its
+        # commit fails), so they go to the server, and fsync succeeds.
         fd = os.open(f, os.O_WRONLY)
         try:
             os.fsync(fd)
@@ -386,8 +388,6 @@ def test_a_failing_cache_disk_loses_no_write(mount_factory, cache_dir, broken):
             os.close(fd)
         st = cache_stats(m)
         assert st["device_errors"] >= 1 and st["state"] in ("degraded", "out"), st
-        if broken == "index":
-            assert server_bytes(f.name) == bytes(data)  # fsync sent the file's writes there
         for _ in range(5):  # the cache takes no new writes now
             o = rnd.randrange(0, 2 << 20, 8192)
             new = os.urandom(8192)
