@@ -277,20 +277,25 @@ bool Index::Sound(const char* page) const {
          Get<uint32_t>(page, kCrcAt) == Crc(page, kCrcAt);
 }
 
-Result<Index::Choice> Index::Choose(uint32_t group, const char* const copy[2], uint64_t synced,
+Result<Index::Choice> Index::Choose(uint32_t group, const char* const copy[2], uint64_t* seen,
                                     bool final, std::vector<Record>* recs) {
   int best = -1;
   uint64_t best_seq = 0;
   bool written = false, ok[2] = {false, false};
   for (int c = 0; c < 2; ++c) {
     const char* page = copy[c];
+    // (The CRC once per page: the load's main cost.)
+    const bool whole = Get<uint32_t>(page, 0) == kPageMagic && Get<uint32_t>(page, kCrcAt) == Crc(page, kCrcAt);
     // A page of an earlier index (another name) was never written by this one.
-    const bool foreign = Get<uint32_t>(page, 0) == kPageMagic && Get<uint64_t>(page, 16) != name_ &&
-                         Get<uint32_t>(page, kCrcAt) == Crc(page, kCrcAt);
+    const bool foreign = whole && Get<uint64_t>(page, 16) != name_;
     written = written || (!foreign && std::any_of(page, page + kPage, [](char ch) { return ch != 0; }));
-    if (!Sound(page)) continue;
+    if (!whole || foreign || Get<uint16_t>(page, 4) != kFormatVersion || Get<uint16_t>(page, 6) != per_page_) {
+      continue;
+    }
     ok[c] = true;
     const uint64_t seq = Get<uint64_t>(page, 8);
+    *seen = std::max(*seen, Get<uint64_t>(page, 24));
+    seq_ = std::max(seq_, seq + 1);
     if (best < 0 || seq > best_seq) {
       best = c;
       best_seq = seq;
@@ -309,7 +314,7 @@ Result<Index::Choice> Index::Choose(uint32_t group, const char* const copy[2], u
   };
   recs->clear();
   for (uint32_t k = 0; k < per_page_ && group * per_page_ + k < g_.slots; ++k) recs->push_back(decode(best, k));
-  const bool check = best_seq > synced &&
+  const bool check = best_seq > *seen &&
                      std::any_of(recs->begin(), recs->end(), [](const Record& r) { return AnyBit(r.dirty); });
   if (check && !final) return Choice::kLater;
   durable_copy_[group] = static_cast<uint8_t>(best);
@@ -391,16 +396,7 @@ Status Index::Load(const std::function<void(uint32_t, Record&&)>& fn) {
     }
     for (uint32_t i = 0; i < n; ++i) {
       const char* copy[2] = {buf[0].data() + size_t{i} * kPage, buf[1].data() + size_t{i} * kPage};
-      for (const char* page : copy) {
-        if (Sound(page)) {
-          synced = std::max(synced, Get<uint64_t>(page, 24));
-          seq_ = std::max(seq_, Get<uint64_t>(page, 8) + 1);
-        }
-      }
-    }
-    for (uint32_t i = 0; i < n; ++i) {
-      const char* copy[2] = {buf[0].data() + size_t{i} * kPage, buf[1].data() + size_t{i} * kPage};
-      auto choice = Choose(first + i, copy, synced, /*final=*/false, &recs);
+      auto choice = Choose(first + i, copy, &synced, /*final=*/false, &recs);
       if (!choice) return choice.error();
       if (*choice == Choice::kLater) {
         later.push_back(first + i);
@@ -415,7 +411,7 @@ Status Index::Load(const std::function<void(uint32_t, Record&&)>& fn) {
       if (!data_->ReadAt(buf[c].data(), kPage, CopyOffset(group, c))) return Failed("reading the cache index");
     }
     const char* copy[2] = {buf[0].data(), buf[1].data()};
-    auto choice = Choose(group, copy, synced, /*final=*/true, &recs);
+    auto choice = Choose(group, copy, &synced, /*final=*/true, &recs);
     if (!choice) return choice.error();
     if (*choice != Choice::kEmpty) deliver(group, *choice);
   }

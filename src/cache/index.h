@@ -150,11 +150,12 @@ class Index {
   // The dirty pages `r` declares in `slot` that do not hold the CRC `r` gives.
   Result<PageBits> Mismatches(uint32_t slot, const Record& r);
   bool Sound(const char* page) const;  // a page copy of this index, whole
-  // Load's choice for one group from its two copies (records to *recs):
+  // Load's choice for one group from its two copies (records to *recs),
+  // raising *seen (the newest `synced`) and seq_ by its sound copies:
   // kLater if its records must be checked and `final` is false (the newest
   // `synced` on the disk is not known yet).
   enum class Choice { kEmpty, kTrusted, kRewrite, kLater };
-  Result<Choice> Choose(uint32_t group, const char* const copy[2], uint64_t synced, bool final,
+  Result<Choice> Choose(uint32_t group, const char* const copy[2], uint64_t* seen, bool final,
                         std::vector<Record>* recs);
 
   std::unique_ptr<File> header_;
