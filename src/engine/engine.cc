@@ -23,10 +23,14 @@ Engine::Engine(EngineOptions opts, TransportFactory factory)
 Engine::~Engine() { Stop(); }
 
 void Engine::Start() {
-  const int nconns = static_cast<int>(opts_.paths.size()) * std::max(1, opts_.conns_per_path);
+  // Loops for every connection the mount may come to have, not only those
+  // of its paths at mount time: a path added later (AddPath) goes to the
+  // loop with the fewest connections, and sharing one loop with a busy path
+  // starves it (its replies and reconnects wait behind the other's traffic).
+  const int most = kMaxPaths * std::max(1, opts_.conns_per_path);
   int nloops = opts_.loops > 0 ? opts_.loops
                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  nloops = std::max(1, std::min(nloops, nconns));
+  nloops = std::clamp(nloops, 1, most);
   // The shortest deadline a call sets when sent: a loop idle this long
   // needs no wake-up for a call sent in a direct section (event_loop.h).
   auto idle_cap = std::chrono::duration_cast<Clock::duration>(opts_.timeo);

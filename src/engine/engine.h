@@ -118,7 +118,7 @@ class Loop;
 struct EngineOptions {
   std::vector<Endpoint> paths;       // at least one
   int conns_per_path = 1;
-  int loops = 0;                     // 0: one per core, capped by the connection count
+  int loops = 0;                     // 0: one per core (at most kMaxPaths x conns_per_path)
   int max_inflight = 128;            // per connection
   std::chrono::milliseconds timeo{60000};   // first retransmission timeout
   int retrans = 2;                   // retransmissions before a major timeout

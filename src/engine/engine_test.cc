@@ -891,6 +891,34 @@ TEST_F(PathsTest, AnAddedPathReceivesCalls) {
   EXPECT_EQ(AwaitAllOk(calls), 0);
 }
 
+// A mount started with one path gets its loops all the same: a path added
+// later is driven by a loop of its own, not by the first path's (which a
+// busy first path starves: seen under TSan, where the added path's replies
+// waited behind the other's and its reconnects failed for a minute).
+TEST_F(PathsTest, AnAddedPathGetsALoopOfItsOwn) {
+  auto o = Opts();
+  o.loops = 2;
+  auto e = Started(o);
+  ASSERT_TRUE(e->AddPath(Endpoint{"10.0.7.1", 2049, {}}));
+  WaitAllUp(*e);
+  // Answered later, so that each completes on its connection's loop thread
+  // (a reply ready at once could complete in the submitter's direct section).
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  std::shared_ptr<ProbeCall> calls[2];
+  for (int k = 0; k < 2; ++k) {
+    calls[k] = std::make_shared<ProbeCall>();
+    SubmitOptions so;
+    so.path = k == 0 ? o.paths[0] : Endpoint{"10.0.7.1", 2049, {}};
+    e->Submit(calls[k], Cred{}, so);
+  }
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 2; }));
+  net_.ReplyAll();
+  for (auto& c : calls) ASSERT_EQ(Await(c).first, CallStatus::kOk);
+  EXPECT_NE(calls[0]->completed_on, std::this_thread::get_id());
+  EXPECT_NE(calls[0]->completed_on, calls[1]->completed_on)
+      << "the added path shares the first path's loop";
+}
+
 TEST_F(PathsTest, ARemovedPathClosesOnceItsCallsInFlightAreAnswered) {
   auto o = TwoPaths(0ms);
   o.conns_per_path = 2;
