@@ -213,8 +213,11 @@ void Loop::Main() {
     if (timeout_ms != 0) {
       next = std::min(next, NextDue());
       // Idle cap (see the header): a direct section's new deadlines are
-      // never earlier than this, so it need not wake the loop for them.
-      if (idle_cap_ != Clock::duration::max() && next - now0 > idle_cap_) next = now0 + idle_cap_;
+      // never earlier than this, so it need not wake the loop for them. No
+      // connection, no direct section: no cap.
+      if (idle_cap_ != Clock::duration::max() && !conns_.empty() && next - now0 > idle_cap_) {
+        next = now0 + idle_cap_;
+      }
       if (next != Clock::time_point::max()) {
         auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now0).count();
         timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
@@ -227,6 +230,7 @@ void Loop::Main() {
     run.unlock();
     int n = epoll_wait(epfd_, evs, 64, timeout_ms);
     awake_.store(true, std::memory_order_relaxed);
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
     run.lock();
     Step(evs, n);
   }

@@ -23,7 +23,8 @@
 // at most `idle_cap` (the shortest deadline a new call sets: min(timeo,
 // path_timeout/4), 250 ms by default), so a direct call at idle needs no
 // wake-up for its deadlines; the price is that an idle loop wakes that often
-// to find nothing to do. Completions that a section produces (a call that
+// to find nothing to do. A loop with no connections (kept for paths added
+// later) has no direct sections, so it is not capped: it sleeps until told. Completions that a section produces (a call that
 // fails at once) are not run in it: Connection::Finish hands them to the
 // loop thread, so callbacks still run on loop threads only (see
 // connection.h).
@@ -101,6 +102,8 @@ class Loop {
   }
   // Direct sections run since Start (for tests and statistics).
   uint64_t direct_sections() const { return direct_.load(std::memory_order_relaxed); }
+  // Times the loop woke from epoll_wait since Start (for tests).
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
   struct Delivery {
@@ -130,6 +133,7 @@ class Loop {
   // When the sleeping loop will wake by itself (published under run_mu_).
   std::atomic<Clock::rep> sleep_until_{Clock::time_point::max().time_since_epoch().count()};
   std::atomic<uint64_t> direct_{0};
+  std::atomic<uint64_t> wakeups_{0};
   std::atomic<std::thread::id> holder_{};  // the thread in a direct section
   std::atomic<std::thread::id> loop_tid_{};  // set by Main()
   // Between epoll_wait's return and the loop's next sleep: the loop has
