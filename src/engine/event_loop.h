@@ -24,10 +24,10 @@
 // path_timeout/4), 250 ms by default), so a direct call at idle needs no
 // wake-up for its deadlines; the price is that an idle loop wakes that often
 // to find nothing to do. A loop with no connections (kept for paths added
-// later) has no direct sections, so it is not capped: it sleeps until told. Completions that a section produces (a call that
-// fails at once) are not run in it: Connection::Finish hands them to the
-// loop thread, so callbacks still run on loop threads only (see
-// connection.h).
+// later) has no direct sections, so it is not capped: it sleeps until told.
+// Completions that a section produces (a call that fails at once) are not
+// run in it: Connection::Finish hands them to the loop thread, so callbacks
+// still run on loop threads only (see connection.h).
 //
 // Lock order: run_mu_ before mu_; Loop::mu_ is a leaf lock (nothing is
 // called while holding it). run_mu_ of one loop is only ever try-locked by a
