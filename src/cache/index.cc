@@ -271,11 +271,16 @@ Result<PageBits> Index::Mismatches(uint32_t slot, const Record& r) {
   return bad;
 }
 
-bool Index::Sound(const char* page) const {
-  return Get<uint32_t>(page, 0) == kPageMagic && Get<uint16_t>(page, 4) == kFormatVersion &&
-         Get<uint16_t>(page, 6) == per_page_ && Get<uint64_t>(page, 16) == name_ &&
-         Get<uint32_t>(page, kCrcAt) == Crc(page, kCrcAt);
+bool Index::Whole(const char* page) const {
+  return Get<uint32_t>(page, 0) == kPageMagic && Get<uint32_t>(page, kCrcAt) == Crc(page, kCrcAt);
 }
+
+bool Index::Ours(const char* page) const {
+  return Get<uint16_t>(page, 4) == kFormatVersion && Get<uint16_t>(page, 6) == per_page_ &&
+         Get<uint64_t>(page, 16) == name_;
+}
+
+bool Index::Sound(const char* page) const { return Whole(page) && Ours(page); }
 
 Result<Index::Choice> Index::Choose(uint32_t group, const char* const copy[2], uint64_t* seen,
                                     bool final, std::vector<Record>* recs) {
@@ -284,14 +289,11 @@ Result<Index::Choice> Index::Choose(uint32_t group, const char* const copy[2], u
   bool written = false, ok[2] = {false, false};
   for (int c = 0; c < 2; ++c) {
     const char* page = copy[c];
-    // (The CRC once per page: the load's main cost.)
-    const bool whole = Get<uint32_t>(page, 0) == kPageMagic && Get<uint32_t>(page, kCrcAt) == Crc(page, kCrcAt);
+    const bool whole = Whole(page);  // the CRC once per page: the load's main cost
     // A page of an earlier index (another name) was never written by this one.
     const bool foreign = whole && Get<uint64_t>(page, 16) != name_;
     written = written || (!foreign && std::any_of(page, page + kPage, [](char ch) { return ch != 0; }));
-    if (!whole || foreign || Get<uint16_t>(page, 4) != kFormatVersion || Get<uint16_t>(page, 6) != per_page_) {
-      continue;
-    }
+    if (!whole || !Ours(page)) continue;
     ok[c] = true;
     const uint64_t seq = Get<uint64_t>(page, 8);
     *seen = std::max(*seen, Get<uint64_t>(page, 24));

@@ -149,6 +149,8 @@ class Index {
   char* StartPage();  // page_, cleared, with this index's page head
   // The dirty pages `r` declares in `slot` that do not hold the CRC `r` gives.
   Result<PageBits> Mismatches(uint32_t slot, const Record& r);
+  bool Whole(const char* page) const;  // magic and CRC right (any index's page)
+  bool Ours(const char* page) const;   // format, geometry and name of this index
   bool Sound(const char* page) const;  // a page copy of this index, whole
   // Load's choice for one group from its two copies (records to *recs),
   // raising *seen (the newest `synced`) and seq_ by its sound copies:
