@@ -25,9 +25,13 @@
 // history under `history_mu_`, is owned by the loop: its thread, or a thread
 // in one of its direct sections (event_loop.h), which holds the loop's
 // run_mu_. Deliver() from another thread tries a direct section first; a
-// call that ends inside a section (fails at once) is completed on the loop
-// thread afterwards (Finish), so completion callbacks run on loop threads
-// only, as before. The picker in Engine reads only the atomics.
+// call that ends inside a section without a reply (fails at once) is
+// completed on the loop thread afterwards (Finish). A call whose reply is
+// read inside a section completes there, on the submitting thread: with
+// libnfs that cannot happen (a section only writes: it services POLLOUT),
+// but a fake transport that answers at once does it. So a completion
+// callback runs on a thread that holds the loop, not always the loop
+// thread. The picker in Engine reads only the atomics.
 #pragma once
 
 #include <atomic>

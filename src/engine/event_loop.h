@@ -25,9 +25,10 @@
 // wake-up for its deadlines; the price is that an idle loop wakes that often
 // to find nothing to do. A loop with no connections (kept for paths added
 // later) has no direct sections, so it is not capped: it sleeps until told.
-// Completions that a section produces (a call that fails at once) are not
-// run in it: Connection::Finish hands them to the loop thread, so callbacks
-// still run on loop threads only (see connection.h).
+// Completions without a reply that a section produces (a call that fails at
+// once) are not run in it: Connection::Finish hands them to the loop thread.
+// A reply read within a section completes there (see connection.h: not
+// with libnfs, whose section only writes).
 //
 // Lock order: run_mu_ before mu_; Loop::mu_ is a leaf lock (nothing is
 // called while holding it). run_mu_ of one loop is only ever try-locked by a
