@@ -6,9 +6,17 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 
 namespace mpnfs::cache {
+
+// Whole seconds of the monotonic clock (the clock RateWindow is fed).
+inline int64_t MonotonicSec() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 class RateWindow {
  public:

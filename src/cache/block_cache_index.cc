@@ -1,0 +1,212 @@
+// BlockCache, writing the index: queuing a slot's record (Persist), writing
+// the record pages after the data they declare (rule 1 of block_cache.h),
+// the mark, barriers, a broken index, and the write-back commit (one sync of
+// the data file makes pages and records durable). Called with mu_ held, by
+// the writer thread or, at close, by the closing thread. The contract is in
+// block_cache.h.
+#include "cache/block_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/log.h"
+
+namespace mpnfs::cache {
+
+void BlockCache::Persist(uint32_t s) {
+  slots_[s].rec_seq = seq_++;
+  if (index_broken_) return;
+  queued_groups_.insert(journal_->GroupOf(s));
+  cv_.notify_all();
+}
+
+bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
+  // Rule 1: a record is written after the data it declares (every write-back
+  // write was applied by this thread before it got here), and reflects
+  // every page of its group as it is in memory now. The sync below covers
+  // both.
+  if (index_broken_) {
+    queued_groups_.clear();
+    wb_unsynced_ = false;  // (no record will declare it)
+    return false;
+  }
+  const uint32_t per = journal_->per_page();
+  std::vector<std::pair<uint32_t, std::vector<Record>>> out;
+  out.reserve(queued_groups_.size());
+  const uint64_t batch = ++batches_;
+  for (uint32_t g : queued_groups_) {
+    group_batch_[g] = batch;
+    std::vector<Record> recs;
+    for (uint32_t s = g * per; s < (g + 1) * per && s < nslots_; ++s) {
+      const Slot& slot = slots_[s];
+      Record r;
+      r.seq = slot.rec_seq;
+      if (slot.file != kNoFile) {
+        r.fh = Fh(slot);
+        r.block = slot.block;
+        r.valid = Valid(slot);
+        // A page being cleaned is still dirty on disk until this write.
+        r.dirty = DirtyBits(slot);
+        r.version = VersionOf(slot);
+        if (auto it = wb_.find(s); it != wb_.end()) {
+          for (size_t i = 0; i < it->second.claimed.size(); ++i) it->second.claimed[i] |= r.dirty[i];
+        }
+        const WbSlot& wb = WbOf(s);
+        r.fsize = wb.fsize;
+        r.uid = wb.uid;
+        r.groups = wb.groups;
+        r.gid = wb.gid;
+        r.crc.assign(PageCrcs(slot), PageCrcs(slot) + pages());
+      } else if (auto t = tombs_.find(s); t != tombs_.end()) {
+        // A tombstone (rule 2a): the block's name, nothing valid.
+        r.fh = t->second.fh;
+        r.block = t->second.block;
+      }
+      recs.push_back(std::move(r));
+    }
+    out.emplace_back(g, std::move(recs));
+  }
+  queued_groups_.clear();
+  lock.unlock();
+  bool ok = true;
+  for (const auto& [g, recs] : out) {
+    if (!journal_->WriteGroup(g, recs)) {
+      ok = false;
+      break;
+    }
+  }
+  if (ok && sync) ok = journal_->Sync();
+  const int err = errno;
+  lock.lock();
+  if (ok && sync) {
+    wb_unsynced_ = false;
+    last_sync_ = std::chrono::steady_clock::now();
+    synced_batch_ = std::max(synced_batch_, batch);
+    SettleTombs();
+  }
+  if (!ok && !index_broken_) {
+    // The index may now claim pages that are gone (or miss newer ones): the
+    // next mount must not trust it. It is emptied once it records no
+    // unflushed writes (the flusher drains a cache that is out of service).
+    // A failed sync: acknowledged writes whose data may not be on the disk
+    // are in records no later load trusts without checking them (index.h);
+    // the cache goes out of service, Durable() answers false from now on
+    // (fsync goes to the server) and the flusher takes their pages to the
+    // server from the data file (checked by their CRCs).
+    IndexFailed(sync ? "writing or syncing the cache index and data" : "writing the cache index", err);
+  }
+  return ok;
+}
+
+void BlockCache::WriteMark(std::unique_lock<std::mutex>& lock) {
+  last_mark_ = std::chrono::steady_clock::now();
+  lock.unlock();
+  const bool ok = journal_->Mark();
+  const int err = errno;
+  lock.lock();
+  if (!ok) IndexFailed("writing or syncing the cache index's mark", err);
+}
+
+void BlockCache::IndexFailed(const char* what, int err) {
+  if (index_broken_) return;
+  DeviceError(what, err);
+  health_ = Health::kOut;
+  index_broken_ = true;
+  queued_groups_.clear();
+  wb_unsynced_ = false;
+}
+
+void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
+  if (!writer_.joinable() || stop_ || writer_.get_id() == std::this_thread::get_id()) {
+    Commit(lock);
+    return;
+  }
+  bool done = false;
+  std::condition_variable done_cv;
+  Job job{};
+  job.barrier = [this, &done, &done_cv] {
+    std::lock_guard l(mu_);
+    done = true;
+    done_cv.notify_all();
+  };
+  jobs_.push_back(std::move(job));
+  cv_.notify_all();
+  done_cv.wait(lock, [&done] { return done; });
+}
+
+void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
+  if (!index_broken_ || index_discarded_ || dirty_slots_ != 0) return;
+  lock.unlock();
+  const bool ok = journal_->Discard();
+  const int err = errno;
+  lock.lock();
+  if (ok) {
+    index_discarded_ = true;
+    // (An empty index holds no older claims: held slots go back.)
+    for (const auto& [t, tomb] : tombs_) policy_->Unpin(t);
+    tombs_.clear();
+    older_frees_.clear();
+  } else if (!discard_warned_) {
+    discard_warned_ = true;
+    Log("cache")->warn("could not empty the cache index after a disk error ({}); trying again later",
+                       std::strerror(err));
+  }
+}
+
+bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
+  // Old slots whose block's newest copy is gone already (a truncate or a
+  // drop freed it) are freed in this commit's records, not after them: a
+  // crash must not keep the old claim alone once the commit has answered
+  // (rule 2a).
+  std::erase_if(wb_retire_, [this](const Retire& r) {
+    if (slots_[r.slot].gen != r.gen || Lookup(slots_[r.slot].file, slots_[r.slot].block) != kNoSlot) return false;
+    RetireFree(r.slot);
+    policy_->Unpin(r.slot);
+    return true;
+  });
+  for (uint32_t s : wb_persist_) Persist(s);
+  wb_persist_.clear();
+  // One sync of the data file: the write-back data and the records that
+  // declare it. (WriteRecords fails, writing nothing, once the index is
+  // broken.)
+  bool ok = WriteRecords(lock, /*sync=*/true);
+  bool newest_gone = false;
+  for (const Retire& r : wb_retire_) {
+    // After the new records are durable: a crash keeps one or both claims,
+    // and the newer wins. (If they are not, the index is broken and will
+    // be emptied; the old slot must not be flushed after the new one.)
+    if (slots_[r.slot].gen == r.gen) {
+      // The block's newest claim already gone (a truncate freed it): the
+      // old claim would come back alone; its free is synced now (rule 2a).
+      newest_gone = newest_gone || Lookup(slots_[r.slot].file, slots_[r.slot].block) == kNoSlot;
+      RetireFree(r.slot);
+      // The freed slot still holds, in the data file, what the block's
+      // new slot held when copied, but its delta: it is the new slot's
+      // partner (ok only after a successful commit: else the old slot's
+      // claim may be the one a crash keeps, and it must not be written).
+      if (ok && slots_[r.to].gen == r.to_gen) {
+        if (auto it = wb_.find(r.to); it != wb_.end()) {
+          it->second.partner = r.slot;
+          it->second.partner_gen = slots_[r.slot].gen;
+        }
+      }
+    }
+    policy_->Unpin(r.slot);
+  }
+  wb_retire_.clear();
+  if (newest_gone) ok = WriteRecords(lock, /*sync=*/true) && ok;
+  commit_asked_ = false;
+  commits_++;
+  auto waiters = std::move(durable_waiters_);
+  durable_waiters_.clear();
+  idle_cv_.notify_all();
+  if (!waiters.empty()) {
+    lock.unlock();
+    for (auto& w : waiters) w(ok);
+    lock.lock();
+  }
+  return ok;
+}
+
+}  // namespace mpnfs::cache
