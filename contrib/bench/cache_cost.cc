@@ -172,6 +172,14 @@ int main(int argc, char** argv) {
   }
   auto cache = std::move(*c);
   const uint64_t slots = cache->Stats().slots;
+  if (slots * block != size) {
+    // The cache lowered its size (a nearly full filesystem): the records no
+    // longer start at `size`, and SparseDisk would drop some of them.
+    fprintf(stderr, "cache-cost: the cache took %llu slots, not %llu (too little free space in %s?)\n",
+            static_cast<unsigned long long>(slots), static_cast<unsigned long long>(size / block),
+            dir.c_str());
+    return 1;
+  }
   const uint64_t files = (slots + file_blocks - 1) / file_blocks;
   const FileVersion v{file_blocks * block, 1000, 1000};
   auto fill = [&](uint64_t first, uint64_t files, uint64_t left) {
@@ -201,6 +209,7 @@ int main(int argc, char** argv) {
     churned = Now();
     evictions = cache->Stats().evictions;
   }
+  const auto closed = cache->Stats();  // what the reopen must keep
   auto t0 = std::chrono::steady_clock::now();
   cache.reset();
   const double close_s = Seconds(t0);
@@ -241,11 +250,17 @@ int main(int argc, char** argv) {
          static_cast<long long>(full.file - base.file), static_cast<long long>(after_close.heap - base.heap),
          fill_s, close_s, mount_cold_s, mount_warm_s);
   std::filesystem::remove_all(dir);
-  if (reopened.slots_used != filled.slots_used) {
-    // A mount time that kept fewer blocks than were filled measures the wrong thing.
+  // A mount time of a cache that is not full, or that kept fewer blocks than
+  // it held at close, measures the wrong thing.
+  if (filled.slots_used != slots) {
+    fprintf(stderr, "cache-cost: the fill left %llu of %llu slots used\n",
+            static_cast<unsigned long long>(filled.slots_used), static_cast<unsigned long long>(slots));
+    return 1;
+  }
+  if (reopened.slots_used != closed.slots_used) {
     fprintf(stderr, "cache-cost: the reopened cache kept %llu of %llu blocks\n",
             static_cast<unsigned long long>(reopened.slots_used),
-            static_cast<unsigned long long>(filled.slots_used));
+            static_cast<unsigned long long>(closed.slots_used));
     return 1;
   }
   return 0;

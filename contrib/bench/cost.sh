@@ -19,11 +19,16 @@ BLOCK_KIB=${BLOCK_KIB:-256} FILE_BLOCKS=${FILE_BLOCKS:-64} FH_BYTES=${FH_BYTES:-
 BIN=${BIN:-build/contrib/bench/cache-cost}  # (BIN=... runs another build of cache_cost.cc)
 [ -x "$BIN" ] || { echo "build first (ninja -C build contrib/bench/cache-cost)" >&2; exit 1; }
 RESULTS=$(mktemp)
-trap 'rm -rf "$RESULTS" "$DIR"' EXIT
+trap 'rm -rf "$RESULTS" "$RESULTS.err" "$DIR"' EXIT
 for n in $(printf '%s\n' $RAM_SIZES $MOUNT_SIZES | sort -n -u); do
   churn=0  # the RAM sizes also evict half a cache's worth (steady state)
   for r in $RAM_SIZES; do [ "$r" = "$n" ] && churn=1; done
-  "$BIN" "$DIR" "$n" "$BLOCK_KIB" "$FILE_BLOCKS" "$FH_BYTES" "$churn" 2>/dev/null >>"$RESULTS"
+  # (The cache's log is shown only when the run fails.)
+  if ! "$BIN" "$DIR" "$n" "$BLOCK_KIB" "$FILE_BLOCKS" "$FH_BYTES" "$churn" 2>"$RESULTS.err" >>"$RESULTS"; then
+    cat "$RESULTS.err" >&2
+    echo "cost: cache-cost failed at $n GiB" >&2
+    exit 1
+  fi
 done
 REPORT=$(python3 - "$RESULTS" "$RAM_SIZES" "$MOUNT_SIZES" <<'PY'
 import json, sys

@@ -1,9 +1,13 @@
 // BlockCache, writing the index: queuing a slot's record (Persist), writing
 // the record pages after the data they declare (rule 1 of block_cache.h),
 // the mark, barriers, a broken index, and the write-back commit (one sync of
-// the data file makes pages and records durable). Called with mu_ held, by
-// the writer thread or, at close, by the closing thread. The contract is in
-// block_cache.h.
+// the data file makes pages and records durable). Entered with mu_ held;
+// the functions that write (WriteRecords, WriteMark, DiscardBrokenIndex,
+// Commit) release it around the disk I/O and its callbacks. Persist is
+// called by any thread that changes a slot; the writing is mostly the
+// writer thread's, but also done by the opening thread (Init), the closing
+// one, a truncate or an fsync caller when the writer is not running, and
+// the flusher (Flushed: Barrier). The contract is in block_cache.h.
 #include "cache/block_cache.h"
 
 #include <algorithm>

@@ -430,8 +430,8 @@ void Connection::Finish(std::shared_ptr<Request> r, const CallOutcome& o) {
   }
   if (o.result == nullptr && loop_->InDirectSection()) {
     // In a direct section (a submitting thread acting for the loop, see
-    // event_loop.h): the callback runs on the loop thread, as always, not on
-    // the submitter while it holds the loop.
+    // event_loop.h), a call that ends without a reply: its callback runs on
+    // the loop thread, not on the submitter while it holds the loop.
     auto later = [call = r->call, status = o.status, reissued = o.reissued,
                   error = std::string(o.error)] {
       call->Complete(CallOutcome{status, nullptr, reissued, error});

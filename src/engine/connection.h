@@ -29,9 +29,10 @@
 // completed on the loop thread afterwards (Finish). A call whose reply is
 // read inside a section completes there, on the submitting thread: with
 // libnfs that cannot happen (a section only writes: it services POLLOUT),
-// but a fake transport that answers at once does it. So a completion
-// callback runs on a thread that holds the loop, not always the loop
-// thread. The picker in Engine reads only the atomics.
+// but a fake transport that answers at once does it. A call submitted as
+// the engine stops (the loop takes no more mail, or cannot run the deferred
+// completion) completes on the submitting thread. The picker in Engine reads
+// only the atomics.
 #pragma once
 
 #include <atomic>
