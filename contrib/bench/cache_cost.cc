@@ -12,8 +12,8 @@
 // (policy.h): the steady state of a cache in use ("heap_churned").
 // The data file is sparse: writes to its slots are dropped (only its size
 // is real), so 50 GiB fit on a small disk; the index is real (its header
-// file, and its record pages after the slots in the data file: format.h). Files are
-// FILE_BLOCKS blocks long, with FH_BYTES-byte handles.
+// file, and its record pages after the slots in the data file: format.h).
+// Files are FILE_BLOCKS blocks long, with FH_BYTES-byte handles.
 //   cache-cost DIR GIB [BLOCK_KIB=256] [FILE_BLOCKS=64] [FH_BYTES=36] [CHURN=0]
 #include <fcntl.h>
 #include <malloc.h>
