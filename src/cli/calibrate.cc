@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "cli/control.h"
+#include "common/log.h"
 #include "engine/engine.h"
 #include "nfs/nfs3.h"
 #include "nfs/wait.h"
@@ -57,6 +58,8 @@ Result<CalibrateOptions> ParseCalibrateArgs(const std::string& args) {
       if (end == v->c_str() || *end != '\0' || !(o.step_s >= 0.1 && o.step_s <= 60)) {
         return Error::Errno(EINVAL, "--time: seconds per step, 0.1 to 60: '" + *v + "'");
       }
+    } else if (a == "--apply") {
+      o.apply = true;
     } else if (a == "--path") {
       auto v = value(a);
       if (!v) return v.error();
@@ -64,6 +67,9 @@ Result<CalibrateOptions> ParseCalibrateArgs(const std::string& args) {
     } else {
       return Error::Errno(EINVAL, "unknown calibrate argument '" + a + "'");
     }
+  }
+  if (o.apply && !o.path.empty()) {
+    return Error::Errno(EINVAL, "--apply sets the weights from every path's speed: not with --path");
   }
   return o;
 }
@@ -130,9 +136,15 @@ std::string JsonStr(const std::string& s) {
 
 }  // namespace
 
-WeightSuggestion SuggestWeight(const CalibrateResult& r) {
+namespace {
+
+// Each path's name and weight, in the order measured; empty unless every
+// path was measured and there are two or more. `differ`: the slowest is
+// under 85% of the fastest.
+std::vector<std::pair<std::string, int>> Weights(const CalibrateResult& r, bool* differ) {
   std::vector<std::pair<std::string, double>> mbs;  // per path, in order
   bool all = false;
+  *differ = false;
   for (const auto& t : r.targets) {
     if (t.name == "all") {
       all = true;
@@ -146,13 +158,34 @@ WeightSuggestion SuggestWeight(const CalibrateResult& r) {
     fastest = std::max(fastest, m);
     slowest = std::min(slowest, m);
   }
-  if (slowest <= 0 || slowest >= 0.85 * fastest) return {};
-  WeightSuggestion out;
+  *differ = slowest > 0 && slowest < 0.85 * fastest;
+  std::vector<std::pair<std::string, int>> out;
   for (const auto& [name, m] : mbs) {
-    const long w = std::lround(std::min(10 * m / slowest, static_cast<double>(engine::kMaxWeight)));
-    out.paths += (out.paths.empty() ? "" : "+") + name;
-    out.weight += (out.weight.empty() ? "" : "+") + std::to_string(w);
+    const long w = *differ ? std::lround(std::min(10 * m / slowest, static_cast<double>(engine::kMaxWeight)))
+                           : 1;
+    out.emplace_back(name, static_cast<int>(w));
   }
+  return out;
+}
+
+}  // namespace
+
+WeightSuggestion SuggestWeight(const CalibrateResult& r) {
+  bool differ = false;
+  const auto w = Weights(r, &differ);
+  if (!differ) return {};
+  WeightSuggestion out;
+  for (const auto& [name, weight] : w) {
+    out.paths += (out.paths.empty() ? "" : "+") + name;
+    out.weight += (out.weight.empty() ? "" : "+") + std::to_string(weight);
+  }
+  return out;
+}
+
+std::vector<int> WeightsToApply(const CalibrateResult& r) {
+  bool differ = false;
+  std::vector<int> out;
+  for (const auto& [name, weight] : Weights(r, &differ)) out.push_back(weight);
   return out;
 }
 
@@ -180,6 +213,7 @@ std::string RenderTable(const CalibrateResult& r) {
     out += "paths differ in speed: suggested mount options path=" + w.paths + ",weight=" + w.weight +
            " (sequential MB/s against the slowest path's; see weight= in mpnfs(8))\n";
   }
+  for (const auto& a : r.applied) out += "--apply: " + a + "\n";
   return out;
 }
 
@@ -200,6 +234,8 @@ std::string RenderJson(const CalibrateResult& r) {
   }
   out += "\n], \"skipped\": [";
   for (size_t i = 0; i < r.skipped.size(); ++i) out += (i == 0 ? "" : ", ") + JsonStr(r.skipped[i]);
+  out += "], \"applied\": [";
+  for (size_t i = 0; i < r.applied.size(); ++i) out += (i == 0 ? "" : ", ") + JsonStr(r.applied[i]);
   return out + "]}\n";
 }
 
@@ -517,6 +553,7 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
   const auto paths = m.engine->Paths();
   std::vector<std::unique_ptr<nfs::Nfs3>> pinned;
   std::vector<CalibrateTarget> targets;
+  std::vector<std::string> measured;  // HOST:PORT of each path target, for --apply
   std::vector<std::string> skipped;
   bool named_found = false;
   const auto wanted = SplitHostPort(o->path);  // HOST or HOST:PORT, as the path commands
@@ -541,6 +578,7 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
     so.deadline = std::chrono::seconds(30);
     pinned.push_back(std::make_unique<nfs::Nfs3>(*m.engine, so));
     targets.push_back(CalibrateTarget{p.endpoint.host, pinned.back().get()});
+    measured.push_back(fmt::format("{}:{}", p.endpoint.host, p.endpoint.port));
   }
   if (targets.empty() && named_found) {
     out.Line("error: no path to measure (down or disabled): " + fmt::format("{}", fmt::join(skipped, " ")));
@@ -565,6 +603,22 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
     return;
   }
   res->skipped = skipped;
+  if (o->apply) {
+    const std::vector<int> w = WeightsToApply(*res);
+    if (w.size() != measured.size()) {
+      res->applied.push_back(measured.size() < 2 ? "nothing set: the mount has one path"
+                                                 : "nothing set: not every path was measured");
+    }
+    for (size_t i = 0; i < w.size() && w.size() == measured.size(); ++i) {
+      // A path removed (or removed and added again) during the run is
+      // refused or set anew: either way the answer says so.
+      auto r = m.engine->SetWeight(measured[i], w[i]);
+      std::string line = r ? *r : "error: " + r.error().what;
+      while (!line.empty() && line.back() == '\n') line.pop_back();
+      if (r) Log("mount")->info("calibrate --apply: {}", line);
+      res->applied.push_back(line);
+    }
+  }
   out.Text(o->json ? RenderJson(*res) : RenderTable(*res));
 }
 

@@ -47,6 +47,7 @@ struct CalibrateOptions {
   double step_s = 3.0;             // each measurement step
   std::string path;                // only this path (HOST or HOST:PORT); empty: each path, then all
   bool json = false;
+  bool apply = false;              // --apply: set the paths' weights from the run (not with --path)
   uint32_t small_io = 8192;
   uint32_t large_io = 1 << 20;     // set to min(rsize, wsize) by the gateway
   int seq_depth = 8;
@@ -75,6 +76,9 @@ struct CalibrateResult {
   double step_s = 0;
   std::vector<TargetResult> targets;
   std::vector<std::string> skipped;  // paths down at the start: not measured
+  // --apply: one line per path whose weight was set (the engine's answer),
+  // or why none was. Empty without --apply.
+  std::vector<std::string> applied;
 };
 
 // Whether a scratch file found by name (not by our CREATE's reply) is the
@@ -110,6 +114,12 @@ struct WeightSuggestion {
   std::string paths, weight;
 };
 WeightSuggestion SuggestWeight(const CalibrateResult& r);
+
+// The weights --apply sets, one per path measured, in the order measured:
+// those of SuggestWeight when the paths differ in speed, 1 each when they do
+// not (an earlier weight no longer fits them). Empty unless every path of
+// the mount was measured (as SuggestWeight) and there are at least two.
+std::vector<int> WeightsToApply(const CalibrateResult& r);
 
 std::string RenderTable(const CalibrateResult& r);
 std::string RenderJson(const CalibrateResult& r);

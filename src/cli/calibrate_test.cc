@@ -71,6 +71,11 @@ TEST(CalibrateTest, ParsesArguments) {
   EXPECT_FALSE(ParseCalibrateArgs("--size lots").ok());
   EXPECT_FALSE(ParseCalibrateArgs("--time").ok());
   EXPECT_FALSE(ParseCalibrateArgs("--frobnicate").ok());
+  EXPECT_TRUE(ParseCalibrateArgs("--apply")->apply);
+  EXPECT_FALSE(ParseCalibrateArgs("")->apply);
+  const auto both = ParseCalibrateArgs("--apply --path 10.0.0.2");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.error().what.find("not with --path"), std::string::npos) << both.error().what;
   // Steps are capped (each keeps every call's latency).
   EXPECT_TRUE(ParseCalibrateArgs("--time 60").ok());
   auto over = ParseCalibrateArgs("--time 61");
@@ -152,18 +157,21 @@ TEST(CalibrateTest, JsonHasTheSweepsAndTheBest) {
             std::string::npos) << j;
   EXPECT_NE(j.find(R"("seq_read_mbs": 110.5)"), std::string::npos) << j;
   EXPECT_NE(j.find(R"("random_writes": "unstable+commit")"), std::string::npos) << j;
-  EXPECT_NE(j.find(R"("skipped": ["10.0.0.3"]})"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("skipped": ["10.0.0.3"], "applied": []})"), std::string::npos) << j;
+}
+
+// A path's (or "all"'s) sequential MB/s, as a run measured them.
+void AddTarget(CalibrateResult& r, const std::string& name, double rd, double wr) {
+  TargetResult t;
+  t.name = name;
+  t.seq_read_mbs = rd;
+  t.seq_write_mbs = wr;
+  r.targets.push_back(t);
 }
 
 TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
   CalibrateResult r;
-  auto add = [&r](const std::string& name, double rd, double wr) {
-    TargetResult t;
-    t.name = name;
-    t.seq_read_mbs = rd;
-    t.seq_write_mbs = wr;
-    r.targets.push_back(t);
-  };
+  auto add = [&r](const std::string& name, double rd, double wr) { AddTarget(r, name, rd, wr); };
   add("10.0.1.2", 11.9, 11.8);  // 100, 200 and 400 mbit (MULTIPATH.md)
   add("10.0.2.2", 23.9, 23.2);
   add("10.0.3.2", 47.7, 46.2);
@@ -194,6 +202,36 @@ TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
   add("all", 900, 1.0);
   EXPECT_EQ(SuggestWeight(r).weight, "1000+10");  // at most 1000
   EXPECT_EQ(SuggestWeight(r).paths, "10.0.1.2+10.0.2.2");
+}
+
+// --apply sets the suggestion, or 1 each for paths of one speed (a weight set
+// earlier no longer fits them); nothing unless every path was measured.
+TEST(CalibrateTest, ApplySetsTheSuggestedWeightsOrOneEach) {
+  CalibrateResult r;
+  auto add = [&r](const std::string& name, double rd, double wr) { AddTarget(r, name, rd, wr); };
+  add("10.0.1.2", 11.9, 11.8);
+  add("10.0.2.2", 23.9, 23.2);
+  add("10.0.3.2", 47.7, 46.2);
+  add("all", 83.0, 81.8);
+  EXPECT_EQ(WeightsToApply(r), (std::vector<int>{10, 20, 40}));
+  r.skipped = {"10.0.4.2"};
+  EXPECT_TRUE(WeightsToApply(r).empty());
+  r.skipped.clear();
+  r.targets = {};
+  add("10.0.1.2", 23.8, 23.6);
+  add("10.0.2.2", 21.0, 21.5);
+  EXPECT_TRUE(WeightsToApply(r).empty());  // no "all" row
+  add("all", 47.0, 46.0);
+  EXPECT_EQ(WeightsToApply(r), (std::vector<int>{1, 1}));
+  r.targets = {};
+  add("10.0.1.2", 23.8, 23.6);  // one path
+  EXPECT_TRUE(WeightsToApply(r).empty());
+  r.applied = {"path 10.0.1.2:2049 weight 1 (was 4): new calls are balanced by it"};
+  EXPECT_NE(RenderTable(r).find("\n--apply: path 10.0.1.2:2049 weight 1 (was 4)"), std::string::npos)
+      << RenderTable(r);
+  EXPECT_NE(RenderJson(r).find(R"("applied": ["path 10.0.1.2:2049 weight 1 (was 4): new calls are balanced by it"])"),
+            std::string::npos)
+      << RenderJson(r);
 }
 
 // The scratch file's name, from the fake's CREATE record.

@@ -49,6 +49,7 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   a.endpoint = "10.0.0.1:2049#0";
   b.endpoint = "10.0.1.1:2049#1";
   a.sojourn_us = 2500;
+  a.weight = 4;
   auto& ra = a.ops[static_cast<int>(engine::Proc::kRead)];
   ra.ops = 3;
   ra.bytes_in = 3000;
@@ -75,6 +76,8 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   EXPECT_EQ(c0["ops"]["READ"]["ops"], 3);
   EXPECT_EQ(c0["sojourn_us"], 2500);
   EXPECT_EQ(doc["connections"][1]["sojourn_us"], 0);
+  EXPECT_EQ(c0["weight"], 4);
+  EXPECT_EQ(doc["connections"][1]["weight"], 1);
   EXPECT_EQ(c0["ops"]["READ"]["rtt_p50_us"], 1023);
   EXPECT_EQ(c0["ops"]["READ"]["rtt_mean_us"], 800);
   EXPECT_FALSE(c0["ops"].contains("WRITE"));  // never called there

@@ -42,6 +42,7 @@ engine::ConnectionStats Conn(const std::string& ep, const std::string& state, ui
                           "probing", state, "NFS NULL call answered", 1});
   c.transitions = 3;
   c.sojourn_us = reads * 1000;
+  c.weight = static_cast<int>(reads) + 1;
   return c;
 }
 
@@ -157,6 +158,7 @@ TEST(MetricsTest, ReportsPerPathPerProcedureWithEscapedLabels) {
   EXPECT_EQ(Find(v, "mpnfs_rpc_write_ops_total", {{"path", p0}, {"stable", "data_sync"}}), 0);
   EXPECT_EQ(Find(v, "mpnfs_path_up", {{"path", p0}}), 1);
   EXPECT_DOUBLE_EQ(Find(v, "mpnfs_path_sojourn_seconds", {{"path", p0}}), 0.006);
+  EXPECT_EQ(Find(v, "mpnfs_path_weight", {{"path", p0}}), 7);
   EXPECT_EQ(Find(v, "mpnfs_path_up", {{"path", "10.0.1.1:2049#1"}}), 0);
   EXPECT_EQ(Find(v, "mpnfs_path_state", {{"path", "10.0.1.1:2049#1"}, {"state", "down"}}), 1);
   EXPECT_EQ(Find(v, "mpnfs_path_state", {{"path", "10.0.1.1:2049#1"}, {"state", "up"}}), 0);

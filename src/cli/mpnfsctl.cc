@@ -5,7 +5,8 @@
 //   mpnfsctl path list MOUNTPOINT                    the paths and their state
 //   mpnfsctl path disable|enable|remove MOUNTPOINT ADDR
 //   mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=L] [weight=W]   online path maintenance (root)
-//   mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]
+//   mpnfsctl path weight MOUNTPOINT ADDR[:PORT] W
+//   mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR] [--apply]
 //                                                    measure the paths (root)
 // The gateway streams its answer; "progress ..." lines are shown on a
 // terminal as one line rewritten in place, and dropped otherwise.
@@ -35,7 +36,9 @@ int Usage() {
           "       mpnfsctl path list MOUNTPOINT\n"
           "       mpnfsctl path disable|enable|remove MOUNTPOINT ADDR[:PORT]\n"
           "       mpnfsctl path add MOUNTPOINT ADDR[:PORT] [local=IFACE|LOCALADDR] [weight=W]\n"
-          "       mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]\n");
+          "       mpnfsctl path weight MOUNTPOINT ADDR[:PORT] W\n"
+          "       mpnfsctl calibrate MOUNTPOINT [--size SIZE] [--time SECONDS] [--json] [--path ADDR]\n"
+          "                 [--apply]\n");
   return 1;
 }
 
@@ -183,7 +186,7 @@ int main(int argc, char** argv) {
     mountpoint = argv[3];
     const bool ok = (op == "list" && argc == 4) ||
                     ((op == "disable" || op == "enable" || op == "remove") && argc == 5) ||
-                    (op == "add" && argc >= 5 && argc <= 7);
+                    (op == "add" && argc >= 5 && argc <= 7) || (op == "weight" && argc == 6);
     if (!ok) return Usage();
     cmd = "path " + op;
     for (int i = 4; i < argc; ++i) {

@@ -17,7 +17,8 @@ namespace {
 
 const char* const kUsage =
     "error: usage: path list | path disable ADDR | path enable ADDR | "
-    "path add ADDR[:PORT] [local=IFACE|LOCALADDR] [weight=W] | path remove ADDR\n";
+    "path add ADDR[:PORT] [local=IFACE|LOCALADDR] [weight=W] | path remove ADDR | "
+    "path weight ADDR W\n";
 
 std::string Refuse(const std::string& why) { return "error: " + why + "\n"; }
 
@@ -122,7 +123,9 @@ std::string PathCommand(const std::string& cmd, bool privileged, engine::Engine&
     if (words.size() != 2) return kUsage;
     return PathTable(eng.Paths());
   }
-  if (op != "disable" && op != "enable" && op != "add" && op != "remove") return kUsage;
+  if (op != "disable" && op != "enable" && op != "add" && op != "remove" && op != "weight") {
+    return kUsage;
+  }
   if (!privileged) return Refuse("only root may change the paths of a mount");
   Result<std::string> r = std::string();
   if (op == "add") {
@@ -130,6 +133,13 @@ std::string PathCommand(const std::string& cmd, bool privileged, engine::Engine&
     auto ep = ParseAdd(words, port);
     if (!ep) return ep.error().what.empty() ? kUsage : Refuse("path add: " + ep.error().what);
     r = eng.AddPath(*ep);
+  } else if (op == "weight") {
+    if (words.size() != 4) return kUsage;
+    const std::optional<int> w = ParseWeight(words[3]);
+    if (!w) {
+      return Refuse(fmt::format("path weight: bad weight '{}' (1 to {})", words[3], engine::kMaxWeight));
+    }
+    r = eng.SetWeight(Target(words[2]), *w);
   } else {
     if (words.size() != 3) return kUsage;
     const std::string target = Target(words[2]);

@@ -1,6 +1,6 @@
 // The `path ...` commands of the control socket (mpnfsctl path, mpnfs(8)
 // ONLINE PATH MAINTENANCE): list, disable, enable, add and remove the paths
-// of a live mount. The engine does the work (engine.h says what a disable
+// of a live mount, and set a path's weight. The engine does the work (engine.h says what a disable
 // or a remove guarantees); this layer parses the command line, resolves an
 // added path's address and local binding, and words the answer.
 //

@@ -47,15 +47,16 @@ TEST_F(PathControlTest, AnyoneListsOnlyRootChanges) {
   EXPECT_NE(list.find("\n10.0.0.1:2049 "), std::string::npos) << list;
   EXPECT_NE(list.find("\n10.0.1.1:2049 "), std::string::npos) << list;
   for (const char* cmd : {"path disable 10.0.1.1", "path enable 10.0.1.1", "path remove 10.0.1.1",
-                          "path add 10.0.2.1"}) {
+                          "path add 10.0.2.1", "path weight 10.0.1.1 3"}) {
     EXPECT_EQ(Run(cmd, false), "error: only root may change the paths of a mount\n") << cmd;
   }
   EXPECT_EQ(eng_->Paths().size(), 2u);
   EXPECT_EQ(eng_->Paths()[1].admin, "enabled");
+  EXPECT_EQ(eng_->Paths()[1].endpoint.weight, 1);
 }
 
 TEST_F(PathControlTest, AnAddedPathTakesItsWeightAndTheListShowsIt) {
-  EXPECT_EQ(Run("path add 10.0.2.1 weight=4 local=lo").rfind("path 10.0.2.1:2049 added", 0), 0u);
+  EXPECT_EQ(Run("path add 10.0.2.1 weight=4 local=lo").rfind("path 10.0.2.1:2049 added (weight 4)", 0), 0u);
   const auto paths = eng_->Paths();
   ASSERT_EQ(paths.size(), 3u);
   EXPECT_EQ(paths[0].endpoint.weight, 1);
@@ -64,6 +65,26 @@ TEST_F(PathControlTest, AnAddedPathTakesItsWeightAndTheListShowsIt) {
   const std::string list = Run("path list", false);
   EXPECT_NE(list.find(" WEIGHT LOCAL\n"), std::string::npos) << list;
   EXPECT_NE(list.find("      4 lo\n"), std::string::npos) << list;
+}
+
+TEST_F(PathControlTest, AWeightIsSetOnlineAndTheListShowsIt) {
+  EXPECT_EQ(Run("path weight 10.0.1.1 3"), "path 10.0.1.1:2049 weight 3 (was 1): new calls are balanced by it\n");
+  EXPECT_EQ(Run("path weight 10.0.1.1:2049 7"), "path 10.0.1.1:2049 weight 7 (was 3): new calls are balanced by it\n");
+  const auto paths = eng_->Paths();
+  ASSERT_EQ(paths.size(), 2u);
+  EXPECT_EQ(paths[0].endpoint.weight, 1);
+  EXPECT_EQ(paths[1].endpoint.weight, 7);
+  const std::string list = Run("path list", false);
+  EXPECT_NE(list.find("      7 -\n"), std::string::npos) << list;
+  for (const auto& c : eng_->Stats()) EXPECT_EQ(c.weight, c.endpoint.rfind("10.0.1.1:", 0) == 0 ? 7 : 1);
+  EXPECT_EQ(Run("path weight 10.0.1.1 0"), "error: path weight: bad weight '0' (1 to 1000)\n");
+  EXPECT_EQ(Run("path weight 10.0.1.1 1001"), "error: path weight: bad weight '1001' (1 to 1000)\n");
+  EXPECT_EQ(Run("path weight 10.0.1.1 2x"), "error: path weight: bad weight '2x' (1 to 1000)\n");
+  EXPECT_EQ(Run("path weight 10.0.1.1").rfind("error: usage:", 0), 0u);
+  EXPECT_EQ(Run("path weight 10.0.1.1 2 3").rfind("error: usage:", 0), 0u);
+  EXPECT_EQ(Run("path weight 10.9.9.9 2"),
+            "error: no path 10.9.9.9 on this mount; paths are: 10.0.0.1:2049, 10.0.1.1:2049\n");
+  EXPECT_EQ(eng_->Paths()[1].endpoint.weight, 7);
 }
 
 TEST_F(PathControlTest, SaysWhatIsWrong) {

@@ -14,6 +14,7 @@ Connection::Connection(Engine* engine, Loop* loop, Endpoint ep, int index,
     : engine_(engine),
       loop_(loop),
       ep_(std::move(ep)),
+      weight_(ep_.weight),
       name_(fmt::format("{}:{}#{}", ep_.host, ep_.port, index)),
       opts_(opts),
       factory_(factory),
@@ -72,6 +73,7 @@ ConnectionStats Connection::Snapshot() const {
   s.failovers = stats_.failovers;
   s.probes = stats_.probes;
   s.outstanding_bytes = charged_bytes_;
+  s.weight = weight();
   s.rate_bps = rate_;
   s.sojourn_us = static_cast<uint64_t>(sojourn_.load(std::memory_order_relaxed) * 1e6);
   s.bytes_out = stats_.bytes_out;

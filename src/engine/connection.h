@@ -74,7 +74,14 @@ class Connection : public TransportSink {
     return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
   }
   Loop* loop() const { return loop_; }
+  // The path's endpoint as it was added; its `weight` is the initial one
+  // (weight() is the current one).
   const Endpoint& endpoint() const { return ep_; }
+  // The path's weight (the balancer divides outstanding bytes by it);
+  // changed online by Engine::SetWeight. Relaxed: a pick that reads the old
+  // value just balances by it once more.
+  int weight() const { return weight_.load(std::memory_order_relaxed); }
+  void set_weight(int w) { weight_.store(w, std::memory_order_relaxed); }
   ConnectionStats Snapshot() const;
 
   // Online path maintenance (see engine.h). Out of the balancing: its path
@@ -181,6 +188,7 @@ class Connection : public TransportSink {
   Engine* const engine_;
   Loop* const loop_;
   const Endpoint ep_;
+  std::atomic<int> weight_;
   const std::string name_;
   const EngineOptions& opts_;
   TransportFactory& factory_;

@@ -105,7 +105,7 @@ Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fal
     if (c == nullptr || c == avoid || c->disabled()) continue;
     if (*fallback == nullptr) *fallback = c;
     if (!c->up()) continue;
-    const double score = static_cast<double>(c->outstanding_bytes() + cost) / c->endpoint().weight;
+    const double score = static_cast<double>(c->outstanding_bytes() + cost) / c->weight();
     const bool suspect = c->suspect();
     if (best == nullptr || (suspect == best_suspect ? score < best_score : best_suspect)) {
       best = c;
@@ -463,8 +463,22 @@ Result<std::string> Engine::AddPath(const Endpoint& ep) {
     paths_.pop_back();
     return st.error();
   }
-  return fmt::format("path {} added: {} connection(s) joining the balancing once up\n", Name(ep),
-                     paths_.back().conns.size());
+  return fmt::format("path {} added (weight {}): {} connection(s) joining the balancing once up\n",
+                     Name(ep), paths_.back().ep.weight, paths_.back().conns.size());
+}
+
+Result<std::string> Engine::SetWeight(const std::string& addr, int weight) {
+  std::lock_guard lock(admin_mu_);
+  auto p = Find(addr);
+  if (!p) return p.error();
+  PathEntry& path = **p;
+  const std::string name = Name(path.ep);
+  if (path.removing) return Error::Errno(ENOENT, "path " + name + " is being removed");
+  const int was = path.ep.weight;
+  path.ep.weight = std::clamp(weight, 1, kMaxWeight);  // Scan divides by it
+  for (Connection* c : path.conns) c->set_weight(path.ep.weight);
+  return fmt::format("path {} weight {} (was {}): new calls are balanced by it\n", name,
+                     path.ep.weight, was);
 }
 
 Result<std::string> Engine::RemovePath(const std::string& addr) {

@@ -34,7 +34,8 @@
 // were measured to starve paths (engine.cc, Scan). A path whose link is the
 // limit drains its queue at its own speed, so faster paths are given more
 // and all stay busy; Endpoint::weight says how much faster, so that a
-// slower path's queue is shorter. A small call lands where the least work
+// slower path's queue is shorter (SetWeight changes it on a live mount;
+// mpnfsctl calibrate --apply sets what it measured). A small call lands where the least work
 // is queued ahead of it. Calls stay on the connection they
 // were sent on; a timeout retransmits there (duplicate request cache). Only
 // a connection declared dead moves its calls elsewhere: one that has work
@@ -188,6 +189,7 @@ struct ConnectionStats {
   uint64_t bytes_out = 0, bytes_in = 0;
   int64_t inflight = 0, queued = 0;
   int64_t outstanding_bytes = 0;      // queued + in flight (the balancer divides it by the weight)
+  int weight = 1;                     // its path's weight now (weight=, path weight)
   uint64_t rate_bps = 0;              // recent throughput while busy; 0 = not measured yet
   uint64_t sojourn_us = 0;            // recent mean time queued to answered, by bytes; 0 = not yet
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
@@ -258,6 +260,10 @@ class Engine {
   Result<std::string> EnablePath(const std::string& addr);
   Result<std::string> AddPath(const Endpoint& ep);
   Result<std::string> RemovePath(const std::string& addr);
+  // The path's weight from now on (clamped to 1..kMaxWeight, as weight=):
+  // new calls are balanced by it at once; calls already queued stay where
+  // they are.
+  Result<std::string> SetWeight(const std::string& addr, int weight);
   // Most connections alive at once (and most paths, at most kMaxPaths).
   static constexpr int kMaxConnections = 256;
   static constexpr int kMaxPaths = 16;

@@ -642,6 +642,45 @@ TEST_F(EngineTest, AWeightedPathTakesCallsUntilItHoldsItsWeightTimesTheOthersWor
   AwaitAllOk(calls);
 }
 
+// `mpnfsctl path weight`: the new weight balances the next calls; the
+// statistics and the path list show it. Unweighted first, as a control.
+TEST_F(EngineTest, AWeightChangedOnlineBalancesTheNextCalls) {
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(TwoPaths(0ms));
+  auto held_on_a = [](const std::vector<ConnectionStats>& st) {
+    return st[0].endpoint.rfind("10.0.0.1:", 0) == 0 ? st[0].inflight : st[1].inflight;
+  };
+  auto calls = SubmitN(*e, 10, 1 << 20);
+  auto st = WaitInflight(*e, 10);
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_EQ(held_on_a(st), 5);
+  net_.ReplyAll();
+  AwaitAllOk(calls);
+  WaitInflight(*e, 0);
+
+  auto r = e->SetWeight("10.0.0.1", 4);
+  ASSERT_TRUE(r) << r.error().what;
+  EXPECT_EQ(*r, "path 10.0.0.1:2049 weight 4 (was 1): new calls are balanced by it\n");
+  calls = SubmitN(*e, 10, 1 << 20);
+  st = WaitInflight(*e, 10);
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_EQ(held_on_a(st), 8);
+  for (const auto& s : st) EXPECT_EQ(s.weight, s.endpoint.rfind("10.0.0.1:", 0) == 0 ? 4 : 1) << s.endpoint;
+  for (const auto& p : e->Paths()) EXPECT_EQ(p.endpoint.weight, p.endpoint.host == "10.0.0.1" ? 4 : 1);
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  AwaitAllOk(calls);
+
+  // Clamped as weight= is; an unknown path is refused, naming the paths.
+  r = e->SetWeight("10.0.1.1:2049", 5000);
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->find("weight 1000 (was 1)"), std::string::npos) << *r;
+  r = e->SetWeight("10.9.9.9", 2);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what.find("paths are: 10.0.0.1:2049, 10.0.1.1:2049"), std::string::npos)
+      << r.error().what;
+}
+
 // A connection silent for half path_timeout with work outstanding (suspect)
 // is passed over while another is up, however much more the other holds.
 TEST_F(EngineTest, ASuspectConnectionGetsNoNewCallWhileAnotherIsUp) {

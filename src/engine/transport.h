@@ -31,7 +31,7 @@ struct Endpoint {
   std::string local;
   // Relative throughput of the path (weight=, 1 to kMaxWeight; the engine
   // clamps it): the balancer compares outstanding bytes divided by it. Not
-  // part of the path's identity.
+  // part of the path's identity; Engine::SetWeight changes it online.
   int weight = 1;
 };
 

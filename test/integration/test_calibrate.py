@@ -39,12 +39,12 @@ def run_on_tty(args, timeout=120):
     return p.wait(timeout=30), out.decode(errors="replace")
 
 
-def test_calibrate_measures_each_path_alone_and_together(bed, mount_factory):
+def test_calibrate_measures_each_path_alone_and_together_and_applies_the_weights(bed, mount_factory):
     m = mount_factory(f"path={SERVER}+{SERVER2}")
     bed.shape(2, "20mbit")
     try:
         r = subprocess.run([CTL, "calibrate", str(m.path), "--size", "32M", "--time", "0.5",
-                            "--json"], capture_output=True, text=True, timeout=180)
+                            "--json", "--apply"], capture_output=True, text=True, timeout=180)
     finally:
         bed.shape(2, "off")
     assert r.returncode == 0, r.stderr
@@ -71,6 +71,13 @@ def test_calibrate_measures_each_path_alone_and_together(bed, mount_factory):
     assert w2 == 10, doc
     assert abs(w1 - min(1000, 10 * mean[SERVER] / mean[SERVER2])) <= max(2, w1 * 0.05), doc
     assert not scratch_files(m)
+    # --apply: the mount balances by the suggestion from now on.
+    assert doc["applied"] == [f"path {SERVER}:2049 weight {w1} (was 1): new calls are balanced by it",
+                              f"path {SERVER2}:2049 weight 10 (was 1): new calls are balanced by it"], doc
+    r = subprocess.run([CTL, "path", "list", str(m.path)], capture_output=True, text=True, timeout=10)
+    head, *rows = [line.split() for line in r.stdout.splitlines()]
+    weights = {row[0].rsplit(":", 1)[0]: row[head.index("WEIGHT")] for row in rows}
+    assert weights == {SERVER: str(w1), SERVER2: "10"}, r.stdout
 
 
 def test_calibrate_table_and_one_path(bed, mount_factory):
@@ -94,6 +101,10 @@ def test_calibrate_table_and_one_path(bed, mount_factory):
     r = subprocess.run([CTL, "calibrate", str(m.path), "--path", f"{SERVER2}:1"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and f"no path {SERVER2}:1" in r.stderr  # HOST:PORT matches the port
+    r = subprocess.run([CTL, "calibrate", str(m.path), "--path", SERVER2, "--apply"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "--apply sets the weights from every path's speed: not with --path" in r.stderr
+    assert not scratch_files(m)
 
 
 def test_calibrate_interrupted_leaves_nothing_behind(bed, mount_factory):

@@ -135,6 +135,33 @@ def test_the_heavier_weighted_path_carries_more(mount_factory):
     assert (m.path / "weighted").read_bytes() == data
 
 
+def test_a_weight_set_online_moves_the_traffic(mount_factory):
+    """`mpnfsctl path weight` on a live mount: unweighted, two equal paths
+    share a write; with the second path's weight set to 4 it carries more
+    than twice the first's bytes of the next write (as weight=4+1 at mount
+    time does), and the statistics show the weight."""
+    m = mount_factory(f"path={SERVER}+{SERVER2}")
+    wait_all_up(m)
+
+    def write(name):
+        before = [tx_bytes(k) for k in (1, 2)]
+        data = os.urandom(1 << 20) * 128
+        (m.path / name).write_bytes(data)
+        os.sync()
+        assert (m.path / name).read_bytes() == data
+        return [tx_bytes(k) - before[k - 1] for k in (1, 2)]
+
+    sent = write("even")
+    assert min(sent) > (128 << 20) // 4, f"unweighted, bytes sent per path: {sent}"
+    r = subprocess.run([CTL, "path", "weight", str(m.path), SERVER2, "4"], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"path {SERVER2}:2049 weight 4 (was 1): new calls are balanced by it\n", r.stdout
+    assert conn(m, SERVER2)["weight"] == 4 and conn(m, SERVER)["weight"] == 1
+    sent = write("weighted")
+    assert sent[1] > 2 * sent[0], f"weight 1+4, bytes sent per path: {sent}"
+
+
 def test_bad_weight_refuses_to_mount(bed, tmp_path):
     for weights, msg in (("0", "bad weight '0' (1 to 1000)"),
                          ("1+1+1+1+1", "more weight= entries (5) than paths (4)")):
