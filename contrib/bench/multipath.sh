@@ -8,7 +8,8 @@
 # bs=1M, empty page cache) over 1, 2, 3 and 4 paths, as scaling efficiency
 # T(N) / (N x T(1)); a 4-job fio read over 4 paths (the aggregate a single
 # stream is compared with); three paths of 100, 200 and 400 mbit against the
-# sum of what each carries alone; throughput over time when a path dies in
+# sum of what each carries alone (unweighted, with weight= and with the
+# weights mpnfsctl calibrate --apply sets); throughput over time when a path dies in
 # the middle of a write and of a read; mpnfs CPU seconds per GiB moved.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -108,15 +109,27 @@ for k in 1 2 3; do
   sumw=$(plus "$sumw" "$w"); sumr=$(plus "$sumr" "$r")
 done
 # Unweighted, then with weight= saying the speeds (mpnfs(8): the balancer
-# divides outstanding bytes by it; it measures no speed itself).
-for weights in "" "1+2+4"; do
-  mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2${weights:+,weight=$weights}"
+# divides outstanding bytes by it; it measures no speed itself), then
+# mounted unweighted with the weights `mpnfsctl calibrate --apply` measured
+# and set on the live mount.
+for weights in "" "1+2+4" calibrate; do
+  if [ "$weights" = calibrate ]; then
+    mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2"
+    "${MPNFSCTL:-build/src/mpnfsctl}" calibrate "$MNT" --size 64M --time 1 --apply >"$MPNFS_TB/calibrate.out"
+    applied=$(grep -c '^--apply: path .* weight ' "$MPNFS_TB/calibrate.out" || true)
+    [ "$applied" = 3 ] || { cat "$MPNFS_TB/calibrate.out" >&2; echo "calibrate --apply set no weights" >&2; exit 1; }
+    weights="calibrate --apply: $("${MPNFSCTL:-build/src/mpnfsctl}" path list "$MNT" |
+      awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "WEIGHT") c = i; next } { printf "%s%s", sep, $c; sep = "+" }')"
+  else
+    mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2${weights:+,weight=$weights}"
+  fi
   t0=$(now); dd if="$SRC" of="$MNT/h3.bin" bs=1M count=$((4 * PER)) conv=fsync status=none; t1=$(now)
   w=$(mbps $((4 * PER)) "$(secs "$t0" "$t1")")
   drop; t0=$(now); dd if="$MNT/h3.bin" of=/dev/null bs=1M status=none; t1=$(now)
   r=$(mbps $((4 * PER)) "$(secs "$t0" "$t1")")
   umount_mpnfs
-  row "all three at once${weights:+, weight=$weights}" "$w ($(pct "$w" "$sumw") of $sumw)" \
+  case $weights in calibrate*) label=", $weights" ;; ?*) label=", weight=$weights" ;; *) label= ;; esac
+  row "all three at once$label" "$w ($(pct "$w" "$sumw") of $sumw)" \
     "$r ($(pct "$r" "$sumr") of $sumr)" "" "" ""
 done
 for k in 1 2 3; do contrib/testbed.sh shape "$k" "${RATE}mbit"; done
