@@ -23,6 +23,7 @@ EXPORT=$MPNFS_TB/export
 MNT=/tmp/mpnfs-mpbench-mnt
 SRC=/dev/shm/mpnfs-mpbench-src
 . contrib/bench/lib.sh  # cleanup on exit, deps, build, helpers
+CTL=$(dirname "${MPNFS_BIN:-build/src/mpnfs}")/mpnfsctl  # the one built with the mpnfs measured
 
 mbps() { awk -v mib="$1" -v s="$2" 'BEGIN { printf "%.1f", mib * 1.048576 / s }'; }  # finer than lib.sh's
 times() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a * b }'; }
@@ -115,10 +116,14 @@ done
 for weights in "" "1+2+4" calibrate; do
   if [ "$weights" = calibrate ]; then
     mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2"
-    "${MPNFSCTL:-build/src/mpnfsctl}" calibrate "$MNT" --size 64M --time 1 --apply >"$MPNFS_TB/calibrate.out"
-    applied=$(grep -c '^--apply: path .* weight ' "$MPNFS_TB/calibrate.out" || true)
-    [ "$applied" = 3 ] || { cat "$MPNFS_TB/calibrate.out" >&2; echo "calibrate --apply set no weights" >&2; exit 1; }
-    weights="calibrate --apply: $("${MPNFSCTL:-build/src/mpnfsctl}" path list "$MNT" |
+    # The mount answers once one path is up; calibrate measures the paths up now.
+    for _ in $(seq 100); do
+      [ "$("$CTL" path list "$MNT" | awk 'NR > 1 && $3 != "up"' | wc -l)" = 0 ] && break
+      sleep 0.1
+    done
+    # --apply sets every weight or none (then mpnfsctl exits 1, set -e ends the run).
+    "$CTL" calibrate "$MNT" --size 64M --time 1 --apply >"$MPNFS_TB/calibrate.out"
+    weights="calibrate --apply: $("$CTL" path list "$MNT" |
       awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "WEIGHT") c = i; next } { printf "%s%s", sep, $c; sep = "+" }')"
   else
     mount_mpnfs "path=10.81.1.2+10.81.2.2+10.81.3.2${weights:+,weight=$weights}"

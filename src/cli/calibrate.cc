@@ -158,7 +158,8 @@ std::vector<std::pair<std::string, int>> Weights(const CalibrateResult& r, bool*
     fastest = std::max(fastest, m);
     slowest = std::min(slowest, m);
   }
-  *differ = slowest > 0 && slowest < 0.85 * fastest;
+  if (slowest <= 0) return {};  // a path that moved nothing: no basis for weights
+  *differ = slowest < 0.85 * fastest;
   std::vector<std::pair<std::string, int>> out;
   for (const auto& [name, m] : mbs) {
     const long w = *differ ? std::lround(std::min(10 * m / slowest, static_cast<double>(engine::kMaxWeight)))
@@ -187,6 +188,24 @@ std::vector<int> WeightsToApply(const CalibrateResult& r) {
   std::vector<int> out;
   for (const auto& [name, weight] : Weights(r, &differ)) out.push_back(weight);
   return out;
+}
+
+std::optional<std::string> ApplyRefusal(size_t paths_at_start, const std::vector<std::string>& measured,
+                                        const std::vector<std::string>& skipped,
+                                        const std::vector<std::string>& paths_now,
+                                        const std::vector<int>& weights) {
+  if (paths_at_start < 2) return std::string("nothing set: the mount has one path");
+  if (!skipped.empty()) {
+    return fmt::format("nothing set: not every path was measured (not measured: {})", fmt::join(skipped, ", "));
+  }
+  if (weights.size() != measured.size()) {
+    return std::string("nothing set: a path measured no throughput");
+  }
+  if (paths_now != measured) {
+    return fmt::format("nothing set: the paths changed during the run (measured {}; now {})",
+                       fmt::join(measured, ", "), fmt::join(paths_now, ", "));
+  }
+  return std::nullopt;
 }
 
 std::string RenderTable(const CalibrateResult& r) {
@@ -603,23 +622,28 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
     return;
   }
   res->skipped = skipped;
+  // --apply: all the weights or none. What refuses it comes first, as an
+  // "error:" line (mpnfsctl then exits 1), the measurements after it.
+  std::string refused;
   if (o->apply) {
     const std::vector<int> w = WeightsToApply(*res);
-    if (w.size() != measured.size()) {
-      res->applied.push_back(measured.size() < 2 ? "nothing set: the mount has one path"
-                                                 : "nothing set: not every path was measured");
-    }
-    for (size_t i = 0; i < w.size() && w.size() == measured.size(); ++i) {
-      // A path removed (or removed and added again) during the run is
-      // refused or set anew: either way the answer says so.
-      auto r = m.engine->SetWeight(measured[i], w[i]);
-      std::string line = r ? *r : "error: " + r.error().what;
+    std::vector<std::string> now;  // paths can change during a run
+    for (const auto& p : m.engine->Paths()) now.push_back(fmt::format("{}:{}", p.endpoint.host, p.endpoint.port));
+    auto why = ApplyRefusal(paths.size(), measured, skipped, now, w);
+    for (size_t i = 0; !why && i < w.size(); ++i) {
+      auto r = m.engine->SetWeight(measured[i], w[i]);  // a path removed just now is refused
+      if (!r) {
+        why = r.error().what;
+        break;
+      }
+      std::string line = *r;
       while (!line.empty() && line.back() == '\n') line.pop_back();
-      if (r) Log("mount")->info("calibrate --apply: {}", line);
+      Log("mount")->info("calibrate --apply: {}", line);
       res->applied.push_back(line);
     }
+    if (why) refused = "error: calibrate --apply: " + *why + "\n";
   }
-  out.Text(o->json ? RenderJson(*res) : RenderTable(*res));
+  out.Text(refused + (o->json ? RenderJson(*res) : RenderTable(*res)));
 }
 
 }  // namespace mpnfs::cli

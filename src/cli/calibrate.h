@@ -76,8 +76,9 @@ struct CalibrateResult {
   double step_s = 0;
   std::vector<TargetResult> targets;
   std::vector<std::string> skipped;  // paths down at the start: not measured
-  // --apply: one line per path whose weight was set (the engine's answer),
-  // or why none was. Empty without --apply.
+  // --apply: one line per path whose weight was set (the engine's answer).
+  // Empty without --apply, or when it set nothing (the answer then starts
+  // with an error line saying why).
   std::vector<std::string> applied;
 };
 
@@ -118,8 +119,21 @@ WeightSuggestion SuggestWeight(const CalibrateResult& r);
 // The weights --apply sets, one per path measured, in the order measured:
 // those of SuggestWeight when the paths differ in speed, 1 each when they do
 // not (an earlier weight no longer fits them). Empty unless every path of
-// the mount was measured (as SuggestWeight) and there are at least two.
+// the mount was measured (as SuggestWeight), there are at least two, and
+// none measured 0 MB/s.
 std::vector<int> WeightsToApply(const CalibrateResult& r);
+
+// Why --apply sets nothing, if it must not: the mount had one path at the
+// start, a path was skipped (`skipped`), a path measured no throughput
+// (`weights`, from WeightsToApply, does not match `measured`), or the
+// mount's paths (`paths_now`, HOST:PORT in engine order) are no longer the
+// ones measured (`measured`, HOST:PORT of each path target, in order): a
+// path added during the run would keep weight 1 on a scale where the
+// slowest measured path is 10.
+std::optional<std::string> ApplyRefusal(size_t paths_at_start, const std::vector<std::string>& measured,
+                                        const std::vector<std::string>& skipped,
+                                        const std::vector<std::string>& paths_now,
+                                        const std::vector<int>& weights);
 
 std::string RenderTable(const CalibrateResult& r);
 std::string RenderJson(const CalibrateResult& r);

@@ -206,6 +206,23 @@ TEST(CalibrateTest, SuggestsWeightsOnlyForPathsOfDifferentSpeeds) {
 
 // --apply sets the suggestion, or 1 each for paths of one speed (a weight set
 // earlier no longer fits them); nothing unless every path was measured.
+// --apply sets all the weights or none, and says why none.
+TEST(CalibrateTest, ApplyIsRefusedUnlessEveryPathOfTheMountWasMeasured) {
+  const std::vector<std::string> two = {"10.0.1.2:2049", "10.0.2.2:2049"};
+  EXPECT_EQ(ApplyRefusal(2, two, {}, two, {10, 20}), std::nullopt);
+  EXPECT_EQ(ApplyRefusal(1, {"10.0.1.2:2049"}, {}, {"10.0.1.2:2049"}, {}),
+            "nothing set: the mount has one path");
+  // Two paths, one down at the start: one measured, one skipped.
+  EXPECT_EQ(ApplyRefusal(2, {"10.0.1.2:2049"}, {"10.0.2.2"}, two, {}),
+            "nothing set: not every path was measured (not measured: 10.0.2.2)");
+  EXPECT_EQ(ApplyRefusal(2, two, {}, two, {}), "nothing set: a path measured no throughput");
+  // A path added (or removed) during the run.
+  EXPECT_EQ(ApplyRefusal(2, two, {}, {"10.0.1.2:2049", "10.0.2.2:2049", "10.0.3.2:2049"}, {10, 20}),
+            "nothing set: the paths changed during the run (measured 10.0.1.2:2049, 10.0.2.2:2049; "
+            "now 10.0.1.2:2049, 10.0.2.2:2049, 10.0.3.2:2049)");
+  EXPECT_NE(ApplyRefusal(2, two, {}, {"10.0.1.2:2049"}, {10, 20}), std::nullopt);
+}
+
 TEST(CalibrateTest, ApplySetsTheSuggestedWeightsOrOneEach) {
   CalibrateResult r;
   auto add = [&r](const std::string& name, double rd, double wr) { AddTarget(r, name, rd, wr); };
@@ -226,6 +243,12 @@ TEST(CalibrateTest, ApplySetsTheSuggestedWeightsOrOneEach) {
   r.targets = {};
   add("10.0.1.2", 23.8, 23.6);  // one path
   EXPECT_TRUE(WeightsToApply(r).empty());
+  r.targets = {};
+  add("10.0.1.2", 0, 0);  // moved nothing: no basis for weights
+  add("10.0.2.2", 21.0, 21.5);
+  add("all", 21.0, 21.5);
+  EXPECT_TRUE(WeightsToApply(r).empty());
+  EXPECT_EQ(SuggestWeight(r).weight, "");
   r.applied = {"path 10.0.1.2:2049 weight 1 (was 4): new calls are balanced by it"};
   EXPECT_NE(RenderTable(r).find("\n--apply: path 10.0.1.2:2049 weight 1 (was 4)"), std::string::npos)
       << RenderTable(r);

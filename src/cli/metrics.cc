@@ -106,7 +106,9 @@ void PathMetrics(Families& f, const Labels& mount, const engine::ConnectionStats
           static_cast<double>(c.queued));
   f.Gauge("mpnfs_path_outstanding_bytes", "Bytes queued and in flight (the balancer divides them by the path's weight)",
           path, static_cast<double>(c.outstanding_bytes));
-  f.Gauge("mpnfs_path_weight", "The path's weight now (weight=, mpnfsctl path weight)", path,
+  f.Gauge("mpnfs_path_weight",
+          "The weight of the connection's path now (weight=, mpnfsctl path weight; each connection of a path repeats it)",
+          path,
           static_cast<double>(c.weight));
   f.Gauge("mpnfs_path_throughput_bytes_per_second",
           "Recent throughput while busy (0 until measured)", path, static_cast<double>(c.rate_bps));

@@ -11,6 +11,7 @@ import time
 
 from conftest import EXPORT, SERVER, SERVER2
 from test_cache import CTL
+from test_multipath import wait_all_up
 from test_writeback import cache_dir, file_with_dirty_pieces, wb_opts  # noqa: F401 (fixture)
 
 
@@ -41,6 +42,7 @@ def run_on_tty(args, timeout=120):
 
 def test_calibrate_measures_each_path_alone_and_together_and_applies_the_weights(bed, mount_factory):
     m = mount_factory(f"path={SERVER}+{SERVER2}")
+    wait_all_up(m)  # a path not up yet would not be measured (and --apply would refuse)
     bed.shape(2, "20mbit")
     try:
         r = subprocess.run([CTL, "calibrate", str(m.path), "--size", "32M", "--time", "0.5",
@@ -75,6 +77,7 @@ def test_calibrate_measures_each_path_alone_and_together_and_applies_the_weights
     assert doc["applied"] == [f"path {SERVER}:2049 weight {w1} (was 1): new calls are balanced by it",
                               f"path {SERVER2}:2049 weight 10 (was 1): new calls are balanced by it"], doc
     r = subprocess.run([CTL, "path", "list", str(m.path)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
     head, *rows = [line.split() for line in r.stdout.splitlines()]
     weights = {row[0].rsplit(":", 1)[0]: row[head.index("WEIGHT")] for row in rows}
     assert weights == {SERVER: str(w1), SERVER2: "10"}, r.stdout

@@ -148,8 +148,9 @@ def test_a_weight_set_online_moves_the_traffic(mount_factory):
         data = os.urandom(1 << 20) * 128
         (m.path / name).write_bytes(data)
         os.sync()
+        sent = [tx_bytes(k) - before[k - 1] for k in (1, 2)]
         assert (m.path / name).read_bytes() == data
-        return [tx_bytes(k) - before[k - 1] for k in (1, 2)]
+        return sent
 
     sent = write("even")
     assert min(sent) > (128 << 20) // 4, f"unweighted, bytes sent per path: {sent}"
