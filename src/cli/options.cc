@@ -154,6 +154,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"path_timeout", {0, 600000, [&](long v) {
          m.engine.path_timeout = std::chrono::milliseconds(v);
        }}},
+      {"resend_fence", {0, 600000, [&](long v) {
+         m.engine.resend_fence = std::chrono::milliseconds(v);
+       }}},
       {"write_behind", {0, 4096, [&](long v) { m.fs.write_behind = static_cast<uint64_t>(v) << 20; }}},
       {"read_ahead_kb", {0, 1 << 20, [&](long v) { m.read_ahead_kb = static_cast<int>(v); }}},
       {"max_background", {1, 65535, [&](long v) { m.max_background = static_cast<int>(v); }}},

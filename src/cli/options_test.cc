@@ -30,6 +30,8 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->engine.retrans, 2);
   EXPECT_EQ(m->engine.max_inflight, 128);
   EXPECT_EQ(m->engine.conns_per_path, 1);
+  EXPECT_EQ(m->engine.path_timeout, 1000ms);
+  EXPECT_EQ(m->engine.resend_fence, 2000ms);
   EXPECT_EQ(m->fs.acregmin, 3);
   EXPECT_EQ(m->fs.acregmax, 60);
   EXPECT_EQ(m->fs.acdirmin, 30);
@@ -66,8 +68,9 @@ TEST(OptionsTest, MetricsListensOnLoopbackUnlessTheAddressSaysOtherwise) {
 
 TEST(OptionsTest, ParsesNfsOptions) {
   auto m = Parse({"-o", "soft,timeo=20,retrans=5,rsize=65536,wsize=131072,port=2050",
-                  "-omountport=20048,direct_io,nocto", "10.0.0.1:/a/b", "/m", "-f"});
+                  "-omountport=20048,direct_io,nocto,resend_fence=0", "10.0.0.1:/a/b", "/m", "-f"});
   ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->engine.resend_fence, 0ms);
   EXPECT_TRUE(m->engine.soft);
   EXPECT_EQ(m->engine.timeo, 2000ms);
   EXPECT_EQ(m->engine.retrans, 5);
@@ -129,6 +132,11 @@ TEST(OptionsTest, RejectsBadInputWithAClearMessage) {
   EXPECT_FALSE(m.ok());
   m = Parse({"s:/e", "/m", "-o", "log_level=loud"});
   EXPECT_FALSE(m.ok());
+  for (const char* bad : {"resend_fence=-1", "resend_fence=600001", "resend_fence=2s"}) {
+    m = Parse({"s:/e", "/m", "-o", bad});
+    ASSERT_FALSE(m.ok()) << bad;
+    EXPECT_NE(m.error().what.find("resend_fence"), std::string::npos) << m.error().what;
+  }
   m = Parse({"s:/e", "/m", "--bogus"});
   EXPECT_FALSE(m.ok());
 }

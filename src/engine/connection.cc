@@ -555,8 +555,22 @@ void Connection::Fail(const std::string& why) {
   std::erase_if(pending_, fail_pinned);
   stats_.queued.fetch_sub(static_cast<int64_t>(pending_before - pending_.size()),
                           std::memory_order_relaxed);
+  // A call that changes the server's state may be in the server's hands and
+  // still executed there later: resent after resend_fence (engine.h), so
+  // that its answer, and what the application does after it, come after
+  // such a late execution.
+  const auto fence_until = Clock::now() + opts_.resend_fence;
+  size_t fenced = 0;
   std::vector<std::shared_ptr<Request>> keep;  // no live connection (it may vanish meanwhile)
   for (auto& r : rescued) {
+    if (opts_.resend_fence.count() > 0 && ChangesState(r->proc)) {
+      auto later = [engine = engine_, r] { engine->Route(r); };
+      if (loop_->RunAt(fence_until, std::move(later))) {
+        ++fenced;
+        continue;
+      }
+      // The loop has ended: resent now (it ends with the engine).
+    }
     Connection* other = keep.empty() ? engine_->PickConnection(this, r->cost) : nullptr;
     if (other != nullptr) {
       other->Deliver(r);
@@ -581,16 +595,17 @@ void Connection::Fail(const std::string& why) {
     reconnect_at_ = Clock::time_point::max();
     if (was_up) {
       stats_.reconnects.fetch_add(1, std::memory_order_relaxed);
-      log_->info("connection {} of a {} path closed: {}; {} calls moved to other paths", name_,
-                 removed() ? "removed" : "disabled", why, rescued.size());
+      log_->info("connection {} of a {} path closed: {}; {} calls moved to other paths ({} of "
+                 "them after resend_fence)", name_, removed() ? "removed" : "disabled", why,
+                 rescued.size(), fenced);
     }
     return;
   }
 
   if (was_up) {
     stats_.reconnects.fetch_add(1, std::memory_order_relaxed);
-    log_->warn("connection {} lost: {}; {} calls will be resent; reconnecting", name_, why,
-               rescued.size());
+    log_->warn("connection {} lost: {}; {} calls will be resent ({} that change the server's "
+               "state after resend_fence); reconnecting", name_, why, rescued.size(), fenced);
   } else {
     ++failed_connects_;
     uint64_t suppressed = 0;

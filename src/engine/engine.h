@@ -44,6 +44,10 @@
 // another connection has heard from the same server in that time. If every
 // path is silent the server, not a path, is the problem: calls wait (hard)
 // or time out (soft) as on one path.
+// Calls that change the server's state and were on the wire of a lost
+// connection are resent only resend_fence after it was lost (the server may
+// still execute the first copy: EngineOptions::resend_fence); the others,
+// and calls not yet sent, move at once.
 //
 // Online path maintenance. The set of paths can change while mounted
 // (mpnfsctl path ...). A path is disabled (taken out of the balancing),
@@ -134,6 +138,14 @@ struct EngineOptions {
   // another path does is declared dead and its calls move (see above).
   // Zero disables this; then only TCP errors and timeo take a path out.
   std::chrono::milliseconds path_timeout{1000};
+  // A call that changes the server's state (rpc_call.h ChangesState) and was
+  // on the wire of a connection that broke or was declared dead may still
+  // be executed by the server later: it is resent elsewhere no sooner than
+  // this after the connection was lost, so that what the application does
+  // after its answer (write the same bytes again, truncate, remove) comes
+  // after such a late execution, as long as the server held the request
+  // less than this. Zero resends at once.
+  std::chrono::milliseconds resend_fence{2000};
 };
 
 // One NFS procedure on one connection, or summed over several (Merge).
@@ -293,6 +305,9 @@ class Engine {
   Connection* PickElsewhere(const Connection* self, int64_t cost);
   // Loop thread of `c`: a removed connection has closed; its slot is freed.
   void Retire(Connection* c);
+  // Delivers `r` to a picked connection; with none, retries shortly on a
+  // loop. Any thread. Completes it (kShutdown) once the engine has stopped.
+  void Route(std::shared_ptr<Request> r);
 
  private:
   // The least loaded up connection of paths[path] (any of them if none is up).
@@ -310,8 +325,7 @@ class Engine {
   // One scan of the slots: the best up enabled connection other than
   // `avoid`, and in *fallback the first enabled one seen (up or not).
   Connection* Scan(const Connection* avoid, int64_t cost, Connection** fallback);
-  // Delivers `r` to a picked connection; with none, retries shortly on a loop.
-  void Route(std::shared_ptr<Request> r);
+
   template <class F>
   void ForEach(F f) const {
     const size_t n = nslots_.load(std::memory_order_acquire);

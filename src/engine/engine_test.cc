@@ -23,21 +23,25 @@ using namespace std::chrono_literals;
 // A call that reports its outcome through a future.
 class ProbeCall : public RpcCall {
  public:
-  explicit ProbeCall(size_t bytes_in = 0) : bytes_in_(bytes_in) {}
+  explicit ProbeCall(size_t bytes_in = 0, Proc proc = Proc::kOther) : bytes_in_(bytes_in), proc_(proc) {}
   const char* Name() const override { return "PROBE"; }
+  Proc Procedure() const override { return proc_; }
   size_t BytesIn() const override { return bytes_in_; }
   int Issue(struct rpc_context*, NativeCb, void*) override { return -1; }  // fake never calls
   void Complete(const CallOutcome& o) override {
     ++completions;
     completed_on = std::this_thread::get_id();
+    completed_at = Clock::now();
     done.set_value(std::make_pair(o.status, o.reissued));
   }
   std::thread::id completed_on;  // read after `done` is ready
+  Clock::time_point completed_at;  // the same
   std::promise<std::pair<CallStatus, bool>> done;
   std::atomic<int> completions{0};
 
  private:
   size_t bytes_in_;
+  Proc proc_;
 };
 
 EngineOptions Opts() {
@@ -719,6 +723,56 @@ TEST_F(EngineTest, ASilentPathIsDeclaredDeadAndItsCallsMove) {
   uint64_t failovers = 0;
   for (const auto& s : e->Stats()) failovers += s.failovers;
   EXPECT_EQ(failovers, 1u);
+}
+
+// resend_fence: calls that change the server's state, caught on a path
+// declared dead, are resent only resend_fence after it was lost (the server
+// may still execute the first copy); the others caught with them, at once.
+TEST_F(EngineTest, CallsThatChangeStateCaughtOnALostPathAreResentAfterTheFence) {
+  auto o = TwoPaths(200ms);
+  o.resend_fence = 1500ms;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  // Held unanswered, calls of equal cost alternate between the paths: each
+  // pair of one kind puts one on each path.
+  std::vector<std::shared_ptr<ProbeCall>> writes, reads;
+  for (int i = 0; i < 20; ++i) {
+    auto& set = i % 4 < 2 ? writes : reads;
+    set.push_back(std::make_shared<ProbeCall>(64 << 10, i % 4 < 2 ? Proc::kWrite : Proc::kRead));
+    e->Submit(set.back(), Cred{});
+  }
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 20; }));
+  WaitInflight(*e, 20);
+  // The first path's link goes; the second answers what it holds.
+  ASSERT_TRUE(net_.BlackholeHost("10.0.0.1"));
+  const auto t0 = Clock::now();
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  std::vector<bool> reissued;
+  for (auto* set : {&writes, &reads}) {
+    for (const auto& c : *set) {
+      auto [status, was_reissued] = Await(c);
+      EXPECT_EQ(status, CallStatus::kOk);
+      reissued.push_back(was_reissued);
+    }
+  }
+  Clock::time_point first_write = Clock::time_point::max(), last_read{};
+  int rescued_writes = 0, rescued_reads = 0;
+  for (size_t i = 0; i < 10; ++i) {
+    if (reissued[i]) {
+      ++rescued_writes;
+      EXPECT_GE(writes[i]->completed_at - t0, 1500ms) << "a rescued WRITE was resent before the fence";
+      first_write = std::min(first_write, writes[i]->completed_at);
+    }
+    if (reissued[10 + i]) {
+      ++rescued_reads;
+      last_read = std::max(last_read, reads[i]->completed_at);
+    }
+  }
+  // Both kinds were on the lost path (the balancer spreads them).
+  ASSERT_GT(rescued_writes, 0);
+  ASSERT_GT(rescued_reads, 0);
+  EXPECT_LT(last_read, first_write) << "the rescued READs waited for the fence too";
 }
 
 TEST_F(EngineTest, AnIdleOtherPathIsProbedBeforeAFailover) {

@@ -33,6 +33,20 @@ enum class Proc : uint8_t {
 };
 inline constexpr int kProcCount = static_cast<int>(Proc::kOther) + 1;
 
+// Whether a call of `p` changes the server's state (so that executing it
+// late, after newer calls, could undo what they did). COMMIT only makes
+// durable what is there; kOther is not an NFS procedure.
+inline constexpr bool ChangesState(Proc p) {
+  switch (p) {
+    case Proc::kSetattr: case Proc::kWrite: case Proc::kCreate: case Proc::kMkdir:
+    case Proc::kSymlink: case Proc::kMknod: case Proc::kRemove: case Proc::kRmdir:
+    case Proc::kRename: case Proc::kLink:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // "READ", "WRITE", ... ("OTHER" for kOther).
 inline const char* ProcName(Proc p) {
   static constexpr const char* kNames[kProcCount] = {

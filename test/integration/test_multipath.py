@@ -6,6 +6,7 @@ contrib/testbed.sh), as a dead switch port would."""
 import hashlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -218,6 +219,11 @@ def test_a_path_lost_mid_write_and_mid_read_costs_nothing(bed, mount_factory):
     dead = conn(m, SERVER2)
     assert dead["failovers"] == 1 and dead["reissues"] > 0, dead
     assert "path declared dead" in m.log_text()
+    # The WRITEs caught on it were resent after resend_fence (the server may
+    # still have executed them late), and the data is whole all the same.
+    fenced = re.search(r"path declared dead; (\d+) calls will be resent \((\d+) that change the "
+                       r"server's state after resend_fence\)", m.log_text())
+    assert fenced and int(fenced.group(2)) > 0, m.log_text()[-3000:]
 
     # The path comes back and carries traffic again within 10 s.
     bed.link("up", 2)
