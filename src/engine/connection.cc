@@ -535,7 +535,8 @@ void Connection::Fail(const std::string& why) {
 
   // Calls that were on the wire may have executed: resend them flagged, in
   // their order, on a live connection if there is one, else here after the
-  // reconnect (ahead of what was still queued).
+  // reconnect (ahead of what was still queued); those that change state
+  // after resend_fence (below).
   auto rescued = std::move(rescued_);
   rescued_.clear();
   for (auto& r : rescued) {
@@ -564,7 +565,9 @@ void Connection::Fail(const std::string& why) {
   std::vector<std::shared_ptr<Request>> keep;  // no live connection (it may vanish meanwhile)
   for (auto& r : rescued) {
     if (opts_.resend_fence.count() > 0 && ChangesState(r->proc)) {
-      auto later = [engine = engine_, r] { engine->Route(r); };
+      // Held by no connection meanwhile: charged to none, counted nowhere.
+      Uncharge(*r);
+      auto later = [engine = engine_, r] { engine->ResendFenced(r); };
       if (loop_->RunAt(fence_until, std::move(later))) {
         ++fenced;
         continue;

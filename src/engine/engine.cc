@@ -183,6 +183,21 @@ void Engine::Route(std::shared_ptr<Request> r) {
   }
 }
 
+void Engine::ResendFenced(std::shared_ptr<Request> r) {
+  if (stopped_) {
+    r->done = true;
+    r->call->Complete(CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "engine stopped"});
+    return;
+  }
+  if (Clock::now() >= r->give_up) {
+    r->done = true;
+    r->call->Complete(CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued,
+                                  "no reply before the deadline (its connection was lost)"});
+    return;
+  }
+  Route(std::move(r));
+}
+
 bool Engine::AnotherHeardSince(const Connection* self, Clock::time_point since) const {
   bool heard = false;
   ForEach([&](Connection* c) {

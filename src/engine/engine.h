@@ -305,9 +305,12 @@ class Engine {
   Connection* PickElsewhere(const Connection* self, int64_t cost);
   // Loop thread of `c`: a removed connection has closed; its slot is freed.
   void Retire(Connection* c);
-  // Delivers `r` to a picked connection; with none, retries shortly on a
-  // loop. Any thread. Completes it (kShutdown) once the engine has stopped.
-  void Route(std::shared_ptr<Request> r);
+  // A call that changes state, held back by resend_fence since its
+  // connection was lost (Connection::Fail), now due (any loop thread): ends
+  // kShutdown if the engine has stopped (the loops run such timed tasks as
+  // they stop), kTimedOut if its deadline passed meanwhile (it is not sent
+  // then), else goes to a picked connection.
+  void ResendFenced(std::shared_ptr<Request> r);
 
  private:
   // The least loaded up connection of paths[path] (any of them if none is up).
@@ -325,6 +328,8 @@ class Engine {
   // One scan of the slots: the best up enabled connection other than
   // `avoid`, and in *fallback the first enabled one seen (up or not).
   Connection* Scan(const Connection* avoid, int64_t cost, Connection** fallback);
+  // Delivers `r` to a picked connection; with none, retries shortly on a loop.
+  void Route(std::shared_ptr<Request> r);
 
   template <class F>
   void ForEach(F f) const {

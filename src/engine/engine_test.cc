@@ -744,8 +744,8 @@ TEST_F(EngineTest, CallsThatChangeStateCaughtOnALostPathAreResentAfterTheFence) 
   ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 20; }));
   WaitInflight(*e, 20);
   // The first path's link goes; the second answers what it holds.
-  ASSERT_TRUE(net_.BlackholeHost("10.0.0.1"));
   const auto t0 = Clock::now();
+  ASSERT_TRUE(net_.BlackholeHost("10.0.0.1"));
   net_.Set([](FakeNet& n) { n.auto_reply = true; });
   net_.ReplyAll();
   std::vector<bool> reissued;
@@ -773,6 +773,78 @@ TEST_F(EngineTest, CallsThatChangeStateCaughtOnALostPathAreResentAfterTheFence) 
   ASSERT_GT(rescued_writes, 0);
   ASSERT_GT(rescued_reads, 0);
   EXPECT_LT(last_read, first_write) << "the rescued READs waited for the fence too";
+}
+
+// One WRITE held on each path; the first path's link goes and the second
+// answers its own: the first's WRITE is caught there. Returns it.
+std::shared_ptr<ProbeCall> CatchAWriteOnALostPath(Engine& e, FakeNet& net) {
+  std::vector<std::shared_ptr<ProbeCall>> w;
+  for (int i = 0; i < 2; ++i) {
+    w.push_back(std::make_shared<ProbeCall>(64 << 10, Proc::kWrite));
+    e.Submit(w.back(), Cred{});
+  }
+  EXPECT_TRUE(net.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 2; }));
+  EXPECT_TRUE(net.BlackholeHost("10.0.0.1"));
+  net.Set([](FakeNet& n) { n.auto_reply = true; });
+  net.ReplyAll();
+  // The one answered is on the second path; the other is caught.
+  for (;;) {
+    for (auto& c : w) {
+      if (c->completions.load() == 1) return w[0] == c ? w[1] : w[0];
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+// A soft mount's call whose deadline passes while it waits for its fence
+// times out then, unsent: neither sooner (the server may still execute the
+// first copy) nor resent after the application was told it failed.
+TEST_F(EngineTest, ACallWhoseDeadlinePassesDuringItsFenceTimesOutUnsent) {
+  auto o = TwoPaths(200ms);
+  o.resend_fence = 1500ms;
+  o.soft = true;
+  o.timeo = 300ms;
+  o.retrans = 1;  // gives up 300 + 600 ms after its submission
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  const auto t0 = Clock::now();
+  auto caught = CatchAWriteOnALostPath(*e, net_);
+  auto [status, reissued] = Await(caught);
+  EXPECT_EQ(status, CallStatus::kTimedOut);
+  EXPECT_TRUE(reissued);
+  EXPECT_GE(caught->completed_at - t0, 1500ms) << "timed out before its fence";
+  EXPECT_EQ(caught->completions.load(), 1);
+  std::lock_guard lock(net_.mu);
+  EXPECT_EQ(net_.issued_xids.size(), 2u) << "sent again after its deadline";
+}
+
+// Unmount while a caught call waits for its fence: it ends once, kShutdown,
+// without being sent again.
+TEST_F(EngineTest, AStopDuringAFenceEndsTheCallOnceUnsent) {
+  auto o = TwoPaths(200ms);
+  o.resend_fence = 30s;
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  auto caught = CatchAWriteOnALostPath(*e, net_);
+  // Declared dead and held back (its reissue counted), then the stop.
+  ASSERT_TRUE(net_.WaitFor([&](FakeNet&) {
+    uint64_t reissues = 0;
+    for (const auto& st : e->Stats()) reissues += st.reissues;
+    return reissues == 1;
+  }));
+  size_t sent;
+  {
+    std::lock_guard lock(net_.mu);
+    sent = net_.issued_xids.size();
+  }
+  const auto t0 = Clock::now();
+  e->Stop();
+  auto [status, reissued] = Await(caught);
+  EXPECT_EQ(status, CallStatus::kShutdown);
+  EXPECT_LT(Clock::now() - t0, 10s);
+  EXPECT_EQ(caught->completions.load(), 1);
+  std::lock_guard lock(net_.mu);
+  EXPECT_EQ(net_.issued_xids.size(), sent) << "sent again after the stop";
 }
 
 TEST_F(EngineTest, AnIdleOtherPathIsProbedBeforeAFailover) {

@@ -143,6 +143,14 @@ void LibnfsTransport::ReplyCb(struct rpc_context* /*rpc*/, int status, void* dat
 void LibnfsTransport::Close() {
   if (rpc_ == nullptr) return;
   struct rpc_context* rpc = rpc_;
+  // Aborted, not closed: a graceful close leaves the kernel retransmitting
+  // what the socket still holds (for up to tcp_timeout), so a call the
+  // engine has given up on and resends elsewhere could still reach the
+  // server after the resend, once the link is back. A reset drops it.
+  if (const int fd = rpc_get_fd(rpc); fd >= 0) {
+    const linger abort_on_close{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close));
+  }
   // Destroying the context fires the callbacks of every pending call
   // (kCancel); the sink must not queue new calls on this transport from them.
   rpc_destroy_context(rpc);
