@@ -788,12 +788,15 @@ std::shared_ptr<ProbeCall> CatchAWriteOnALostPath(Engine& e, FakeNet& net) {
   net.Set([](FakeNet& n) { n.auto_reply = true; });
   net.ReplyAll();
   // The one answered is on the second path; the other is caught.
-  for (;;) {
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline) {
     for (auto& c : w) {
       if (c->completions.load() == 1) return w[0] == c ? w[1] : w[0];
     }
     std::this_thread::sleep_for(1ms);
   }
+  ADD_FAILURE() << "neither WRITE was answered";
+  return w[0];
 }
 
 // A soft mount's call whose deadline passes while it waits for its fence
@@ -803,8 +806,9 @@ TEST_F(EngineTest, ACallWhoseDeadlinePassesDuringItsFenceTimesOutUnsent) {
   auto o = TwoPaths(200ms);
   o.resend_fence = 1500ms;
   o.soft = true;
-  o.timeo = 300ms;
-  o.retrans = 1;  // gives up 300 + 600 ms after its submission
+  o.timeo = 1000ms;
+  o.retrans = 0;  // gives up 1 s after its submission: inside the fence, and
+                  // no retransmission before the path is declared dead
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
   auto e = Started(o);
   const auto t0 = Clock::now();
