@@ -192,7 +192,6 @@ std::vector<int> WeightsToApply(const CalibrateResult& r) {
 
 std::optional<std::string> ApplyRefusal(size_t paths_at_start, const std::vector<std::string>& measured,
                                         const std::vector<std::string>& skipped,
-                                        const std::vector<std::string>& paths_now,
                                         const std::vector<int>& weights) {
   if (paths_at_start < 2) return std::string("nothing set: the mount has one path");
   if (!skipped.empty()) {
@@ -200,10 +199,6 @@ std::optional<std::string> ApplyRefusal(size_t paths_at_start, const std::vector
   }
   if (weights.size() != measured.size()) {
     return std::string("nothing set: a path measured no throughput");
-  }
-  if (paths_now != measured) {
-    return fmt::format("nothing set: the paths changed during the run (measured {}; now {})",
-                       fmt::join(measured, ", "), fmt::join(paths_now, ", "));
   }
   return std::nullopt;
 }
@@ -622,24 +617,25 @@ void RunCalibrateCommand(const std::string& cmd, Reply& out, const CalibrateMoun
     return;
   }
   res->skipped = skipped;
-  // --apply: all the weights or none. What refuses it comes first, as an
-  // "error:" line (mpnfsctl then exits 1), the measurements after it.
+  // --apply: all the weights or none (the engine checks that the paths are
+  // still the ones measured as it sets them). What refuses it comes first,
+  // as an "error:" line (mpnfsctl then exits 1), the measurements after it.
   std::string refused;
   if (o->apply) {
     const std::vector<int> w = WeightsToApply(*res);
-    std::vector<std::string> now;  // paths can change during a run
-    for (const auto& p : m.engine->Paths()) now.push_back(fmt::format("{}:{}", p.endpoint.host, p.endpoint.port));
-    auto why = ApplyRefusal(paths.size(), measured, skipped, now, w);
-    for (size_t i = 0; !why && i < w.size(); ++i) {
-      auto r = m.engine->SetWeight(measured[i], w[i]);  // a path removed just now is refused
-      if (!r) {
-        why = r.error().what;
-        break;
+    auto why = ApplyRefusal(paths.size(), measured, skipped, w);
+    if (!why) {
+      std::vector<std::pair<std::string, int>> set;
+      for (size_t i = 0; i < w.size(); ++i) set.emplace_back(measured[i], w[i]);
+      if (auto r = m.engine->SetWeights(set); !r) {
+        why = "nothing set: " + r.error().what;
+      } else {
+        std::istringstream lines(*r);
+        for (std::string line; std::getline(lines, line);) {
+          Log("mount")->info("calibrate --apply: {}", line);
+          res->applied.push_back(line);
+        }
       }
-      std::string line = *r;
-      while (!line.empty() && line.back() == '\n') line.pop_back();
-      Log("mount")->info("calibrate --apply: {}", line);
-      res->applied.push_back(line);
     }
     if (why) refused = "error: calibrate --apply: " + *why + "\n";
   }

@@ -123,16 +123,14 @@ WeightSuggestion SuggestWeight(const CalibrateResult& r);
 // none measured 0 MB/s.
 std::vector<int> WeightsToApply(const CalibrateResult& r);
 
-// Why --apply sets nothing, if it must not: the mount had one path at the
-// start, a path was skipped (`skipped`), a path measured no throughput
-// (`weights`, from WeightsToApply, does not match `measured`), or the
-// mount's paths (`paths_now`, HOST:PORT in engine order) are no longer the
-// ones measured (`measured`, HOST:PORT of each path target, in order): a
-// path added during the run would keep weight 1 on a scale where the
-// slowest measured path is 10.
+// Why --apply sets nothing, if it must not, before asking the engine: the
+// mount had one path at the start, a path was skipped (`skipped`), or a
+// path measured no throughput (`weights`, from WeightsToApply, does not
+// match `measured`, HOST:PORT of each path target). Engine::SetWeights
+// then refuses if the paths changed during the run (a path added meanwhile
+// would keep weight 1 on a scale where the slowest measured path is 10).
 std::optional<std::string> ApplyRefusal(size_t paths_at_start, const std::vector<std::string>& measured,
                                         const std::vector<std::string>& skipped,
-                                        const std::vector<std::string>& paths_now,
                                         const std::vector<int>& weights);
 
 std::string RenderTable(const CalibrateResult& r);

@@ -87,6 +87,25 @@ TEST_F(PathControlTest, AWeightIsSetOnlineAndTheListShowsIt) {
   EXPECT_EQ(eng_->Paths()[1].endpoint.weight, 7);
 }
 
+// calibrate --apply's engine call: every path at once, or none if the
+// mount's paths are not exactly the ones named.
+TEST_F(PathControlTest, WeightsAreSetAllAtOnceOrNotAtAll) {
+  auto r = eng_->SetWeights({{"10.0.0.1:2049", 10}, {"10.0.1.1:2049", 40}});
+  ASSERT_TRUE(r) << r.error().what;
+  EXPECT_EQ(*r,
+            "path 10.0.0.1:2049 weight 10 (was 1): new calls are balanced by it\n"
+            "path 10.0.1.1:2049 weight 40 (was 1): new calls are balanced by it\n");
+  ASSERT_EQ(Run("path add 10.0.2.1").rfind("path 10.0.2.1:2049 added", 0), 0u);
+  r = eng_->SetWeights({{"10.0.0.1:2049", 20}, {"10.0.1.1:2049", 20}});  // a path added since
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().what, "the paths changed (measured 10.0.0.1:2049, 10.0.1.1:2049; now "
+                            "10.0.0.1:2049, 10.0.1.1:2049, 10.0.2.1:2049)");
+  const auto paths = eng_->Paths();
+  EXPECT_EQ(paths[0].endpoint.weight, 10);
+  EXPECT_EQ(paths[1].endpoint.weight, 40);
+  EXPECT_EQ(paths[2].endpoint.weight, 1);
+}
+
 TEST_F(PathControlTest, SaysWhatIsWrong) {
   EXPECT_EQ(Run("path disable 10.9.9.9"),
             "error: no path 10.9.9.9 on this mount; paths are: 10.0.0.1:2049, 10.0.1.1:2049\n");

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -337,6 +338,12 @@ Result<Engine::PathEntry*> Engine::Find(const std::string& addr) {
                                   " paths (give HOST:PORT); paths are: " + Names());
 }
 
+Result<Engine::PathEntry*> Engine::FindActive(const std::string& addr) {
+  auto p = Find(addr);
+  if (p && (*p)->removing) return Error::Errno(ENOENT, "path " + Name((*p)->ep) + " is being removed");
+  return p;
+}
+
 void Engine::SetDisabled(PathEntry& p, bool disabled, bool removed) {
   for (Connection* c : p.conns) {
     c->SetAdmin(disabled, removed);
@@ -384,11 +391,10 @@ std::vector<PathInfo> Engine::Paths() const {
 
 Result<std::string> Engine::DisablePath(const std::string& addr) {
   std::lock_guard lock(admin_mu_);
-  auto p = Find(addr);
+  auto p = FindActive(addr);
   if (!p) return p.error();
   PathEntry& path = **p;
   const std::string name = Name(path.ep);
-  if (path.removing) return Error::Errno(ENOENT, "path " + name + " is being removed");
   if (path.disabled) return "path " + name + " is already disabled\n";
   if (EnabledPaths() <= 1) {
     return Error::Errno(EBUSY, "path " + name + " is the last enabled path of this mount; "
@@ -403,11 +409,10 @@ Result<std::string> Engine::DisablePath(const std::string& addr) {
 
 Result<std::string> Engine::EnablePath(const std::string& addr) {
   std::lock_guard lock(admin_mu_);
-  auto p = Find(addr);
+  auto p = FindActive(addr);
   if (!p) return p.error();
   PathEntry& path = **p;
   const std::string name = Name(path.ep);
-  if (path.removing) return Error::Errno(ENOENT, "path " + name + " is being removed");
   if (!path.disabled) return "path " + name + " is already enabled\n";
   path.disabled = false;
   SetDisabled(path, false, false);
@@ -484,15 +489,30 @@ Result<std::string> Engine::AddPath(const Endpoint& ep) {
 
 Result<std::string> Engine::SetWeight(const std::string& addr, int weight) {
   std::lock_guard lock(admin_mu_);
-  auto p = Find(addr);
+  auto p = FindActive(addr);
   if (!p) return p.error();
-  PathEntry& path = **p;
-  const std::string name = Name(path.ep);
-  if (path.removing) return Error::Errno(ENOENT, "path " + name + " is being removed");
+  return SetWeightLocked(**p, weight);
+}
+
+Result<std::string> Engine::SetWeights(const std::vector<std::pair<std::string, int>>& weights) {
+  std::lock_guard lock(admin_mu_);
+  std::vector<std::string> want, have;
+  for (const auto& [name, w] : weights) want.push_back(name);
+  for (const auto& p : paths_) have.push_back(Name(p.ep));
+  if (want != have) {
+    return Error::Errno(EAGAIN, fmt::format("the paths changed (measured {}; now {})",
+                                            fmt::join(want, ", "), fmt::join(have, ", ")));
+  }
+  std::string out;
+  for (size_t i = 0; i < weights.size(); ++i) out += SetWeightLocked(paths_[i], weights[i].second);
+  return out;
+}
+
+std::string Engine::SetWeightLocked(PathEntry& path, int weight) {
   const int was = path.ep.weight;
   path.ep.weight = std::clamp(weight, 1, kMaxWeight);  // Scan divides by it
   for (Connection* c : path.conns) c->set_weight(path.ep.weight);
-  return fmt::format("path {} weight {} (was {}): new calls are balanced by it\n", name,
+  return fmt::format("path {} weight {} (was {}): new calls are balanced by it\n", Name(path.ep),
                      path.ep.weight, was);
 }
 

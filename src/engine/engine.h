@@ -276,6 +276,11 @@ class Engine {
   // new calls are balanced by it at once; calls already queued stay where
   // they are.
   Result<std::string> SetWeight(const std::string& addr, int weight);
+  // Every path's weight at once: `weights` names each path of the mount
+  // (HOST:PORT, in path order) with its weight. Refused, nothing set, unless
+  // the mount's paths are exactly those (one added or removed meanwhile
+  // would be left on another scale). One answer line per path.
+  Result<std::string> SetWeights(const std::vector<std::pair<std::string, int>>& weights);
   // Most connections alive at once (and most paths, at most kMaxPaths).
   static constexpr int kMaxConnections = 256;
   static constexpr int kMaxPaths = 16;
@@ -340,6 +345,10 @@ class Engine {
   }
   // REQUIRES: admin_mu_ held. The path `addr` names, or an error listing them.
   Result<PathEntry*> Find(const std::string& addr) REQUIRES(admin_mu_);
+  // Find, refusing a path that is being removed.
+  Result<PathEntry*> FindActive(const std::string& addr) REQUIRES(admin_mu_);
+  // Sets `path`'s weight (clamped) on it and its connections; the answer line.
+  std::string SetWeightLocked(PathEntry& path, int weight) REQUIRES(admin_mu_);
   int EnabledPaths() const REQUIRES(admin_mu_);
   // Why `path` (enabled) may not be taken out: it is up and no other
   // enabled path is; nullopt if it may.
