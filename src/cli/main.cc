@@ -40,7 +40,7 @@
 #include "fs/owner.h"
 #include "fuse/fuse_ops.h"
 #include "mpnfs_config.h"
-#include "nfs/libnfs_transport.h"
+#include "nfs/rpc_transport.h"
 #include "nfs/mount3.h"
 #include "nfs/nfs3.h"
 #include "nfs/wait.h"
@@ -427,7 +427,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
 
   const int tcp_to = static_cast<int>(m.engine.tcp_user_timeout.count());
   engine::Engine eng(m.engine, [tcp_to](engine::TransportSink* sink) {
-    return std::make_unique<nfs::LibnfsTransport>(sink, tcp_to);
+    return std::make_unique<nfs::RpcTransport>(sink, tcp_to);
   });
   eng.Start();
   const auto started = std::chrono::steady_clock::now();  // what the statistics cover

@@ -124,8 +124,8 @@ class TimedTransport final : public Transport {
     for (CallToken* t : due) sink_->OnReply(t, ReplyStatus::kSuccess, &result, nullptr);
     return true;
   }
-  int Issue(RpcCall& call, uint32_t, const Cred&, CallToken* token) override {
-    const auto bytes = static_cast<int64_t>(call.BytesIn());
+  int Issue(const std::shared_ptr<RpcCall>& call, uint32_t, const Cred&, CallToken* token) override {
+    const auto bytes = static_cast<int64_t>(call->BytesIn());
     std::lock_guard lock(net_->mu_);
     net_->bytes_[host_] += bytes;
     Add(net_->Due(host_, bytes, Clock::now(), pending_.size() + 1), token);
@@ -212,7 +212,8 @@ class ReadCall : public RpcCall {
       : bytes_(bytes), done_(std::move(done)) {}
   const char* Name() const override { return "READ"; }
   size_t BytesIn() const override { return bytes_; }
-  int Issue(struct rpc_context*, NativeCb, void*) override { return -1; }
+  bool EncodeArgs(ZDR*) override { return false; }
+  bool DecodeResult(ZDR*, void*) override { return false; }
   void Complete(const CallOutcome& o) override {
     if (o.status != CallStatus::kOk) failed.fetch_add(1);
     done_->release();

@@ -298,7 +298,7 @@ void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
   a.deadline = now + RetransmitTimeout(opts_.timeo, r->transmissions);
   a.sent = now;
   NoteDeadline(a.deadline);
-  if (t_->Issue(*r->call, r->xid, r->cred, &a) < 0) {
+  if (t_->Issue(r->call, r->xid, r->cred, &a) < 0) {
     inflight_.erase(a.self);
     std::string err = t_->LastError();
     log_->error("{}: cannot queue {}: {}", name_, r->call->Name(), err);

@@ -9,8 +9,8 @@
 // counts in flight (`stats_.inflight`, against max_inflight) until the
 // transport reports it or its call finishes (answered through any of its
 // transmissions, failed or given up), whichever is first; the transmissions
-// of a finished call still with the transport then let go of it (libnfs
-// resolves one transmission per reply; see request.h). When the transport
+// of a finished call still with the transport then let go of it (the
+// transport resolves one transmission per reply; see request.h). When the transport
 // breaks, or
 // the connection is declared dead (see Engine), every unanswered call is
 // rescued: marked reissued and handed to another connection that is up, or
@@ -28,7 +28,7 @@
 // call that ends inside a section without a reply (fails at once) is
 // completed on the loop thread afterwards (Finish). A call whose reply is
 // read inside a section completes there, on the submitting thread: with
-// libnfs that cannot happen (a section only writes: it services POLLOUT),
+// RpcTransport that cannot happen (a section only writes: it services POLLOUT),
 // but a fake transport that answers at once does it. A call submitted as
 // the engine stops (the loop takes no more mail, or cannot run the deferred
 // completion) completes on the submitting thread. The picker in Engine reads

@@ -3,7 +3,7 @@
 //
 // Design. The number of event-loop threads follows the cores, not the number
 // of connections: each connection belongs to one loop (round robin), and a
-// loop drives all of its connections with one epoll. A libnfs context is only
+// loop drives all of its connections with one epoll. A transport is only
 // ever touched by one thread at a time: its loop thread, or a submitting
 // thread in a direct section of that loop. Submit() may be called from any
 // thread: it picks a connection (least outstanding work among the
@@ -15,7 +15,8 @@
 // due; an idle loop also wakes every min(timeo, path_timeout/4) to find
 // nothing to do (the price of direct sends needing no wake-up).
 //
-// The engine owns what libnfs 4.0 cannot do safely itself:
+// The engine owns, above the transport (which only frames, sends and
+// matches replies):
 //  - the in-flight limit per connection (excess waits in the connection's
 //    queue, visible in stats);
 //  - timeouts: a call unanswered after timeo is retransmitted on the same

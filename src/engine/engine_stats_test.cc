@@ -30,7 +30,8 @@ class StatCall : public RpcCall {
     EXPECT_NE(result, nullptr);
     return ReplySummary{nfs_status, data_bytes};
   }
-  int Issue(struct rpc_context*, NativeCb, void*) override { return -1; }
+  bool EncodeArgs(ZDR*) override { return false; }
+  bool DecodeResult(ZDR*, void*) override { return false; }
   void Complete(const CallOutcome& o) override { done.set_value(o.status); }
 
   Stability stability = Stability::kUnstable;

@@ -27,7 +27,8 @@ class ProbeCall : public RpcCall {
   const char* Name() const override { return "PROBE"; }
   Proc Procedure() const override { return proc_; }
   size_t BytesIn() const override { return bytes_in_; }
-  int Issue(struct rpc_context*, NativeCb, void*) override { return -1; }  // fake never calls
+  bool EncodeArgs(ZDR*) override { return false; }  // fake never calls
+  bool DecodeResult(ZDR*, void*) override { return false; }
   void Complete(const CallOutcome& o) override {
     ++completions;
     completed_on = std::this_thread::get_id();

@@ -7,7 +7,7 @@
 // Direct sections (the queue-depth-1 fast path). Waking the loop thread for
 // every call costs a thread hand-off per call, which at queue depth 1 is a
 // large part of the latency. So the loop's state (its connections, their
-// libnfs contexts, epoll registrations) is owned not by the loop thread as
+// transports, epoll registrations) is owned not by the loop thread as
 // such but by whoever holds `run_mu_`: the loop thread holds it all the time
 // except while it sleeps in epoll_wait. TryRunHere() lets another thread
 // (a FUSE worker submitting a call) take it when it is free, the loop being
@@ -28,7 +28,7 @@
 // Completions without a reply that a section produces (a call that fails at
 // once) are not run in it: Connection::Finish hands them to the loop thread.
 // A reply read within a section completes there (see connection.h: not
-// with libnfs, whose section only writes).
+// with RpcTransport, whose section only writes).
 //
 // Lock order: run_mu_ before mu_; Loop::mu_ is a leaf lock (nothing is
 // called while holding it). run_mu_ of one loop is only ever try-locked by a

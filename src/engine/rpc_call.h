@@ -3,26 +3,29 @@
 // The engine never looks inside a call. It owns where and when a call is
 // sent (connection choice, in-flight limit, timeouts, retransmission,
 // reconnect) and tells the call, exactly once, how it ended. The NFS layer
-// (src/nfs/) implements RpcCall; it alone knows the libnfs argument and
-// result types, so the engine compiles without libnfs headers. For the
+// (src/nfs/) implements RpcCall; it alone knows the XDR argument and
+// result types (libnfs's), so the engine compiles without libnfs headers.
+// The transport frames a call (RPC header, credentials) and hands its
+// argument encoding and reply decoding to the call. For the
 // statistics a call says which procedure it is (Procedure(), WRITE's
 // Stability()) and sums up a decoded reply (Summarize()); the engine counts
 // per procedure from that, nothing more.
 //
-// Thread safety: Issue() and Complete() run on the loop thread that owns the
-// connection, never concurrently for one call.
+// Thread safety: EncodeArgs(), DecodeResult() and Complete() run on the loop
+// thread that owns the connection, never concurrently for one call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
-struct rpc_context;  // libnfs; opaque here
+struct ZDR;  // libnfs's XDR stream (nfsc/libnfs-zdr.h); opaque here
 
 namespace mpnfs::engine {
 
-// libnfs's rpc_cb signature.
-using NativeCb = void (*)(struct rpc_context* rpc, int status, void* data, void* private_data);
+// The room a transport gives RpcCall::DecodeResult().
+inline constexpr size_t kMaxResultSize = 1024;
 
 // The NFSv3 procedures (RFC 1813 numbers), plus kOther for a call that does
 // not say. Indexes the engine's per-procedure statistics.
@@ -96,8 +99,22 @@ class RpcCall {
   // Data bytes the call sends (WRITE payload) and asks for (READ count).
   virtual size_t BytesOut() const { return 0; }
   virtual size_t BytesIn() const { return 0; }
-  // Queues the call on `ctx`; `cb(token)` must fire exactly once if this returns >= 0.
-  virtual int Issue(struct rpc_context* ctx, NativeCb cb, void* token) = 0;
+  // Encodes the procedure's arguments (RFC 1813) at the stream's position.
+  // A call with a Payload() encodes everything before it, up to and
+  // including the payload's length word. false: they do not fit.
+  virtual bool EncodeArgs(ZDR* z) = 0;
+  // WRITE only: the data, sent after the encoded arguments straight from the
+  // call's own buffer (no copy), then padded to 4 bytes. It must stay
+  // unchanged and alive until the call completes.
+  virtual std::span<const char> Payload() const { return {}; }
+  // Decodes a reply's result from `z` (positioned after the RPC reply
+  // header) into `result`: kMaxResultSize bytes of the transport's, aligned
+  // for any type. false: the reply does not decode. `result` is what
+  // Summarize() and Complete() get, valid until the transport destroys `z`
+  // (decoded data points into the receive buffer). Called for every reply
+  // the transport matches, also one that comes after the call completed;
+  // it must touch nothing of the call's but its arguments.
+  virtual bool DecodeResult(ZDR* z, void* result) = 0;
   // The final outcome, exactly once.
   virtual void Complete(const CallOutcome& outcome) = 0;
 };

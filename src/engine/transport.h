@@ -1,7 +1,7 @@
 // Transport: one TCP connection to an NFS server, as the engine drives it.
 //
-// This is the seam below the engine. The production implementation wraps a
-// libnfs rpc_context (src/nfs/libnfs_transport.cc); tests plug in a fake that
+// This is the seam below the engine. The production implementation speaks
+// ONC RPC over TCP itself (src/nfs/rpc_transport.h); tests plug in a fake that
 // drops, delays, resets or answers calls on command, so timeouts, reconnect
 // and retransmission are tested without a network.
 //
@@ -65,8 +65,11 @@ class Transport {
   // Processes socket events. false: the connection is broken; the caller
   // must Close() it (in-flight calls may already have been failed with kError).
   virtual bool Service(int revents) = 0;
-  // Queues `call` with the given XID and credentials. < 0: not queued, no callback.
-  virtual int Issue(RpcCall& call, uint32_t xid, const Cred& cred, CallToken* token) = 0;
+  // Queues `call` with the given XID and credentials. < 0: not queued, no
+  // callback. The transport keeps `call` until that transmission is answered
+  // or cancelled (its WRITE payload is sent from the call's buffer).
+  virtual int Issue(const std::shared_ptr<RpcCall>& call, uint32_t xid, const Cred& cred,
+                    CallToken* token) = 0;
   // Queues an NFS NULL call (a liveness probe) with the given XID.
   virtual int IssueProbe(uint32_t xid, CallToken* token) = 0;
   // Milliseconds since the peer was last heard at the transport level (any

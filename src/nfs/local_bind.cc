@@ -91,8 +91,8 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
     close(fd);
     return Error::Errno(e, what + ": " + strerror(e));
   };
-  if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, b.ifname.c_str(),
-                 static_cast<socklen_t>(b.ifname.size())) != 0) {
+  if (!b.ifname.empty() && setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, b.ifname.c_str(),
+                                      static_cast<socklen_t>(b.ifname.size())) != 0) {
     return fail("cannot bind to interface " + b.ifname);
   }
   // Like libnfs (and the kernel client), prefer a reserved port: servers

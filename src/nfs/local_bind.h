@@ -1,12 +1,11 @@
 // Binding a path's client side: `local=` (mount option) / `local:` (mpnfstab).
 //
-// libnfs 4.0 creates and connects its socket itself and offers no hook to
-// bind it. So the transport lets libnfs start its connect, then puts a socket
-// of its own in place under the same descriptor number (the dup2 pattern
-// libnfs documents for rpc_set_fd): bound to the interface (SO_BINDTODEVICE,
-// so the traffic leaves by that interface whatever the routing table says)
-// and, for an address, also to that source address. libnfs's own attempt is
-// closed before it completes; the server sees at most a SYN that goes nowhere.
+// Every connection of the engine is made here (RpcTransport::StartConnect):
+// non-blocking, from a reserved port when the process may bind one (servers
+// exporting with `secure` insist), and, for a path with `local=`, bound to
+// the interface (SO_BINDTODEVICE, so the traffic leaves by that interface
+// whatever the routing table says) and, for an address, to that source
+// address too.
 //
 // Thread safety: plain functions.
 #pragma once
@@ -28,7 +27,8 @@ struct LocalBinding {
 // `local` is an interface name or a numeric address assigned to one.
 Result<LocalBinding> ResolveLocal(const std::string& local);
 
-// A non-blocking TCP socket bound as `b` says, connecting to host:port (numeric).
+// A non-blocking TCP socket bound as `b` says (a default LocalBinding: no
+// interface, any address), connecting to host:port (numeric).
 Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port);
 
 }  // namespace mpnfs::nfs

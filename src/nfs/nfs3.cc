@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <type_traits>
 #include <cstring>
+#include <new>
+#include <span>
+#include <type_traits>
 
 namespace mpnfs::nfs {
 namespace {
@@ -25,10 +27,15 @@ template <class Args, class Res>
 class Call final : public engine::RpcCall,
                    public std::enable_shared_from_this<Call<Args, Res>> {
  public:
-  using Fn = int (*)(struct rpc_context*, rpc_cb, Args*, void*);
+  // libnfs's XDR routines for the arguments and the result (nullptr: none).
+  using ArgsFn = uint32_t (*)(ZDR*, Args*);
+  using ResFn = uint32_t (*)(ZDR*, std::conditional_t<std::is_void_v<Res>, char, Res>*);
   using Done = std::function<void(const CallOutcome&, Res*)>;
 
-  Call(engine::Proc proc, Fn fn) : proc_(proc), fn_(fn) { std::memset(&args, 0, sizeof(args)); }
+  Call(engine::Proc proc, ArgsFn args_fn, ResFn res_fn)
+      : proc_(proc), args_fn_(args_fn), res_fn_(res_fn) {
+    std::memset(&args, 0, sizeof(args));
+  }
 
   const char* Name() const override { return engine::ProcName(proc_); }
   engine::Proc Procedure() const override { return proc_; }
@@ -52,8 +59,33 @@ class Call final : public engine::RpcCall,
   }
   size_t BytesOut() const override { return bytes_out; }
   size_t BytesIn() const override { return bytes_in; }
-  int Issue(struct rpc_context* ctx, engine::NativeCb cb, void* token) override {
-    return fn_(ctx, cb, &args, token);
+  bool EncodeArgs(ZDR* z) override {
+    if constexpr (std::is_same_v<Args, WRITE3args>) {
+      // Up to the data's length; the data is the Payload(), sent from `data`.
+      return zdr_nfs_fh3(z, &args.file) && zdr_offset3(z, &args.offset) &&
+             zdr_count3(z, &args.count) && zdr_stable_how(z, &args.stable) &&
+             libnfs_zdr_u_int(z, &args.data.data_len);
+    } else {
+      return args_fn_ == nullptr || args_fn_(z, &args);
+    }
+  }
+  std::span<const char> Payload() const override {
+    if constexpr (std::is_same_v<Args, WRITE3args>) {
+      return {args.data.data_val, args.data.data_len};
+    } else {
+      return {};
+    }
+  }
+  bool DecodeResult(ZDR* z, void* result) override {
+    if constexpr (std::is_void_v<Res>) {
+      return true;  // NULL: nothing to decode
+    } else {
+      static_assert(sizeof(Res) <= engine::kMaxResultSize &&
+                    alignof(Res) <= alignof(std::max_align_t));
+      auto* r = new (result) Res;
+      std::memset(r, 0, sizeof(Res));
+      return res_fn_(z, r) != 0;
+    }
   }
   void Complete(const CallOutcome& o) override {
     if constexpr (!std::is_void_v<Res>) {
@@ -80,7 +112,8 @@ class Call final : public engine::RpcCall,
 
  private:
   engine::Proc proc_;
-  Fn fn_;
+  ArgsFn args_fn_;
+  ResFn res_fn_;
   engine::Engine* engine_ = nullptr;
   Cred cred_;
 };
@@ -184,9 +217,9 @@ Error StatusError(int nfsstat, const char* op) {
 }
 
 template <class Args, class Res>
-std::shared_ptr<Call<Args, Res>> Make(engine::Proc proc,
-                                      int (*fn)(struct rpc_context*, rpc_cb, Args*, void*)) {
-  return std::make_shared<Call<Args, Res>>(proc, fn);
+std::shared_ptr<Call<Args, Res>> Make(engine::Proc proc, typename Call<Args, Res>::ArgsFn args_fn,
+                                      typename Call<Args, Res>::ResFn res_fn) {
+  return std::make_shared<Call<Args, Res>>(proc, args_fn, res_fn);
 }
 
 // The completion of a call with no special rules: transport failure or NFS
@@ -205,10 +238,7 @@ auto Reply(const char* op, Cb<T> cb, F ok) {
 void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
   // NULL has no arguments; wrap the raw function in the common shape.
   struct NoArgs { int unused; };
-  auto fn = +[](struct rpc_context* ctx, rpc_cb rcb, NoArgs*, void* tok) {
-    return rpc_nfs3_null_async(ctx, rcb, tok);
-  };
-  auto call = Make<NoArgs, void>(engine::Proc::kNull, fn);
+  auto call = Make<NoArgs, void>(engine::Proc::kNull, nullptr, nullptr);
   call->done = [cb = std::move(cb)](const CallOutcome& o, void*) {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "NULL"));
     cb(Ok{});
@@ -217,7 +247,8 @@ void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
 }
 
 void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptions so) {
-  auto call = Make<GETATTR3args, GETATTR3res>(engine::Proc::kGetattr, &rpc_nfs3_getattr_async);
+  auto call = Make<GETATTR3args, GETATTR3res>(engine::Proc::kGetattr,
+                                              &zdr_GETATTR3args, &zdr_GETATTR3res);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->done = Reply<GETATTR3res>("GETATTR", std::move(cb), [](const GETATTR3res& r) {
@@ -227,7 +258,8 @@ void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptio
 }
 
 void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
-  auto call = Make<SETATTR3args, SETATTR3res>(engine::Proc::kSetattr, &rpc_nfs3_setattr_async);
+  auto call = Make<SETATTR3args, SETATTR3res>(engine::Proc::kSetattr,
+                                              &zdr_SETATTR3args, &zdr_SETATTR3res);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   ToSattr(sa, &call->args.new_attributes);
@@ -238,7 +270,8 @@ void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
 }
 
 void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<LookupReply> cb) {
-  auto call = Make<LOOKUP3args, LOOKUP3res>(engine::Proc::kLookup, &rpc_nfs3_lookup_async);
+  auto call = Make<LOOKUP3args, LOOKUP3res>(engine::Proc::kLookup,
+                                            &zdr_LOOKUP3args, &zdr_LOOKUP3res);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.what.dir, call->fh1);
@@ -252,7 +285,8 @@ void Nfs3::Lookup(const Fh& dir, const std::string& name, const Cred& c, Cb<Look
 }
 
 void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb) {
-  auto call = Make<ACCESS3args, ACCESS3res>(engine::Proc::kAccess, &rpc_nfs3_access_async);
+  auto call = Make<ACCESS3args, ACCESS3res>(engine::Proc::kAccess,
+                                            &zdr_ACCESS3args, &zdr_ACCESS3res);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->args.access = mask;
@@ -264,7 +298,8 @@ void Nfs3::Access(const Fh& fh, uint32_t mask, const Cred& c, Cb<AccessReply> cb
 }
 
 void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
-  auto call = Make<READLINK3args, READLINK3res>(engine::Proc::kReadlink, &rpc_nfs3_readlink_async);
+  auto call = Make<READLINK3args, READLINK3res>(engine::Proc::kReadlink,
+                                                &zdr_READLINK3args, &zdr_READLINK3res);
   call->fh1 = fh;
   SetFh(&call->args.symlink, call->fh1);
   call->done = Reply<READLINK3res>("READLINK", std::move(cb), [](const READLINK3res& r) {
@@ -275,7 +310,8 @@ void Nfs3::Readlink(const Fh& fh, const Cred& c, Cb<std::string> cb) {
 }
 
 void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<ReadReply> cb) {
-  auto call = Make<READ3args, READ3res>(engine::Proc::kRead, &rpc_nfs3_read_async);
+  auto call = Make<READ3args, READ3res>(engine::Proc::kRead,
+                                        &zdr_READ3args, &zdr_READ3res);
   call->fh1 = fh;
   SetFh(&call->args.file, call->fh1);
   call->args.offset = off;
@@ -295,7 +331,8 @@ void Nfs3::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c, Cb<Re
 
 void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t len, bool stable,
                  const Cred& c, Cb<WriteReply> cb) {
-  auto call = Make<WRITE3args, WRITE3res>(engine::Proc::kWrite, &rpc_nfs3_write_async);
+  auto call = Make<WRITE3args, WRITE3res>(engine::Proc::kWrite,
+                                          &zdr_WRITE3args, &zdr_WRITE3res);
   call->fh1 = fh;
   call->data = std::move(buf);
   SetFh(&call->args.file, call->fh1);
@@ -313,7 +350,8 @@ void Nfs3::Write(const Fh& fh, uint64_t off, Buffer buf, size_t buf_off, size_t 
 }
 
 void Nfs3::Commit(const Fh& fh, const Cred& c, Cb<CommitReply> cb) {
-  auto call = Make<COMMIT3args, COMMIT3res>(engine::Proc::kCommit, &rpc_nfs3_commit_async);
+  auto call = Make<COMMIT3args, COMMIT3res>(engine::Proc::kCommit,
+                                            &zdr_COMMIT3args, &zdr_COMMIT3res);
   call->fh1 = fh;
   SetFh(&call->args.file, call->fh1);
   call->args.offset = 0;
@@ -367,7 +405,8 @@ std::function<void(const CallOutcome&, Res*)> Nfs3::NewObjectDone(
 
 void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
                   uint64_t verf, const Cred& c, Cb<NewObject> cb) {
-  auto call = Make<CREATE3args, CREATE3res>(engine::Proc::kCreate, &rpc_nfs3_create_async);
+  auto call = Make<CREATE3args, CREATE3res>(engine::Proc::kCreate,
+                                            &zdr_CREATE3args, &zdr_CREATE3res);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.where.dir, call->fh1);
@@ -394,7 +433,8 @@ void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const
 
 void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
                  Cb<NewObject> cb) {
-  auto call = Make<MKDIR3args, MKDIR3res>(engine::Proc::kMkdir, &rpc_nfs3_mkdir_async);
+  auto call = Make<MKDIR3args, MKDIR3res>(engine::Proc::kMkdir,
+                                          &zdr_MKDIR3args, &zdr_MKDIR3res);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.where.dir, call->fh1);
@@ -408,21 +448,8 @@ void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, cons
 
 void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& target,
                    const SetAttr& sa, const Cred& c, Cb<NewObject> cb) {
-  // libnfs 4.0 encodes a SYMLINK call into a fixed 4 KiB buffer and fails
-  // (an EIO) if it does not fit; Linux allows targets of 4,095 bytes. Say so
-  // clearly instead. The estimate counts the record mark, the call header,
-  // the AUTH_SYS credential (machine name "mpnfs", the groups), the
-  // verifier, the arguments (mode-only sattr3), with a margin.
-  auto xdr = [](size_t n) { return 4 + ((n + 3) & ~size_t{3}); };
-  const size_t need = 28 + (8 + 12 + xdr(5) + 4 * (2 + c.groups.size())) + 8 + xdr(dir.size()) +
-                      xdr(name.size()) + 28 + xdr(target.size()) + 32;
-  if (need > 4096) {
-    return cb(Error::Errno(ENAMETOOLONG,
-                           "SYMLINK: a target of " + std::to_string(target.size()) +
-                               " bytes is longer than libnfs 4.0 can send (about " +
-                               std::to_string(target.size() - (need - 4096)) + " here)"));
-  }
-  auto call = Make<SYMLINK3args, SYMLINK3res>(engine::Proc::kSymlink, &rpc_nfs3_symlink_async);
+  auto call = Make<SYMLINK3args, SYMLINK3res>(engine::Proc::kSymlink,
+                                              &zdr_SYMLINK3args, &zdr_SYMLINK3res);
   call->fh1 = dir;
   call->name1 = name;
   call->name2 = target;
@@ -438,7 +465,8 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
 
 void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
                  uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb) {
-  auto call = Make<MKNOD3args, MKNOD3res>(engine::Proc::kMknod, &rpc_nfs3_mknod_async);
+  auto call = Make<MKNOD3args, MKNOD3res>(engine::Proc::kMknod,
+                                          &zdr_MKNOD3args, &zdr_MKNOD3res);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.where.dir, call->fh1);
@@ -471,7 +499,8 @@ void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAt
 }
 
 void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
-  auto call = Make<REMOVE3args, REMOVE3res>(engine::Proc::kRemove, &rpc_nfs3_remove_async);
+  auto call = Make<REMOVE3args, REMOVE3res>(engine::Proc::kRemove,
+                                            &zdr_REMOVE3args, &zdr_REMOVE3res);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.object.dir, call->fh1);
@@ -486,7 +515,8 @@ void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc>
 }
 
 void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> cb) {
-  auto call = Make<RMDIR3args, RMDIR3res>(engine::Proc::kRmdir, &rpc_nfs3_rmdir_async);
+  auto call = Make<RMDIR3args, RMDIR3res>(engine::Proc::kRmdir,
+                                          &zdr_RMDIR3args, &zdr_RMDIR3res);
   call->fh1 = dir;
   call->name1 = name;
   SetFh(&call->args.object.dir, call->fh1);
@@ -502,7 +532,8 @@ void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> 
 
 void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
                   const std::string& to, const Cred& c, Cb<RenameReply> cb) {
-  auto call = Make<RENAME3args, RENAME3res>(engine::Proc::kRename, &rpc_nfs3_rename_async);
+  auto call = Make<RENAME3args, RENAME3res>(engine::Proc::kRename,
+                                            &zdr_RENAME3args, &zdr_RENAME3res);
   call->fh1 = from_dir;
   call->fh2 = to_dir;
   call->name1 = from;
@@ -523,7 +554,8 @@ void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
 
 void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred& c,
                 Cb<LinkReply> cb) {
-  auto call = Make<LINK3args, LINK3res>(engine::Proc::kLink, &rpc_nfs3_link_async);
+  auto call = Make<LINK3args, LINK3res>(engine::Proc::kLink,
+                                        &zdr_LINK3args, &zdr_LINK3res);
   call->fh1 = fh;
   call->fh2 = dir;
   call->name1 = name;
@@ -542,7 +574,8 @@ void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred
 
 void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count, const Cred& c,
                    Cb<DirPage> cb) {
-  auto call = Make<READDIR3args, READDIR3res>(engine::Proc::kReaddir, &rpc_nfs3_readdir_async);
+  auto call = Make<READDIR3args, READDIR3res>(engine::Proc::kReaddir,
+                                              &zdr_READDIR3args, &zdr_READDIR3res);
   call->fh1 = dir;
   SetFh(&call->args.dir, call->fh1);
   call->args.cookie = cookie;
@@ -564,7 +597,8 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
 
 void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t dircount,
                        uint32_t maxcount, const Cred& c, Cb<DirPage> cb) {
-  auto call = Make<READDIRPLUS3args, READDIRPLUS3res>(engine::Proc::kReaddirplus, &rpc_nfs3_readdirplus_async);
+  auto call = Make<READDIRPLUS3args, READDIRPLUS3res>(engine::Proc::kReaddirplus,
+                                                      &zdr_READDIRPLUS3args, &zdr_READDIRPLUS3res);
   call->fh1 = dir;
   SetFh(&call->args.dir, call->fh1);
   call->args.cookie = cookie;
@@ -588,7 +622,8 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
 }
 
 void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOptions so) {
-  auto call = Make<FSSTAT3args, FSSTAT3res>(engine::Proc::kFsstat, &rpc_nfs3_fsstat_async);
+  auto call = Make<FSSTAT3args, FSSTAT3res>(engine::Proc::kFsstat,
+                                            &zdr_FSSTAT3args, &zdr_FSSTAT3res);
   call->fh1 = fh;
   SetFh(&call->args.fsroot, call->fh1);
   call->done = Reply<FSSTAT3res>("FSSTAT", std::move(cb), [](const FSSTAT3res& r) {
@@ -599,7 +634,8 @@ void Nfs3::Fsstat(const Fh& fh, const Cred& c, Cb<FsStat> cb, engine::SubmitOpti
 }
 
 void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOptions so) {
-  auto call = Make<FSINFO3args, FSINFO3res>(engine::Proc::kFsinfo, &rpc_nfs3_fsinfo_async);
+  auto call = Make<FSINFO3args, FSINFO3res>(engine::Proc::kFsinfo,
+                                            &zdr_FSINFO3args, &zdr_FSINFO3res);
   call->fh1 = fh;
   SetFh(&call->args.fsroot, call->fh1);
   call->done = Reply<FSINFO3res>("FSINFO", std::move(cb), [](const FSINFO3res& r) {
@@ -611,7 +647,8 @@ void Nfs3::Fsinfo(const Fh& fh, const Cred& c, Cb<FsInfo> cb, engine::SubmitOpti
 }
 
 void Nfs3::Pathconf(const Fh& fh, const Cred& c, Cb<PathConf> cb, engine::SubmitOptions so) {
-  auto call = Make<PATHCONF3args, PATHCONF3res>(engine::Proc::kPathconf, &rpc_nfs3_pathconf_async);
+  auto call = Make<PATHCONF3args, PATHCONF3res>(engine::Proc::kPathconf,
+                                                &zdr_PATHCONF3args, &zdr_PATHCONF3res);
   call->fh1 = fh;
   SetFh(&call->args.object, call->fh1);
   call->done = Reply<PATHCONF3res>("PATHCONF", std::move(cb), [](const PATHCONF3res& r) {

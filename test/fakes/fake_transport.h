@@ -189,7 +189,8 @@ class FakeTransport final : public engine::Transport {
     }
     return true;
   }
-  int Issue(engine::RpcCall&, uint32_t xid, const engine::Cred&, engine::CallToken* token) override {
+  int Issue(const std::shared_ptr<engine::RpcCall>&, uint32_t xid, const engine::Cred&,
+            engine::CallToken* token) override {
     bool answer;
     {
       std::lock_guard lock(net_->mu);

@@ -1,0 +1,473 @@
+#include "nfs/rpc_transport.h"
+
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "nfs/libnfs_api.h"
+#include "nfs/local_bind.h"
+
+namespace mpnfs::nfs {
+namespace {
+
+constexpr uint32_t kRpcVersion = 2;
+constexpr uint32_t kNfsProgram = 100003;
+constexpr uint32_t kNfsVersion = 3;
+constexpr uint32_t kLastFragment = 0x80000000u;
+// The RPC header with AUTH_SYS (at most 16 groups and a short machine name)
+// plus any NFSv3 arguments other than WRITE data (a SYMLINK's target path
+// is the largest) fit in this.
+constexpr size_t kScratch = 16 * 1024;
+// Iovecs per sendmsg: 3 per record.
+constexpr int kMaxIov = 48;
+constexpr char kZeros[4] = {0, 0, 0, 0};
+
+uint32_t Load32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return ntohl(v);
+}
+
+void Store32(char* p, uint32_t v) {
+  v = htonl(v);
+  std::memcpy(p, &v, 4);
+}
+
+const char* AcceptStatName(uint32_t s) {
+  switch (s) {
+    case PROG_UNAVAIL:
+      return "program unavailable";
+    case PROG_MISMATCH:
+      return "program version mismatch";
+    case PROC_UNAVAIL:
+      return "procedure unavailable";
+    case GARBAGE_ARGS:
+      return "garbage arguments";
+    case SYSTEM_ERR:
+      return "system error";
+    default:
+      return "unknown accept status";
+  }
+}
+
+const char* AuthStatName(uint32_t s) {
+  switch (s) {
+    case AUTH_BADCRED:
+      return "bad credentials";
+    case AUTH_REJECTEDCRED:
+      return "credentials rejected";
+    case AUTH_BADVERF:
+      return "bad verifier";
+    case AUTH_REJECTEDVERF:
+      return "verifier rejected";
+    case AUTH_TOOWEAK:
+      return "authentication too weak";
+    default:
+      return "authentication failed";
+  }
+}
+
+}  // namespace
+
+RpcTransport::RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms)
+    : sink_(sink),
+      tcp_user_timeout_ms_(tcp_user_timeout_ms),
+      scratch_(kScratch),
+      bulk_(new char[kBulk]) {}
+
+RpcTransport::~RpcTransport() {
+  Close();
+  if (auth_ != nullptr) libnfs_auth_destroy(auth_);
+}
+
+bool RpcTransport::StartConnect(const engine::Endpoint& ep, std::string* error) {
+  LocalBinding b;
+  if (!ep.local.empty()) {
+    auto r = ResolveLocal(ep.local);
+    if (!r) {
+      *error = last_error_ = r.error().what;
+      return false;
+    }
+    b = *r;
+  }
+  Result<int> fd = ConnectFrom(b, ep.host, ep.port);
+  if (!fd) {
+    *error = last_error_ = fd.error().what;
+    return false;
+  }
+  fd_ = *fd;
+  connecting_ = true;
+  int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (tcp_user_timeout_ms_ > 0) {
+    unsigned int t = static_cast<unsigned int>(tcp_user_timeout_ms_);
+    setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &t, sizeof(t));
+    setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    int idle = std::max(1, tcp_user_timeout_ms_ / 3000);
+    setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
+  }
+  return true;
+}
+
+int RpcTransport::Events() const {
+  if (fd_ < 0) return 0;
+  if (connecting_) return POLLOUT;
+  return POLLIN | (out_.empty() ? 0 : POLLOUT);
+}
+
+bool RpcTransport::SetCred(const engine::Cred& cred) {
+  if (auth_ != nullptr && cred == cred_) return true;
+  std::vector<uint32_t> groups(
+      cred.groups.begin(),
+      cred.groups.begin() +
+          static_cast<ptrdiff_t>(std::min(cred.groups.size(), engine::Cred::kMaxGroups)));
+  struct AUTH* a =
+      libnfs_authunix_create("mpnfs", cred.uid, cred.gid, static_cast<uint32_t>(groups.size()),
+                             groups.empty() ? nullptr : groups.data());
+  if (a == nullptr) {
+    last_error_ = "cannot create AUTH_SYS credentials";
+    return false;
+  }
+  if (auth_ != nullptr) libnfs_auth_destroy(auth_);
+  auth_ = a;
+  cred_ = cred;
+  return true;
+}
+
+int RpcTransport::Issue(const std::shared_ptr<engine::RpcCall>& call, uint32_t xid,
+                        const engine::Cred& cred, engine::CallToken* token) {
+  const int proc = static_cast<int>(call->Procedure());
+  if (call->Procedure() == engine::Proc::kOther || proc < 0) {
+    last_error_ = std::string("not an NFSv3 procedure: ") + call->Name();
+    return -1;
+  }
+  return Queue(xid, static_cast<uint32_t>(proc), call, cred, token);
+}
+
+int RpcTransport::IssueProbe(uint32_t xid, engine::CallToken* token) {
+  // The credentials of the last call (root's before any): NULL takes any.
+  return Queue(xid, 0, nullptr, auth_ != nullptr ? cred_ : engine::Cred{}, token);
+}
+
+int RpcTransport::Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engine::RpcCall>& call,
+                        const engine::Cred& cred, engine::CallToken* token) {
+  if (fd_ < 0) {
+    last_error_ = "not connected";
+    return -1;
+  }
+  if (!SetCred(cred)) return -1;
+  ZDR z;
+  libnfs_zdrmem_create(&z, scratch_.data(), static_cast<uint32_t>(scratch_.size()), ZDR_ENCODE);
+  uint32_t mark = 0, dir = CALL, rpcvers = kRpcVersion, prog = kNfsProgram, vers = kNfsVersion;
+  uint32_t verf_flavor = AUTH_NONE, verf_len = 0;
+  bool ok = libnfs_zdr_u_int(&z, &mark) && libnfs_zdr_u_int(&z, &xid) &&
+            libnfs_zdr_u_int(&z, &dir) && libnfs_zdr_u_int(&z, &rpcvers) &&
+            libnfs_zdr_u_int(&z, &prog) && libnfs_zdr_u_int(&z, &vers) &&
+            libnfs_zdr_u_int(&z, &proc) && libnfs_zdr_u_int(&z, &auth_->ah_cred.oa_flavor) &&
+            libnfs_zdr_bytes(&z, &auth_->ah_cred.oa_base, &auth_->ah_cred.oa_length, 400) &&
+            libnfs_zdr_u_int(&z, &verf_flavor) && libnfs_zdr_u_int(&z, &verf_len);
+  if (ok && call != nullptr) ok = call->EncodeArgs(&z);
+  const std::span<const char> payload = call != nullptr ? call->Payload() : std::span<const char>();
+  if (!ok) {
+    libnfs_zdr_destroy(&z);
+    last_error_ = fmt::format("cannot encode the arguments of {}", call ? call->Name() : "NULL");
+    return -1;
+  }
+  Out o;
+  o.head_len = libnfs_zdr_getpos(&z);
+  libnfs_zdr_destroy(&z);
+  o.payload = payload;
+  o.call = call;
+  o.pad = static_cast<uint32_t>((4 - payload.size() % 4) % 4);
+  const size_t body = o.size() - 4;
+  if (body > kMaxRecord) {
+    last_error_ = fmt::format("{} of {} bytes is too large", call->Name(), body);
+    return -1;
+  }
+  Store32(scratch_.data(), kLastFragment | static_cast<uint32_t>(body));
+  o.head.reset(new char[o.head_len]);
+  std::memcpy(o.head.get(), scratch_.data(), o.head_len);
+  out_.push_back(std::move(o));
+  waiting_.emplace(xid, Waiting{token, call, seq_++});
+  return 0;
+}
+
+bool RpcTransport::Service(int revents) {
+  if (fd_ < 0) return false;
+  if (connecting_) {
+    if ((revents & (POLLOUT | POLLERR | POLLHUP)) == 0) return true;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err == EINPROGRESS || err == EALREADY) return true;
+    connecting_ = false;
+    if (err != 0) {
+      last_error_ = std::string("connect: ") + strerror(err);
+      sink_->OnConnected(false, last_error_);
+      return false;
+    }
+    sink_->OnConnected(true, {});
+    return Flush();
+  }
+  if ((revents & (POLLIN | POLLERR | POLLHUP)) != 0 && !Receive()) return false;
+  // Also without POLLOUT: a call queued since the last poll goes out now
+  // (the queue-depth-1 path calls Service(POLLOUT) right after Issue()).
+  return Flush();
+}
+
+bool RpcTransport::Flush() {
+  while (!out_.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = out_.begin(); it != out_.end() && n + 3 <= kMaxIov; ++it) {
+      size_t skip = it->sent;
+      auto add = [&](const char* p, size_t len) {
+        if (skip >= len) {
+          skip -= len;
+          return;
+        }
+        iov[n].iov_base = const_cast<char*>(p + skip);
+        iov[n].iov_len = len - skip;
+        ++n;
+        skip = 0;
+      };
+      add(it->head.get(), it->head_len);
+      add(it->payload.data(), it->payload.size());
+      add(kZeros, it->pad);
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      return Broken(std::string("send: ") + strerror(errno));
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (left > 0) {
+      Out& o = out_.front();
+      const size_t take = std::min(left, o.size() - o.sent);
+      o.sent += take;
+      left -= take;
+      if (o.sent == o.size()) out_.pop_front();
+    }
+  }
+  return true;
+}
+
+bool RpcTransport::Receive() {
+  // Bounded, so that one busy connection cannot hold a loop shared with
+  // others; polling is level-triggered, what is left is read next round.
+  for (int round = 0; round < 64; ++round) {
+    if (frag_left_ > 0) {
+      // The rest of a large fragment, read where it belongs.
+      const ssize_t n = recv(fd_, rec_.get() + rec_len_, frag_left_, MSG_DONTWAIT);
+      if (n == 0) return Broken("the server closed the connection");
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        return Broken(std::string("recv: ") + strerror(errno));
+      }
+      rec_len_ += static_cast<size_t>(n);
+      frag_left_ -= static_cast<size_t>(n);
+      if (frag_left_ > 0) continue;
+      size_t unused = 0;
+      if (!Consume(nullptr, 0, &unused)) return false;
+      continue;
+    }
+    if (bulk_pos_ == bulk_end_) {
+      bulk_pos_ = bulk_end_ = 0;
+    } else if (kBulk - bulk_end_ < kBulk / 4) {
+      std::memmove(bulk_.get(), bulk_.get() + bulk_pos_, bulk_end_ - bulk_pos_);
+      bulk_end_ -= bulk_pos_;
+      bulk_pos_ = 0;
+    }
+    const size_t room = kBulk - bulk_end_;
+    const ssize_t n = recv(fd_, bulk_.get() + bulk_end_, room, MSG_DONTWAIT);
+    if (n == 0) return Broken("the server closed the connection");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      return Broken(std::string("recv: ") + strerror(errno));
+    }
+    bulk_end_ += static_cast<size_t>(n);
+    size_t used = 0;
+    const bool ok = Consume(bulk_.get() + bulk_pos_, bulk_end_ - bulk_pos_, &used);
+    bulk_pos_ += used;
+    if (!ok || fd_ < 0) return false;
+    // A short read drained the socket.
+    if (static_cast<size_t>(n) < room && frag_left_ == 0) return true;
+  }
+  return true;
+}
+
+// Called with new bytes from the bulk buffer, or (p == nullptr) when the
+// fragment being read into rec_ is complete. Dispatches every complete
+// record; starts reading a fragment into rec_ when one is too large for the
+// bulk buffer or belongs to a record of several fragments.
+bool RpcTransport::Consume(const char* p, size_t n, size_t* used) {
+  *used = 0;
+  if (p == nullptr) {
+    // rec_ now holds the whole fragment.
+    if (!frag_last_) {
+      assembling_ = true;
+      return true;
+    }
+    assembling_ = false;
+    const size_t len = rec_len_;
+    rec_len_ = 0;
+    return Dispatch(rec_.get(), len);
+  }
+  while (n - *used >= 4) {
+    const char* at = p + *used;
+    const uint32_t mark = Load32(at);
+    const bool last = (mark & kLastFragment) != 0;
+    const size_t len = mark & ~kLastFragment;
+    if (len > kMaxRecord || rec_len_ + len > kMaxRecord) {
+      return Broken(
+          fmt::format("a reply record of {} bytes (more than {})", rec_len_ + len, kMaxRecord));
+    }
+    const size_t avail = n - *used - 4;
+    if (!assembling_ && last) {
+      if (avail >= len) {
+        // Decoded where it landed.
+        *used += 4 + len;
+        if (!Dispatch(const_cast<char*>(at + 4), len)) return false;
+        if (fd_ < 0) return false;
+        continue;
+      }
+      if (4 + len <= kBulk / 2) return true;  // small: wait for the rest in the bulk buffer
+    }
+    // Into rec_: what is here now, the rest by Receive() reading into rec_.
+    if (rec_cap_ < rec_len_ + len) {
+      const size_t cap = std::max(rec_len_ + len, std::min(2 * rec_cap_, kMaxRecord));
+      std::unique_ptr<char[]> bigger(new char[cap]);
+      if (rec_len_ > 0) std::memcpy(bigger.get(), rec_.get(), rec_len_);
+      rec_ = std::move(bigger);
+      rec_cap_ = cap;
+    }
+    const size_t take = std::min(avail, len);
+    std::memcpy(rec_.get() + rec_len_, at + 4, take);
+    rec_len_ += take;
+    *used += 4 + take;
+    frag_last_ = last;
+    frag_left_ = len - take;
+    if (frag_left_ > 0) return true;
+    size_t unused = 0;
+    if (!Consume(nullptr, 0, &unused)) return false;
+  }
+  return true;
+}
+
+bool RpcTransport::Dispatch(char* rec, size_t len) {
+  ZDR z;
+  libnfs_zdrmem_create(&z, rec, static_cast<uint32_t>(len), ZDR_DECODE);
+  uint32_t xid = 0, dir = 0, stat = 0;
+  if (!libnfs_zdr_u_int(&z, &xid) || !libnfs_zdr_u_int(&z, &dir) || dir != REPLY ||
+      !libnfs_zdr_u_int(&z, &stat) || (stat != MSG_ACCEPTED && stat != MSG_DENIED)) {
+    libnfs_zdr_destroy(&z);
+    return Broken("the server sent something that is not an RPC reply");
+  }
+  auto [lo, hi] = waiting_.equal_range(xid);
+  if (lo == hi) {
+    libnfs_zdr_destroy(&z);
+    return true;  // nothing waits for it (a second answer to a retransmission)
+  }
+  auto oldest = lo;
+  for (auto it = lo; it != hi; ++it) {
+    if (it->second.seq < oldest->second.seq) oldest = it;
+  }
+  const Waiting w = std::move(oldest->second);
+  waiting_.erase(oldest);
+  const char* name = w.call != nullptr ? w.call->Name() : "NULL";
+  std::string err;
+  void* result = nullptr;
+  if (stat == MSG_ACCEPTED) {
+    uint32_t flavor = 0, astat = 0;
+    char* verf = nullptr;
+    uint32_t verf_len = 0;
+    if (!libnfs_zdr_u_int(&z, &flavor) || !libnfs_zdr_bytes(&z, &verf, &verf_len, 400) ||
+        !libnfs_zdr_u_int(&z, &astat)) {
+      err = fmt::format("RPC: the reply to {} is truncated", name);
+    } else if (astat != SUCCESS) {
+      err = fmt::format("RPC: {} ({})", AcceptStatName(astat), name);
+    } else if (w.call != nullptr) {
+      if (w.call->DecodeResult(&z, result_)) {
+        result = result_;
+      } else {
+        err = fmt::format("RPC: the reply to {} does not decode", name);
+      }
+    }
+  } else {
+    uint32_t rstat = 0, detail = 0;
+    if (!libnfs_zdr_u_int(&z, &rstat) || !libnfs_zdr_u_int(&z, &detail)) {
+      err = fmt::format("RPC: {} denied", name);
+    } else if (rstat == AUTH_ERROR) {
+      err = fmt::format("RPC: {} ({})", AuthStatName(detail), name);
+    } else {
+      err = fmt::format("RPC: version mismatch ({})", name);
+    }
+  }
+  if (err.empty()) {
+    sink_->OnReply(w.token, engine::ReplyStatus::kSuccess, result, nullptr);
+  } else {
+    sink_->OnReply(w.token, engine::ReplyStatus::kError, nullptr, err.c_str());
+  }
+  libnfs_zdr_destroy(&z);
+  return true;
+}
+
+bool RpcTransport::Broken(std::string why) {
+  last_error_ = std::move(why);
+  return false;
+}
+
+int64_t RpcTransport::SilentMs() const {
+  if (fd_ < 0) return -1;
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return -1;
+  // Any segment from the peer (data or a bare ACK of ours) counts.
+  return std::min(ti.tcpi_last_ack_recv, ti.tcpi_last_data_recv);
+}
+
+void RpcTransport::Close() {
+  if (fd_ >= 0) {
+    // Aborted, not closed: a graceful close leaves the kernel retransmitting
+    // what the socket still holds (for up to tcp_timeout), so a call the
+    // engine has given up on and resends elsewhere could still reach the
+    // server after the resend, once the link is back. A reset drops it.
+    const linger abort_on_close{1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close));
+    close(fd_);
+    fd_ = -1;
+  }
+  connecting_ = false;
+  out_.clear();
+  bulk_pos_ = bulk_end_ = 0;
+  rec_len_ = frag_left_ = 0;
+  assembling_ = false;
+  // Every call still outstanding ends kCancel, in the order it was issued
+  // (the engine resends rescued calls in that order).
+  std::vector<Waiting> cancelled;
+  cancelled.reserve(waiting_.size());
+  for (auto& [xid, w] : waiting_) cancelled.push_back(std::move(w));
+  waiting_.clear();
+  std::sort(cancelled.begin(), cancelled.end(),
+            [](const Waiting& a, const Waiting& b) { return a.seq < b.seq; });
+  for (const Waiting& w : cancelled) {
+    sink_->OnReply(w.token, engine::ReplyStatus::kCancel, nullptr, nullptr);
+  }
+}
+
+}  // namespace mpnfs::nfs

@@ -1,0 +1,135 @@
+// RpcTransport: engine::Transport speaking ONC RPC (RFC 5531) over one TCP
+// connection, for NFSv3 calls.
+//
+// Why not libnfs's rpc_context: libnfs 4.0 encodes a call, WRITE data
+// included, into one contiguous buffer and sends that; every written byte
+// was copied once more than needed. Here a call is framed (record mark, RPC
+// header, AUTH_SYS credentials) and its arguments encoded by the call itself
+// with libnfs's XDR routines (RpcCall::EncodeArgs), into a small header; a
+// WRITE's data follows it straight from the call's buffer, both handed to
+// the socket in one sendmsg (scatter-gather: no copy in user space). Replies
+// are decoded with libnfs's XDR routines too (RpcCall::DecodeResult), in the
+// receive buffer: READ data is not copied after the socket read.
+//
+// Framing: several queued records go out per sendmsg. Replies are read in
+// bulk (one recv may carry many small ones, decoded in place); a record
+// larger than the bulk buffer, or one in several fragments, is assembled in
+// a buffer of its own that is reused. Records above kMaxRecord break the
+// connection (a corrupt record mark must not allocate gigabytes).
+//
+// Replies are matched by XID; a retransmission on the same connection reuses
+// its XID, so one XID may be outstanding several times: a reply completes the
+// oldest. A reply for an XID not outstanding is dropped. A reply that does
+// not decode, or an RPC-level rejection (MSG_DENIED, PROG_UNAVAIL, ...),
+// fails that call only (ReplyStatus::kError); a byte stream that is not RPC
+// replies breaks the connection.
+//
+// Connect: a non-blocking socket from ConnectFrom() (local_bind.h: bound to
+// the path's interface or address when given, from a reserved port when
+// allowed), TCP_NODELAY, and TCP_USER_TIMEOUT plus keepalive when asked.
+// Close() resets the connection (SO_LINGER 0), see there.
+//
+// Service() reads only when told POLLIN (or an error): the engine's direct
+// sections (event_loop.h) call Service(POLLOUT) to write, and must not
+// complete replies on the submitting thread.
+//
+// Thread safety: used by one loop thread at a time, like every Transport.
+// The sink's callbacks run inside Service() and Close(); they may Issue()
+// new calls (queued, sent by the next Service()) but must not Close() or
+// destroy the transport.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/transport.h"
+
+struct AUTH;
+
+namespace mpnfs::nfs {
+
+class RpcTransport final : public engine::Transport {
+ public:
+  // Bulk receive buffer; records that fit are decoded where they landed.
+  static constexpr size_t kBulk = 64 * 1024;
+  // The largest reply record accepted: a 1 MiB READ plus headers, with room.
+  static constexpr size_t kMaxRecord = 4u << 20;
+
+  RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms);
+  ~RpcTransport() override;
+  RpcTransport(const RpcTransport&) = delete;
+  RpcTransport& operator=(const RpcTransport&) = delete;
+
+  bool StartConnect(const engine::Endpoint& ep, std::string* error) override;
+  int Fd() const override { return fd_; }
+  int Events() const override;
+  bool Service(int revents) override;
+  int Issue(const std::shared_ptr<engine::RpcCall>& call, uint32_t xid, const engine::Cred& cred,
+            engine::CallToken* token) override;
+  int IssueProbe(uint32_t xid, engine::CallToken* token) override;
+  int64_t SilentMs() const override;
+  void Close() override;
+  std::string LastError() const override { return last_error_; }
+
+ private:
+  // One call record on its way out: `head` (record mark, RPC header,
+  // credentials, arguments), then `payload` and `pad` zero bytes.
+  struct Out {
+    std::unique_ptr<char[]> head;
+    uint32_t head_len = 0;
+    uint32_t pad = 0;
+    std::span<const char> payload;  // in `call`'s buffer, which `call` keeps alive
+    std::shared_ptr<engine::RpcCall> call;
+    size_t sent = 0;  // bytes of the record written so far
+    size_t size() const { return head_len + payload.size() + pad; }
+  };
+  // A call sent and not answered; call == nullptr: the NULL probe.
+  struct Waiting {
+    engine::CallToken* token;
+    std::shared_ptr<engine::RpcCall> call;
+    uint64_t seq;  // issue order: the oldest of one XID is answered first
+  };
+
+  int Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engine::RpcCall>& call,
+            const engine::Cred& cred, engine::CallToken* token);
+  bool SetCred(const engine::Cred& cred);
+  bool Flush();
+  bool Receive();
+  // Takes the bytes [p, p + n) of the stream; false: the stream is broken.
+  bool Consume(const char* p, size_t n, size_t* used);
+  bool Dispatch(char* rec, size_t len);
+  bool Broken(std::string why);
+
+  engine::TransportSink* const sink_;
+  const int tcp_user_timeout_ms_;
+  int fd_ = -1;
+  bool connecting_ = false;
+  std::string last_error_;
+
+  struct AUTH* auth_ = nullptr;  // AUTH_SYS of cred_
+  engine::Cred cred_;
+  std::vector<char> scratch_;  // where a header is encoded before it gets its own buffer
+  // Where a reply's result is decoded (RpcCall::DecodeResult).
+  alignas(std::max_align_t) char result_[engine::kMaxResultSize];
+
+  std::deque<Out> out_;
+  std::unordered_multimap<uint32_t, Waiting> waiting_;
+  uint64_t seq_ = 0;
+
+  std::unique_ptr<char[]> bulk_;  // kBulk bytes; [bulk_pos_, bulk_end_) not yet taken
+  size_t bulk_pos_ = 0, bulk_end_ = 0;
+  // The record being assembled outside the bulk buffer.
+  std::unique_ptr<char[]> rec_;
+  size_t rec_cap_ = 0, rec_len_ = 0;
+  bool assembling_ = false;  // rec_ holds the first fragments of a record
+  size_t frag_left_ = 0;     // bytes of the current fragment still to read into rec_
+  bool frag_last_ = false;   // the current fragment ends its record
+};
+
+}  // namespace mpnfs::nfs
