@@ -633,7 +633,7 @@ int main(int argc, char** argv) {
   // terminal (the mount outcome) travels through the status pipe.
   InitLogging(m.foreground ? LogSink::kStderr : LogSink::kSyslog, level);
   signal(SIGPIPE, SIG_IGN);
-  // Data buffers (1 MiB writes, libnfs PDUs) are allocated and freed all the
+  // Data buffers (1 MiB writes, reply assembly) are allocated and freed all the
   // time; served by mmap they would page-fault fresh zeroed memory on every
   // request (a fifth of the CPU of a write). Keep them in the heap instead.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);

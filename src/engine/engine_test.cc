@@ -204,7 +204,7 @@ TEST_F(EngineTest, RetransmitsWithTheSameXidAfterTimeo) {
   EXPECT_EQ(e->Stats()[0].retransmits, 1u);
 }
 
-// libnfs resolves one transmission per reply, the oldest of its XID (see
+// A transport resolves one transmission per reply, the oldest of its XID (see
 // fake_transport.h): when a call's original is lost and its retransmission
 // answered, the reply completes the original and the retransmission stays
 // with the transport. The call is done all the same and must stop counting
@@ -243,7 +243,7 @@ TEST_F(EngineTest, InflightReturnsToZeroWhenTheReplyResolvesTheOtherTransmission
 }
 
 // The same for a call a soft mount gives up on: its transmissions stay with
-// the transport (libnfs keeps them until a reply or the close), but the call
+// the transport (it keeps them until a reply or the close), but the call
 // is over and no longer counts in flight.
 TEST_F(EngineTest, InflightReturnsToZeroWhenASoftMountGivesUpOnACall) {
   auto o = Opts();

@@ -5,7 +5,7 @@
 // a request has several attempts when it is retransmitted after a timeout or
 // sent again after its connection broke. The first reply wins; the others
 // are discarded. A reply need not come back on the Attempt of the
-// transmission it answers: libnfs completes the oldest transmission of the
+// transmission it answers: the transport completes the oldest transmission of the
 // XID still waiting and keeps the others until another reply with that XID
 // or the close. So once its request is finished an Attempt may stay with the
 // transport for long; it then lets go of the request (`req` null) and no

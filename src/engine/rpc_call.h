@@ -12,7 +12,10 @@
 // per procedure from that, nothing more.
 //
 // Thread safety: EncodeArgs(), DecodeResult() and Complete() run on the loop
-// thread that owns the connection, never concurrently for one call.
+// thread that owns the connection (EncodeArgs() also on a submitting thread
+// in a direct section, event_loop.h). One call may be encoded on one loop
+// while another decodes a late reply to it (a call sent again after
+// NFS3ERR_JUKEBOX): both must only read the call.
 #pragma once
 
 #include <cstddef>
@@ -105,7 +108,8 @@ class RpcCall {
   virtual bool EncodeArgs(ZDR* z) = 0;
   // WRITE only: the data, sent after the encoded arguments straight from the
   // call's own buffer (no copy), then padded to 4 bytes. It must stay
-  // unchanged and alive until the call completes.
+  // unchanged and alive as long as a transport holds the call (Transport::
+  // Issue), which may be after Complete(): a retransmission still queued.
   virtual std::span<const char> Payload() const { return {}; }
   // Decodes a reply's result from `z` (positioned after the RPC reply
   // header) into `result`: kMaxResultSize bytes of the transport's, aligned

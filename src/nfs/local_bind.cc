@@ -8,8 +8,12 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <set>
+#include <string>
 
 namespace mpnfs::nfs {
 namespace {
@@ -22,6 +26,27 @@ bool SameAddress(const sockaddr* a, const sockaddr_storage& b) {
   }
   return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
                      &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr, sizeof(in6_addr)) == 0;
+}
+
+// Whether `port` is one a local service may listen on.
+bool ServicePort(int port) {
+  static const std::set<int> blacklist = [] {
+    std::set<int> s;
+    std::ifstream in("/etc/bindresvport.blacklist");
+    std::string line;
+    while (std::getline(in, line)) {
+      const int p = std::atoi(line.c_str());
+      if (p > 0) s.insert(p);
+    }
+    return s;
+  }();
+  if (blacklist.count(port) != 0) return true;
+  servent se{};
+  servent* found = nullptr;
+  char buf[1024];
+  return getservbyport_r(htons(static_cast<uint16_t>(port)), "tcp", &se, buf, sizeof buf,
+                         &found) == 0 &&
+         found != nullptr;
 }
 
 void SetPort(sockaddr_storage* ss, int port) {
@@ -95,8 +120,12 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
                                       static_cast<socklen_t>(b.ifname.size())) != 0) {
     return fail("cannot bind to interface " + b.ifname);
   }
-  // Like libnfs (and the kernel client), prefer a reserved port: servers
-  // exporting with `secure` insist on one. Fall back to any port.
+  // Prefer a reserved port (as the kernel client, libnfs and bindresvport
+  // do): servers exporting with `secure` insist on one. Each of 512-1023 is
+  // tried once from a random start, skipping those a local service may want
+  // (named in /etc/services, or in /etc/bindresvport.blacklist): holding
+  // one for the mount's life would keep that service from starting. Only if
+  // none is free (or the process may not bind one): any port.
   sockaddr_storage src{};
   socklen_t src_len = server_len;
   if (b.addr_len != 0) {
@@ -106,9 +135,12 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
     src.ss_family = server.ss_family;  // the wildcard address
   }
   std::minstd_rand rnd(std::random_device{}());
+  const int start = static_cast<int>(rnd() % 512);
   bool bound = false;
-  for (int i = 0; i < 64 && !bound; ++i) {
-    SetPort(&src, 512 + static_cast<int>(rnd() % 512));
+  for (int i = 0; i < 512 && !bound; ++i) {
+    const int port = 512 + (start + i) % 512;
+    if (ServicePort(port)) continue;
+    SetPort(&src, port);
     if (bind(fd, reinterpret_cast<sockaddr*>(&src), src_len) == 0) {
       bound = true;
     } else if (errno == EACCES) {

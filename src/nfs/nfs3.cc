@@ -15,7 +15,7 @@ namespace {
 using engine::CallOutcome;
 using engine::CallStatus;
 
-// One NFSv3 call: the libnfs function, its arguments and the storage they
+// One NFSv3 call: its XDR routines (libnfs's), its arguments and the storage they
 // point into. Created with make_shared and never moved, so pointers into
 // `fh1`, `name1`... stay valid for every (re)transmission.
 // How long to wait before sending a call again that the server answered
@@ -84,7 +84,13 @@ class Call final : public engine::RpcCall,
                     alignof(Res) <= alignof(std::max_align_t));
       auto* r = new (result) Res;
       std::memset(r, 0, sizeof(Res));
-      return res_fn_(z, r) != 0;
+      if (res_fn_(z, r) == 0) return false;
+      if constexpr (std::is_same_v<Res, READ3res>) {
+        // More data than asked for is a broken reply (and libnfs's decoder
+        // lets a length over 2^31 through).
+        if (r->status == NFS3_OK && r->READ3res_u.resok.data.data_len > args.count) return false;
+      }
+      return true;
     }
   }
   void Complete(const CallOutcome& o) override {
@@ -236,7 +242,7 @@ auto Reply(const char* op, Cb<T> cb, F ok) {
 }  // namespace
 
 void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
-  // NULL has no arguments; wrap the raw function in the common shape.
+  // NULL has no arguments and no result.
   struct NoArgs { int unused; };
   auto call = Make<NoArgs, void>(engine::Proc::kNull, nullptr, nullptr);
   call->done = [cb = std::move(cb)](const CallOutcome& o, void*) {

@@ -209,6 +209,7 @@ bool RpcTransport::Service(int revents) {
     socklen_t len = sizeof(err);
     if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err == EINPROGRESS || err == EALREADY) return true;
+    if (err == 0 && (revents & (POLLERR | POLLHUP)) != 0) err = ECONNRESET;
     connecting_ = false;
     if (err != 0) {
       last_error_ = std::string("connect: ") + strerror(err);
@@ -253,6 +254,7 @@ bool RpcTransport::Flush() {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
       return Broken(std::string("send: ") + strerror(errno));
     }
+    if (sent == 0) return Broken("send: nothing sent");
     size_t left = static_cast<size_t>(sent);
     while (left > 0) {
       Out& o = out_.front();
@@ -357,7 +359,7 @@ bool RpcTransport::Consume(const char* p, size_t n, size_t* used) {
       rec_cap_ = cap;
     }
     const size_t take = std::min(avail, len);
-    std::memcpy(rec_.get() + rec_len_, at + 4, take);
+    if (take > 0) std::memcpy(rec_.get() + rec_len_, at + 4, take);
     rec_len_ += take;
     *used += 4 + take;
     frag_last_ = last;
@@ -393,11 +395,13 @@ bool RpcTransport::Dispatch(char* rec, size_t len) {
   std::string err;
   void* result = nullptr;
   if (stat == MSG_ACCEPTED) {
-    uint32_t flavor = 0, astat = 0;
-    char* verf = nullptr;
-    uint32_t verf_len = 0;
-    if (!libnfs_zdr_u_int(&z, &flavor) || !libnfs_zdr_bytes(&z, &verf, &verf_len, 400) ||
-        !libnfs_zdr_u_int(&z, &astat)) {
+    // The verifier is skipped by hand: libnfs's opaque decoding does not
+    // bound the length (and a length over 2^31 wraps its position check).
+    uint32_t flavor = 0, verf_len = 0, astat = 0;
+    bool ok = libnfs_zdr_u_int(&z, &flavor) && libnfs_zdr_u_int(&z, &verf_len) &&
+              verf_len <= 400 && libnfs_zdr_getpos(&z) + ((verf_len + 3) & ~3u) <= len;
+    if (ok) ok = libnfs_zdr_setpos(&z, libnfs_zdr_getpos(&z) + ((verf_len + 3) & ~3u));
+    if (!ok || !libnfs_zdr_u_int(&z, &astat)) {
       err = fmt::format("RPC: the reply to {} is truncated", name);
     } else if (astat != SUCCESS) {
       err = fmt::format("RPC: {} ({})", AcceptStatName(astat), name);

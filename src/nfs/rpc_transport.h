@@ -8,14 +8,18 @@
 // with libnfs's XDR routines (RpcCall::EncodeArgs), into a small header; a
 // WRITE's data follows it straight from the call's buffer, both handed to
 // the socket in one sendmsg (scatter-gather: no copy in user space). Replies
-// are decoded with libnfs's XDR routines too (RpcCall::DecodeResult), in the
-// receive buffer: READ data is not copied after the socket read.
+// are decoded with libnfs's XDR routines too (RpcCall::DecodeResult), where
+// they were received: a READ's data is not copied again after the socket
+// read, but for the first part of a large reply (what a bulk read brought
+// with it, at most kBulk).
 //
 // Framing: several queued records go out per sendmsg. Replies are read in
-// bulk (one recv may carry many small ones, decoded in place); a record
-// larger than the bulk buffer, or one in several fragments, is assembled in
-// a buffer of its own that is reused. Records above kMaxRecord break the
-// connection (a corrupt record mark must not allocate gigabytes).
+// bulk (one recv may carry many small ones, decoded in place; an incomplete
+// one of at most kBulk / 2 waits there for its rest, moved to the front when
+// room runs out). A larger incomplete record, or one in several fragments,
+// is assembled in a buffer of its own that is reused, the rest of it read
+// straight into that buffer. Records above kMaxRecord break the connection
+// (a corrupt record mark must not allocate gigabytes).
 //
 // Replies are matched by XID; a retransmission on the same connection reuses
 // its XID, so one XID may be outstanding several times: a reply completes the

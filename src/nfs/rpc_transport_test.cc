@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -81,6 +82,7 @@ struct Seen {
   std::vector<uint32_t> gids;
   std::vector<char> body;  // the whole record
   size_t args = 0;         // where the arguments start in `body`
+  int fragments = 0;
 };
 
 // Reads one record (all its fragments) and decodes its RPC call header.
@@ -94,6 +96,7 @@ bool ReadCall(int fd, Seen* s) {
     mark = ntohl(mark);
     last = (mark & 0x80000000u) != 0;
     const size_t len = mark & 0x7fffffffu;
+    s->fragments++;
     const size_t at = s->body.size();
     s->body.resize(at + len);
     if (!ReadFull(fd, s->body.data() + at, len)) return false;
@@ -237,14 +240,16 @@ class Sink final : public engine::TransportSink {
 
 class RpcTransportTest : public ::testing::Test {
  protected:
-  // Services the transport until `done()` or a second passes; false if the
-  // transport reported the connection broken.
+  // Services the transport until `done()`, the transport reports the
+  // connection broken (broken_), or 2 s pass. Whether done().
   bool PumpUntil(const std::function<bool()>& done) {
     const auto until = std::chrono::steady_clock::now() + 2s;
     while (!done() && std::chrono::steady_clock::now() < until) {
       pollfd p{t_.Fd(), static_cast<short>(t_.Events()), 0};
-      if (p.fd < 0) return false;
-      if (poll(&p, 1, 10) > 0 && !t_.Service(p.revents)) return false;
+      if (p.fd < 0 || (poll(&p, 1, 10) > 0 && !t_.Service(p.revents))) {
+        broken_ = true;
+        return done();
+      }
     }
     return done();
   }
@@ -275,6 +280,7 @@ class RpcTransportTest : public ::testing::Test {
   Sink sink_;
   RpcTransport t_{&sink_, 0};
   int server_ = -1;
+  bool broken_ = false;
 };
 
 TEST_F(RpcTransportTest, AWriteIsOneRecordWithItsPayloadPaddedAndItsCallersCredentials) {
@@ -292,6 +298,7 @@ TEST_F(RpcTransportTest, AWriteIsOneRecordWithItsPayloadPaddedAndItsCallersCrede
 
   Seen s;
   ASSERT_TRUE(ReadCall(server_, &s));
+  EXPECT_EQ(s.fragments, 1);
   EXPECT_EQ(s.xid, 0x1234u);
   EXPECT_EQ(s.rpcvers, 2u);
   EXPECT_EQ(s.prog, 100003u);
@@ -429,17 +436,19 @@ TEST_F(RpcTransportTest, AStreamThatIsNotRpcRepliesBreaksTheConnection) {
   Put32(&call, CALL);  // a call, not a reply
   Put32(&call, 2);
   WriteAll(server_, Framed(call));
-  EXPECT_FALSE(PumpUntil([] { return false; }));
+  PumpUntil([] { return false; });
+  EXPECT_TRUE(broken_);
   EXPECT_NE(t_.LastError().find("not an RPC reply"), std::string::npos) << t_.LastError();
   EXPECT_TRUE(sink_.got.empty());
 }
 
-TEST_F(RpcTransportTest, AnOversizedRecordMarkBreaksTheConnectionWithoutAllocatingIt) {
+TEST_F(RpcTransportTest, AnOversizedRecordMarkBreaksTheConnection) {
   Connect();
   std::vector<char> mark;
   Put32(&mark, 0x80000000u | 0x7ffffff0u);
   WriteAll(server_, mark);
-  EXPECT_FALSE(PumpUntil([] { return false; }));
+  PumpUntil([] { return false; });
+  EXPECT_TRUE(broken_);
   EXPECT_NE(t_.LastError().find("reply record of"), std::string::npos) << t_.LastError();
 }
 
@@ -447,8 +456,94 @@ TEST_F(RpcTransportTest, TheServerClosingBreaksTheConnection) {
   Connect();
   close(server_);
   server_ = -1;
-  EXPECT_FALSE(PumpUntil([] { return false; }));
+  PumpUntil([] { return false; });
+  EXPECT_TRUE(broken_);
   EXPECT_NE(t_.LastError().find("closed the connection"), std::string::npos) << t_.LastError();
+}
+
+// Replies sized around the bulk buffer's thresholds, all written before the
+// transport reads: the first recv ends inside the second record (it waits
+// in the bulk buffer, which is compacted), then records of exactly kBulk / 2
+// (wait in place) and just over it (assembled), of the bulk buffer's size and
+// over, and a small one behind them.
+TEST_F(RpcTransportTest, RepliesAroundTheBulkBufferSizeAreAllDelivered) {
+  Connect();
+  const size_t overhead = ReadReplyBody(0, "").size();
+  const size_t bodies[] = {40000, 30000, RpcTransport::kBulk / 2 - 4, RpcTransport::kBulk / 2,
+                           RpcTransport::kBulk - 4, RpcTransport::kBulk + 8, overhead};
+  std::vector<CallToken> tokens(std::size(bodies));
+  std::vector<std::string> want;
+  std::vector<char> stream;
+  for (size_t i = 0; i < std::size(bodies); ++i) {
+    Issue(static_cast<uint32_t>(i + 1), &tokens[i]);
+    std::string data(bodies[i] - overhead, static_cast<char>('A' + i));
+    auto body = ReadReplyBody(static_cast<uint32_t>(i + 1), data);
+    ASSERT_EQ(body.size(), bodies[i]);
+    auto rec = Framed(body);
+    stream.insert(stream.end(), rec.begin(), rec.end());
+    want.push_back(data);
+  }
+  ASSERT_TRUE(PumpUntil([&] { return t_.Events() == POLLIN; }));
+  std::thread writer([&] { WriteAll(server_, stream); });
+  std::this_thread::sleep_for(50ms);  // let the stream queue up ahead of the first read
+  const bool all = PumpUntil([&] { return sink_.got.size() == want.size(); });
+  writer.join();
+  ASSERT_TRUE(all) << t_.LastError();
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(sink_.got[i].token, &tokens[i]) << i;
+    EXPECT_TRUE(sink_.got[i].data == want[i]) << i;
+  }
+}
+
+// A WRITE far larger than the socket buffers goes out over many sendmsg
+// calls, resumed in the middle of its payload, and arrives intact; while it
+// is still queued the transport asks for POLLOUT.
+TEST_F(RpcTransportTest, ALargeWriteIsSentWholeAcrossPartialSends) {
+  Connect();
+  auto call = std::make_shared<TestCall>(engine::Proc::kWrite);
+  const size_t n = 3u << 20;  // under kMaxRecord, over what loopback buffers hold unread
+  call->words = {static_cast<uint32_t>(n + 1)};
+  call->payload.resize(n + 1);
+  for (size_t i = 0; i < call->payload.size(); ++i) call->payload[i] = static_cast<char>(i % 251);
+  // Small socket buffers on both ends, so that the record cannot go at once.
+  const int small = 64 * 1024;
+  setsockopt(t_.Fd(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  setsockopt(server_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  CallToken token;
+  ASSERT_EQ(t_.Issue(call, 9, {}, &token), 0);
+  pollfd p{t_.Fd(), POLLOUT, 0};
+  ASSERT_EQ(poll(&p, 1, 1000), 1);
+  ASSERT_TRUE(t_.Service(POLLOUT));
+  EXPECT_EQ(t_.Events(), POLLIN | POLLOUT) << "3 MiB cannot fit the socket buffers";
+  Seen s;
+  bool read_ok = false;
+  std::thread reader([&] { read_ok = ReadCall(server_, &s); });
+  const bool sent = PumpUntil([&] { return t_.Events() == POLLIN; });
+  reader.join();
+  ASSERT_TRUE(sent) << t_.LastError();
+  ASSERT_TRUE(read_ok);
+  ASSERT_EQ(s.body.size(), s.args + 4 + n + 1 + 3);
+  EXPECT_TRUE(std::equal(call->payload.begin(), call->payload.end(), s.body.begin() +
+                         static_cast<ptrdiff_t>(s.args + 4)));
+}
+
+// The engine's direct sections call Service(POLLOUT) on a submitting
+// thread to write; a reply must not be read and completed there.
+TEST_F(RpcTransportTest, ServiceForPollOutOnlyWrites) {
+  Connect();
+  CallToken a;
+  Issue(1, &a);
+  ASSERT_TRUE(t_.Service(POLLOUT));
+  Seen s;
+  ASSERT_TRUE(ReadCall(server_, &s));
+  WriteAll(server_, Framed(ReadReplyBody(1, "reply")));
+  pollfd p{t_.Fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 1000), 1);  // the reply is there to be read
+  ASSERT_TRUE(t_.Service(POLLOUT));
+  EXPECT_TRUE(sink_.got.empty());
+  ASSERT_TRUE(t_.Service(POLLIN));
+  ASSERT_EQ(sink_.got.size(), 1u);
+  EXPECT_EQ(sink_.got[0].data, "reply");
 }
 
 TEST_F(RpcTransportTest, CloseCancelsEveryOutstandingCallOnceInIssueOrderAndLetsItGo) {
@@ -492,6 +587,7 @@ TEST_F(RpcTransportTest, ARefusedConnectIsReported) {
 // from the caller's buffer, a large READ reply, the NULL probe.
 TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
   Listener l;
+  std::mutex mu;  // the server thread's findings
   std::string written;
   uint64_t written_at = 0;
   uint32_t stable = 9;
@@ -515,9 +611,12 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
         EXPECT_EQ(libnfs_zdr_getpos(&z), s.body.size() - s.args) << "nothing after the padding";
         EXPECT_EQ(std::string(w.file.data.data_val, w.file.data.data_len), "handle");
         EXPECT_EQ(w.count, w.data.data_len);
-        written.assign(w.data.data_val, w.data.data_len);
-        written_at = w.offset;
-        stable = w.stable;
+        {
+          std::lock_guard lock(mu);
+          written.assign(w.data.data_val, w.data.data_len);
+          written_at = w.offset;
+          stable = w.stable;
+        }
         reply = Success(s.xid);
         WRITE3res r;
         std::memset(&r, 0, sizeof r);
@@ -543,6 +642,14 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
     }
     close(fd);
   });
+  // Joined after the engine below is gone (its connection closed, which
+  // ends the server's loop), also when an assertion returns early.
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{server};
 
   engine::EngineOptions o;
   o.paths = {engine::Endpoint{"127.0.0.1", l.port(), "", 1}};
@@ -565,9 +672,12 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
   ASSERT_TRUE(w) << w.error().what;
   EXPECT_EQ(w->count, 70001u);
   EXPECT_TRUE(w->stable);
-  EXPECT_TRUE(written == file.substr(3, 70001));
-  EXPECT_EQ(written_at, 4096u);
-  EXPECT_EQ(stable, static_cast<uint32_t>(FILE_SYNC));
+  {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(written == file.substr(3, 70001));
+    EXPECT_EQ(written_at, 4096u);
+    EXPECT_EQ(stable, static_cast<uint32_t>(FILE_SYNC));
+  }
 
   std::promise<std::string> read;
   nfs.Read(fh, 5, 140000, Cred{}, [&](Result<ReadReply> r) {
@@ -577,8 +687,6 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
   ASSERT_EQ(rf.wait_for(5s), std::future_status::ready);
   EXPECT_TRUE(rf.get() == file.substr(5, 140000));
   e.Stop();
-  l.Stop();
-  server.join();
 }
 
 }  // namespace
