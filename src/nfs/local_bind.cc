@@ -15,6 +15,8 @@
 #include <set>
 #include <string>
 
+#include "common/log.h"
+
 namespace mpnfs::nfs {
 namespace {
 
@@ -136,15 +138,23 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
   }
   std::minstd_rand rnd(std::random_device{}());
   const int start = static_cast<int>(rnd() % 512);
-  bool bound = false;
-  for (int i = 0; i < 512 && !bound; ++i) {
+  bool bound = false, denied = false;
+  for (int i = 0; i < 512 && !bound && !denied; ++i) {
     const int port = 512 + (start + i) % 512;
     if (ServicePort(port)) continue;
     SetPort(&src, port);
     if (bind(fd, reinterpret_cast<sockaddr*>(&src), src_len) == 0) {
       bound = true;
     } else if (errno == EACCES) {
-      break;
+      denied = true;  // not privileged: no reserved port for this process
+    }
+  }
+  if (!bound && !denied) {
+    static RateLimit limit(std::chrono::minutes(1));
+    uint64_t suppressed = 0;
+    if (limit.Allow(&suppressed)) {
+      Log("nfs")->warn("no reserved port (512-1023) is free: connecting to {} from another; a "
+                       "server exporting with `secure` refuses such calls", host);
     }
   }
   if (!bound) {
