@@ -8,11 +8,11 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <bitset>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <set>
 #include <string>
 
 #include "common/log.h"
@@ -30,25 +30,33 @@ bool SameAddress(const sockaddr* a, const sockaddr_storage& b) {
                      &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr, sizeof(in6_addr)) == 0;
 }
 
-// Whether `port` is one a local service may listen on.
+// Whether reserved `port` (512-1023) is one a local service may listen on:
+// named in /etc/services (as libnfs skips them) or listed in
+// /etc/bindresvport.blacklist (as libtirpc's bindresvport does). Looked up
+// once per process, not on every connect (a services lookup can go through
+// NSS to sssd or LDAP).
 bool ServicePort(int port) {
-  static const std::set<int> blacklist = [] {
-    std::set<int> s;
+  static const std::bitset<512> skip = [] {
+    std::bitset<512> s;
     std::ifstream in("/etc/bindresvport.blacklist");
     std::string line;
     while (std::getline(in, line)) {
       const int p = std::atoi(line.c_str());
-      if (p > 0) s.insert(p);
+      if (p >= 512 && p < 1024) s.set(static_cast<size_t>(p - 512));
+    }
+    for (int p = 512; p < 1024; ++p) {
+      servent se{};
+      servent* found = nullptr;
+      char buf[1024];
+      if (getservbyport_r(htons(static_cast<uint16_t>(p)), "tcp", &se, buf, sizeof buf,
+                          &found) == 0 &&
+          found != nullptr) {
+        s.set(static_cast<size_t>(p - 512));
+      }
     }
     return s;
   }();
-  if (blacklist.count(port) != 0) return true;
-  servent se{};
-  servent* found = nullptr;
-  char buf[1024];
-  return getservbyport_r(htons(static_cast<uint16_t>(port)), "tcp", &se, buf, sizeof buf,
-                         &found) == 0 &&
-         found != nullptr;
+  return port >= 512 && port < 1024 && skip.test(static_cast<size_t>(port - 512));
 }
 
 void SetPort(sockaddr_storage* ss, int port) {
@@ -122,12 +130,13 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
                                       static_cast<socklen_t>(b.ifname.size())) != 0) {
     return fail("cannot bind to interface " + b.ifname);
   }
-  // Prefer a reserved port (as the kernel client, libnfs and bindresvport
-  // do): servers exporting with `secure` insist on one. Each of 512-1023 is
-  // tried once from a random start, skipping those a local service may want
-  // (named in /etc/services, or in /etc/bindresvport.blacklist): holding
-  // one for the mount's life would keep that service from starting. Only if
-  // none is free (or the process may not bind one): any port.
+  // Prefer a reserved port (as the kernel client and libnfs do): servers
+  // exporting with `secure` insist on one. Each of 512-1023 is tried once
+  // from a random start, skipping those named for a local service (see
+  // ServicePort): holding one for the mount's life would keep that service
+  // from starting. Any other port only if none is free, or if the process
+  // may not bind one (EACCES), or binding fails otherwise (the address is
+  // gone: the last bind below then reports it).
   sockaddr_storage src{};
   socklen_t src_len = server_len;
   if (b.addr_len != 0) {
@@ -138,23 +147,24 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
   }
   std::minstd_rand rnd(std::random_device{}());
   const int start = static_cast<int>(rnd() % 512);
-  bool bound = false, denied = false;
-  for (int i = 0; i < 512 && !bound && !denied; ++i) {
+  bool bound = false, in_use = true;  // in_use: every reserved port tried was taken
+  for (int i = 0; i < 512 && !bound && in_use; ++i) {
     const int port = 512 + (start + i) % 512;
     if (ServicePort(port)) continue;
     SetPort(&src, port);
     if (bind(fd, reinterpret_cast<sockaddr*>(&src), src_len) == 0) {
       bound = true;
-    } else if (errno == EACCES) {
-      denied = true;  // not privileged: no reserved port for this process
+    } else if (errno != EADDRINUSE) {
+      in_use = false;  // not allowed (EACCES), or the address itself fails
     }
   }
-  if (!bound && !denied) {
+  if (!bound && in_use) {
     static RateLimit limit(std::chrono::minutes(1));
     uint64_t suppressed = 0;
     if (limit.Allow(&suppressed)) {
       Log("nfs")->warn("no reserved port (512-1023) is free: connecting to {} from another; a "
-                       "server exporting with `secure` refuses such calls", host);
+                       "server exporting with `secure` refuses such calls ({} more like this "
+                       "not logged)", host, suppressed);
     }
   }
   if (!bound) {

@@ -178,7 +178,7 @@ std::vector<char> Framed(const std::vector<char>& body, std::vector<size_t> cuts
 void WriteAll(int fd, const std::vector<char>& v) {
   size_t at = 0;
   while (at < v.size()) {
-    const ssize_t n = write(fd, v.data() + at, v.size() - at);
+    const ssize_t n = send(fd, v.data() + at, v.size() - at, MSG_NOSIGNAL);
     ASSERT_GT(n, 0);
     at += static_cast<size_t>(n);
   }
@@ -241,9 +241,9 @@ class Sink final : public engine::TransportSink {
 class RpcTransportTest : public ::testing::Test {
  protected:
   // Services the transport until `done()`, the transport reports the
-  // connection broken (broken_), or 2 s pass. Whether done().
+  // connection broken (broken_), or 10 s pass. Whether done().
   bool PumpUntil(const std::function<bool()>& done) {
-    const auto until = std::chrono::steady_clock::now() + 2s;
+    const auto until = std::chrono::steady_clock::now() + 10s;
     while (!done() && std::chrono::steady_clock::now() < until) {
       pollfd p{t_.Fd(), static_cast<short>(t_.Events()), 0};
       if (p.fd < 0 || (poll(&p, 1, 10) > 0 && !t_.Service(p.revents))) {
@@ -270,6 +270,11 @@ class RpcTransportTest : public ::testing::Test {
     call->words = {xid};
     EXPECT_EQ(t_.Issue(call, xid, c, token), 0);
     return call;
+  }
+  // Issues a READ-shaped call per (xid, token) and waits until all are sent.
+  void SendCalls(std::initializer_list<std::pair<uint32_t, CallToken*>> calls) {
+    for (auto [xid, token] : calls) Issue(xid, token);
+    ASSERT_TRUE(PumpUntil([&] { return t_.Events() == POLLIN; }));
   }
   void TearDown() override {
     t_.Close();
@@ -335,10 +340,7 @@ TEST_F(RpcTransportTest, AWriteIsOneRecordWithItsPayloadPaddedAndItsCallersCrede
 TEST_F(RpcTransportTest, RepliesBatchedCutAnywhereAndFragmentedReachTheirCalls) {
   Connect();
   CallToken a, b, c;
-  Issue(1, &a);
-  Issue(2, &b);
-  Issue(3, &c);
-  ASSERT_TRUE(PumpUntil([&] { return t_.Events() == POLLIN; }));
+  SendCalls({{1, &a}, {2, &b}, {3, &c}});
   std::string small = "small reply";
   std::string big(300000, 'x');  // larger than the bulk buffer
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + i % 23);
@@ -461,11 +463,13 @@ TEST_F(RpcTransportTest, TheServerClosingBreaksTheConnection) {
   EXPECT_NE(t_.LastError().find("closed the connection"), std::string::npos) << t_.LastError();
 }
 
-// Replies sized around the bulk buffer's thresholds, all written before the
-// transport reads: the first recv ends inside the second record (it waits
-// in the bulk buffer, which is compacted), then records of exactly kBulk / 2
-// (wait in place) and just over it (assembled), of the bulk buffer's size and
-// over, and a small one behind them.
+// Replies sized around the bulk buffer's thresholds, queued before the
+// transport reads, so that (as loopback usually delivers them) the first recv
+// ends inside the second record, which waits in the bulk buffer until it is
+// compacted; then records of exactly kBulk / 2 (wait in place) and just over
+// it (assembled), of the bulk buffer's size and over, and a small one behind
+// them. What it checks is that every one arrives whole and in order,
+// whichever path the recv boundaries send it down.
 TEST_F(RpcTransportTest, RepliesAroundTheBulkBufferSizeAreAllDelivered) {
   Connect();
   const size_t overhead = ReadReplyBody(0, "").size();
@@ -487,6 +491,7 @@ TEST_F(RpcTransportTest, RepliesAroundTheBulkBufferSizeAreAllDelivered) {
   std::thread writer([&] { WriteAll(server_, stream); });
   std::this_thread::sleep_for(50ms);  // let the stream queue up ahead of the first read
   const bool all = PumpUntil([&] { return sink_.got.size() == want.size(); });
+  if (!all) t_.Close();  // unblocks the writer (its peer resets)
   writer.join();
   ASSERT_TRUE(all) << t_.LastError();
   for (size_t i = 0; i < want.size(); ++i) {
@@ -519,6 +524,7 @@ TEST_F(RpcTransportTest, ALargeWriteIsSentWholeAcrossPartialSends) {
   bool read_ok = false;
   std::thread reader([&] { read_ok = ReadCall(server_, &s); });
   const bool sent = PumpUntil([&] { return t_.Events() == POLLIN; });
+  if (!sent) t_.Close();  // unblocks the reader
   reader.join();
   ASSERT_TRUE(sent) << t_.LastError();
   ASSERT_TRUE(read_ok);
@@ -544,6 +550,37 @@ TEST_F(RpcTransportTest, ServiceForPollOutOnlyWrites) {
   ASSERT_TRUE(t_.Service(POLLIN));
   ASSERT_EQ(sink_.got.size(), 1u);
   EXPECT_EQ(sink_.got[0].data, "reply");
+}
+
+// The reply verifier is skipped by its length, padding included; one
+// longer than RFC 5531's 400 bytes, or running past the record, fails the
+// call without reading beyond it.
+TEST_F(RpcTransportTest, AReplyVerifierIsSkippedByItsLengthAndBounded) {
+  Connect();
+  CallToken a, b, c;
+  SendCalls({{1, &a}, {2, &b}, {3, &c}});
+  auto with_verf = [](uint32_t xid, uint32_t len, size_t body, const std::string& data) {
+    std::vector<char> v;
+    Put32(&v, xid);
+    Put32(&v, REPLY);
+    Put32(&v, MSG_ACCEPTED);
+    Put32(&v, 6);  // some flavor
+    Put32(&v, len);
+    v.insert(v.end(), body, 'v');
+    Put32(&v, SUCCESS);
+    auto res = ReadReplyBody(xid, data);
+    v.insert(v.end(), res.begin() + 24, res.end());  // the READ3res after the header
+    return v;
+  };
+  WriteAll(server_, Framed(with_verf(1, 5, 8, "padded verifier")));
+  WriteAll(server_, Framed(with_verf(2, 404, 404, "too long")));
+  WriteAll(server_, Framed(with_verf(3, 300, 0, "past the end")));
+  ASSERT_TRUE(PumpUntil([&] { return sink_.got.size() == 3; })) << t_.LastError();
+  EXPECT_EQ(sink_.got[0].status, ReplyStatus::kSuccess);
+  EXPECT_EQ(sink_.got[0].data, "padded verifier");
+  EXPECT_EQ(sink_.got[1].status, ReplyStatus::kError);
+  EXPECT_NE(sink_.got[1].error.find("truncated"), std::string::npos) << sink_.got[1].error;
+  EXPECT_EQ(sink_.got[2].status, ReplyStatus::kError);
 }
 
 TEST_F(RpcTransportTest, CloseCancelsEveryOutstandingCallOnceInIssueOrderAndLetsItGo) {
@@ -643,7 +680,8 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
     close(fd);
   });
   // Joined after the engine below is gone (its connection closed, which
-  // ends the server's loop), also when an assertion returns early.
+  // ends the server's loop), also when an assertion returns early. The
+  // server's sends do not raise SIGPIPE (WriteAll).
   struct Join {
     std::thread& t;
     ~Join() {
@@ -651,6 +689,10 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
     }
   } join{server};
 
+  // Declared before the engine: a call it ends as it is destroyed still
+  // finds its promise.
+  std::promise<Result<WriteReply>> wrote;
+  std::promise<std::string> read;
   engine::EngineOptions o;
   o.paths = {engine::Endpoint{"127.0.0.1", l.port(), "", 1}};
   o.loops = 1;
@@ -663,7 +705,6 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
   auto bytes = std::make_shared<Bytes>(file.size());
   std::memcpy(bytes->data(), file.data(), file.size());
   Buffer data = bytes;
-  std::promise<Result<WriteReply>> wrote;
   nfs.Write(fh, 4096, data, 3, 70001, true, Cred{},
             [&](Result<WriteReply> r) { wrote.set_value(std::move(r)); });
   auto wf = wrote.get_future();
@@ -679,7 +720,6 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
     EXPECT_EQ(stable, static_cast<uint32_t>(FILE_SYNC));
   }
 
-  std::promise<std::string> read;
   nfs.Read(fh, 5, 140000, Cred{}, [&](Result<ReadReply> r) {
     read.set_value(r ? std::string(r->data, r->len) : "error: " + r.error().what);
   });
