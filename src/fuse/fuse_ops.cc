@@ -3,10 +3,11 @@
 #include <fcntl.h>
 
 #include <cstring>
-
-#include "common/log.h"
 #include <string>
 #include <vector>
+
+#include "common/log.h"
+#include "fuse/proc_groups.h"
 
 namespace mpnfs::fuse {
 namespace {
@@ -402,13 +403,12 @@ engine::Cred CredCache::For(fuse_req_t req) {
   engine::Cred cred;
   cred.uid = c->uid;
   cred.gid = c->gid;
-  gid_t groups[64];
-  int n = c->pid > 0 ? fuse_req_getgroups(req, 64, groups) : -1;
-  if (n > 0) {
-    for (int i = 0; i < std::min(n, 64); ++i) {
-      if (groups[i] == c->gid) continue;
+  std::vector<gid_t> groups;
+  if (c->pid > 0 && ReadGroups(c->pid, &groups)) {  // not fuse_req_getgroups: proc_groups.h
+    for (gid_t g : groups) {
+      if (g == c->gid) continue;
       if (cred.groups.size() == engine::Cred::kMaxGroups) break;
-      cred.groups.push_back(groups[i]);
+      cred.groups.push_back(g);
     }
   }
   std::lock_guard lock(mu_);
