@@ -104,7 +104,11 @@ def test_sequential_streams_bypass_the_cache(mount_factory, cache_dir):
     assert hashlib.md5(f.read_bytes()).digest() == hashlib.md5(data).digest()
     st = cache_stats(m)
     assert st["read_bypasses"] > 0 and st["write_bypasses"] > 0, st
-    assert st["used_bytes"] <= 8 << 20, st  # at most the runs before the cutoff
+    # At most the runs before the cutoff (4 MiB written, 4 MiB read), plus a
+    # little for requests the kernel's worker threads deliver out of order
+    # (once 24 KiB more under ThreadSanitizer); without the bypass the whole
+    # 32 MiB file would be cached.
+    assert st["used_bytes"] <= 10 << 20, st
 
 
 def test_capacity_is_bounded_with_eviction(mount_factory, cache_dir):
