@@ -7,7 +7,7 @@
 // returns, so they are copied first.
 //
 // Credentials: every request runs as its caller (uid, gid and supplementary
-// groups, read from /proc by fuse_req_getgroups and cached per pid for a
+// groups, read from /proc by ReadGroups (proc_groups.h) and cached per pid for a
 // second), so the server enforces per-user permissions on an allow_other mount.
 #pragma once
 
