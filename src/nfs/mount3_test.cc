@@ -10,30 +10,13 @@
 #include <atomic>
 #include <thread>
 
+#include "test/fakes/loopback_listener.h"
+
 namespace mpnfs::nfs {
 namespace {
 
-// A MOUNT "service" on loopback that accepts connections and never answers.
-class SilentServer {
- public:
-  SilentServer() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    EXPECT_EQ(listen(fd_, 4), 0);
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~SilentServer() { close(fd_); }
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
+// A MOUNT "service" that accepts connections and never answers.
+using SilentServer = test::LoopbackListener;
 
 // The connect or MOUNT call is still pending inside libnfs when the deadline
 // passes; destroying the context then calls it back. That callback must not

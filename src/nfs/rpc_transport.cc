@@ -267,19 +267,25 @@ bool RpcTransport::Flush() {
   return true;
 }
 
+ssize_t RpcTransport::RecvSome(char* p, size_t n) {
+  for (;;) {
+    const ssize_t got = recv(fd_, p, n, MSG_DONTWAIT);
+    if (got > 0) return got;
+    if (got == 0) return Broken("the server closed the connection") ? 0 : -1;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return Broken(std::string("recv: ") + strerror(errno)) ? 0 : -1;
+  }
+}
+
 bool RpcTransport::Receive() {
   // Bounded, so that one busy connection cannot hold a loop shared with
   // others; polling is level-triggered, what is left is read next round.
   for (int round = 0; round < 64; ++round) {
     if (frag_left_ > 0) {
       // The rest of a large fragment, read where it belongs.
-      const ssize_t n = recv(fd_, rec_.get() + rec_len_, frag_left_, MSG_DONTWAIT);
-      if (n == 0) return Broken("the server closed the connection");
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        return Broken(std::string("recv: ") + strerror(errno));
-      }
+      const ssize_t n = RecvSome(rec_.get() + rec_len_, frag_left_);
+      if (n <= 0) return n == 0;
       rec_len_ += static_cast<size_t>(n);
       frag_left_ -= static_cast<size_t>(n);
       if (frag_left_ > 0) continue;
@@ -295,13 +301,8 @@ bool RpcTransport::Receive() {
       bulk_pos_ = 0;
     }
     const size_t room = kBulk - bulk_end_;
-    const ssize_t n = recv(fd_, bulk_.get() + bulk_end_, room, MSG_DONTWAIT);
-    if (n == 0) return Broken("the server closed the connection");
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      return Broken(std::string("recv: ") + strerror(errno));
-    }
+    const ssize_t n = RecvSome(bulk_.get() + bulk_end_, room);
+    if (n <= 0) return n == 0;
     bulk_end_ += static_cast<size_t>(n);
     size_t used = 0;
     const bool ok = Consume(bulk_.get() + bulk_pos_, bulk_end_ - bulk_pos_, &used);

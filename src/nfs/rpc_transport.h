@@ -50,6 +50,8 @@
 // destroy the transport.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -112,6 +114,9 @@ class RpcTransport final : public engine::Transport {
   bool SetCred(const engine::Cred& cred);
   bool Flush();
   bool Receive();
+  // recv() without blocking, EINTR retried: > 0 bytes read; 0 nothing to
+  // read now; -1 the connection is broken (LastError() says why).
+  ssize_t RecvSome(char* p, size_t n);
   // Takes the bytes [p, p + n) of the stream; false: the stream is broken.
   bool Consume(const char* p, size_t n, size_t* used);
   bool Dispatch(char* rec, size_t len);

@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "nfs/nfs3.h"
+#include "test/fakes/loopback_listener.h"
 
 namespace mpnfs::nfs {
 namespace {
@@ -32,31 +33,7 @@ using engine::Cred;
 using engine::ReplyStatus;
 using namespace std::chrono_literals;
 
-class Listener {
- public:
-  Listener() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    EXPECT_EQ(listen(fd_, 4), 0);
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~Listener() { Stop(); }
-  void Stop() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  int port() const { return port_; }
-  int Accept() const { return accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC); }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
+using Listener = test::LoopbackListener;
 
 void Put32(std::vector<char>* v, uint32_t x) {
   x = htonl(x);
