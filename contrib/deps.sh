@@ -7,8 +7,9 @@ PKGS=(meson ninja-build gcc g++ pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind fio python3 python3-pytest iproute2 attr
       acl psmisc util-linux procps zlib1g-dev postgresql-15 postgresql-client-15
       prometheus-cpp-dev nlohmann-json3-dev prometheus)
-# --bench: what the benchmark scripts need besides (the charts' plotting library).
-[ "${1:-}" = "--bench" ] && PKGS+=(python3-matplotlib)
+# --bench: what the benchmark scripts need besides (the charts' plotting library,
+# perf for write_cpu.sh).
+[ "${1:-}" = "--bench" ] && PKGS+=(python3-matplotlib linux-perf)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
