@@ -543,24 +543,40 @@ void BlockCache::OwnChange(const std::string& fh, const FileVersion& before, con
 bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   std::lock_guard lock(mu_);
   FileState& f = State(fh);
-  // Close to where the run ended counts as continuing it: readahead and
+  // Close to where a run ended counts as continuing it: readahead and
   // write-behind requests of one stream arrive slightly out of order. How
   // close scales with the request, so that small random requests in a small
   // file do not look like a stream.
   // Only new ground lengthens a run: a request behind its end (a rewrite,
   // a random access near it) adds nothing, so random I/O in a file smaller
   // than the slack never becomes a "stream" however long it goes on.
+  // A request near no run starts one in place of the least recently used:
+  // a stream's straggler, further behind than the slack (many FUSE threads
+  // on a slow machine), then starts a run of its own and leaves the stream's
+  // run alone, where replacing the one run restarted the stream twice (and
+  // let another seq_cutoff of it into the cache); two streams in one file
+  // keep a run each. Of several runs near a request, the longest takes it
+  // (a straggler's run just behind the stream's must not capture it).
   const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
   const uint64_t end = off + len;
-  const bool near = off + slack >= f.seq_next && off <= f.seq_next + slack;
-  if (near && f.seq_run > 0) {
-    f.seq_run += end > f.seq_next ? end - f.seq_next : 0;
-    f.seq_next = std::max(f.seq_next, end);
-  } else {
-    f.seq_run = len;
-    f.seq_next = end;
+  FileState::SeqRun* run = nullptr;
+  for (FileState::SeqRun& r : f.seq_runs) {
+    if (r.length > 0 && off + slack >= r.next && off <= r.next + slack &&
+        (run == nullptr || r.length > run->length)) {
+      run = &r;
+    }
   }
-  return opts_.seq_cutoff > 0 && f.seq_run > opts_.seq_cutoff;
+  if (run != nullptr) {
+    run->length += end > run->next ? end - run->next : 0;
+    run->next = std::max(run->next, end);
+  } else {
+    run = &*std::min_element(f.seq_runs.begin(), f.seq_runs.end(),
+                             [](const auto& a, const auto& b) { return a.used < b.used; });
+    run->length = len;
+    run->next = end;
+  }
+  run->used = ++f.seq_tick;
+  return opts_.seq_cutoff > 0 && run->length > opts_.seq_cutoff;
 }
 
 void BlockCache::NoteBypass(bool write) {

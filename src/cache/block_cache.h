@@ -160,6 +160,7 @@
 // Thread safety: all public methods are thread safe.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -501,8 +502,15 @@ class BlockCache {
     std::multiset<int64_t> pending_pre;
     std::optional<FileVersion> newest_after;
     bool unexplained = false;
-    // Sequential detection.
-    uint64_t seq_next = 0, seq_run = 0;
+    // Sequential detection: the runs most recently added to (a stream's
+    // stragglers, or a second stream in the file, start runs of their own
+    // instead of restarting the stream's).
+    struct SeqRun {
+      uint64_t next = 0, length = 0;  // length 0: unused
+      uint64_t used = 0;             // tick of the last access that matched
+    };
+    std::array<SeqRun, 4> seq_runs{};
+    uint64_t seq_tick = 0;
     uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
     uint64_t wb_commit = 0;  // write-back: the commit that makes its last write durable
     bool lost = false;       // an unflushed page was dropped (bad checksum): TakeLost
