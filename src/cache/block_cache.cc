@@ -547,18 +547,26 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // write-behind requests of one stream arrive slightly out of order. How
   // close scales with the request, so that small random requests in a small
   // file do not look like a stream.
-  // Only new ground lengthens a run: a request behind its end (a rewrite,
-  // a random access near it) adds nothing, so random I/O in a file smaller
-  // than the slack never becomes a "stream" however long it goes on.
-  // A request near no run starts one in place of the least recently used:
-  // a stream's straggler, further behind than the slack (many FUSE threads
-  // on a slow machine), then starts a run of its own and leaves the stream's
-  // run alone, where replacing the one run restarted the stream twice (and
-  // let another seq_cutoff of it into the cache); two streams in one file
-  // keep a run each. Of several runs near a request, the longest takes it
-  // (a straggler's run just behind the stream's must not capture it).
+  // Only new ground lengthens a run: a request behind its end (a rewrite, a
+  // random access near it) adds nothing, so random I/O in a file smaller
+  // than the slack never becomes a "stream" however long it goes on. A jump
+  // ahead adds the bytes asked for, and the gap only when it could be one
+  // request still to come (at most the request's length): two requests
+  // swapped still count whole, and a random request landing near a run
+  // adds no more than twice its length.
+  // Two runs are kept. A request near neither starts one in place of the
+  // least recently used, but not in place of the longest while that one
+  // continued within the last kKeepFor accesses: a stream's stragglers,
+  // arriving further behind than the slack (many FUSE threads on a slow
+  // machine), start runs of their own and leave the stream's alone, where
+  // replacing a single run restarted the stream (twice: once for the
+  // straggler, once for the next request in order) and let another
+  // seq_cutoff of it into the cache. Two streams in one file keep a run
+  // each. Of two runs near a request, the longer takes it.
+  constexpr uint64_t kKeepFor = 8;
   const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
   const uint64_t end = off + len;
+  const uint64_t now = ++f.seq_tick;
   FileState::SeqRun* run = nullptr;
   for (FileState::SeqRun& r : f.seq_runs) {
     if (r.length > 0 && off + slack >= r.next && off <= r.next + slack &&
@@ -567,15 +575,22 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
     }
   }
   if (run != nullptr) {
-    run->length += end > run->next ? end - run->next : 0;
+    const uint64_t gap = off > run->next ? off - run->next : 0;
+    const uint64_t ahead = end > run->next ? end - run->next : 0;
+    run->length += std::min<uint64_t>(ahead, gap <= len ? gap + len : len);
     run->next = std::max(run->next, end);
   } else {
-    run = &*std::min_element(f.seq_runs.begin(), f.seq_runs.end(),
-                             [](const auto& a, const auto& b) { return a.used < b.used; });
+    auto& rs = f.seq_runs;
+    const auto longest = std::max_element(rs.begin(), rs.end(),
+                                          [](const auto& a, const auto& b) { return a.length < b.length; });
+    for (auto& r : rs) {
+      if (&r == &*longest && r.length > 0 && now - r.used <= kKeepFor) continue;
+      if (run == nullptr || r.used < run->used) run = &r;
+    }
     run->length = len;
     run->next = end;
   }
-  run->used = ++f.seq_tick;
+  run->used = now;
   return opts_.seq_cutoff > 0 && run->length > opts_.seq_cutoff;
 }
 

@@ -502,14 +502,13 @@ class BlockCache {
     std::multiset<int64_t> pending_pre;
     std::optional<FileVersion> newest_after;
     bool unexplained = false;
-    // Sequential detection: the runs most recently added to (a stream's
-    // stragglers, or a second stream in the file, start runs of their own
-    // instead of restarting the stream's).
+    // Sequential detection (Sequential()): two runs, so that a stream's
+    // stragglers or a second stream in the file do not restart a stream's.
     struct SeqRun {
       uint64_t next = 0, length = 0;  // length 0: unused
-      uint64_t used = 0;             // tick of the last access that matched
+      uint64_t used = 0;             // seq_tick of the last access it took
     };
-    std::array<SeqRun, 4> seq_runs{};
+    std::array<SeqRun, 2> seq_runs{};
     uint64_t seq_tick = 0;
     uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
     uint64_t wb_commit = 0;  // write-back: the commit that makes its last write durable
