@@ -1,5 +1,6 @@
 #include "nfs/libnfs_api.h"
 #include "nfs/mount3.h"
+#include "nfs/xdr_bounds.h"
 
 #include <poll.h>
 
@@ -77,6 +78,7 @@ void ConnectCb(struct rpc_context* rpc, int status, void* data, void* priv) {
 
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
                        std::chrono::milliseconds timeout) {
+  CheckXdrBounds();  // libnfs decodes the MOUNT reply with the bounded primitives
   // Declared before the context: destroying the context calls back what is
   // still pending (a timed-out connect or MOUNT), and those callbacks write
   // here, so this must outlive it.

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "nfs/libnfs_api.h"
+#include "nfs/xdr_bounds.h"
 #include "nfs/local_bind.h"
 
 namespace mpnfs::nfs {
@@ -81,7 +82,9 @@ RpcTransport::RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms)
     : sink_(sink),
       tcp_user_timeout_ms_(tcp_user_timeout_ms),
       scratch_(kScratch),
-      bulk_(new char[kBulk]) {}
+      bulk_(new char[kBulk]) {
+  CheckXdrBounds();
+}
 
 RpcTransport::~RpcTransport() {
   Close();

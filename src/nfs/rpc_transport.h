@@ -28,12 +28,11 @@
 // fails that call only (ReplyStatus::kError); a byte stream that is not RPC
 // replies breaks the connection.
 //
-// Known limit: results are decoded by libnfs 4.0's XDR routines, whose
-// length checks compare as signed and let a length of 2^31 or more through;
-// a server sending one in a file handle, a name or a path can crash the
-// gateway. So it was with libnfs's transport. What this class parses itself
-// (record marks, the reply header and verifier) is bounded, and so is a
-// READ's data length (nfs3.cc).
+// Results are decoded by libnfs 4.0's generated XDR routines, running on
+// mpnfs's bounds-checked primitives (xdr_bounds.h: libnfs's own let a length
+// of 2^31 or more, or a directory page of a million entries, crash the
+// gateway). What this class parses itself (record marks, the reply header
+// and verifier) is bounded, and so is a READ's data length (nfs3.cc).
 //
 // Connect: a non-blocking socket from ConnectFrom() (local_bind.h: bound to
 // the path's interface or address when given, from a reserved port when

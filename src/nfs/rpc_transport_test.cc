@@ -405,6 +405,27 @@ TEST_F(RpcTransportTest, ARejectedOrUndecodableReplyFailsOnlyItsCall) {
   EXPECT_EQ(sink_.got[3].data, "ok");
 }
 
+// A length of 2^31 in a reply passed libnfs 4.0's signed check: the call
+// "succeeded" with data pointing 2 GiB past the reply (xdr_bounds.h).
+TEST_F(RpcTransportTest, AReplyClaimingMoreBytesThanItHoldsFailsOnlyItsCall) {
+  Connect();
+  CallToken huge, fine;
+  SendCalls({{1, &huge}, {2, &fine}});
+  std::vector<char> h = ReadReplyBody(1, "0123456789abcdef");
+  // The data length word sits just before the data and its padding.
+  const size_t at = h.size() - 16 - 4;
+  h[at] = '\x80';
+  h[at + 1] = h[at + 2] = h[at + 3] = 0;
+  WriteAll(server_, Framed(h));
+  WriteAll(server_, Framed(ReadReplyBody(2, "ok")));
+  ASSERT_TRUE(PumpUntil([&] { return sink_.got.size() == 2; })) << t_.LastError();
+  EXPECT_EQ(sink_.got[0].token, &huge);
+  EXPECT_EQ(sink_.got[0].status, ReplyStatus::kError);
+  EXPECT_EQ(sink_.got[1].status, ReplyStatus::kSuccess);
+  EXPECT_EQ(sink_.got[1].data, "ok");
+  EXPECT_FALSE(broken_);
+}
+
 TEST_F(RpcTransportTest, AStreamThatIsNotRpcRepliesBreaksTheConnection) {
   Connect();
   CallToken a;
