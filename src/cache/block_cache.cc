@@ -547,13 +547,13 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // write-behind requests of one stream arrive slightly out of order. How
   // close scales with the request, so that small random requests in a small
   // file do not look like a stream.
-  // Only new ground lengthens a run: a request behind its end (a rewrite, a
-  // random access near it) adds nothing, so random I/O in a file smaller
-  // than the slack never becomes a "stream" however long it goes on. A jump
-  // ahead adds the bytes asked for, and the gap only when it could be one
-  // request still to come (at most the request's length): two requests
-  // swapped still count whole, and a random request landing near a run
-  // adds no more than twice its length.
+  // A run is lengthened by the bytes of the stream it has seen: the part of
+  // a request beyond its end, and the part of a request behind its end that
+  // fills a hole a jump ahead left (requests of a stream swapped or
+  // delayed). A rewrite, or a random access near the end, adds nothing once
+  // the holes are filled, so random I/O in a file smaller than the slack
+  // never becomes a "stream" however long it goes on, and a random request
+  // near a run adds at most its own length.
   // Two runs are kept. A request near neither starts one in place of the
   // least recently used, but not in place of the longest while that one
   // continued within the last kKeepFor accesses: a stream's stragglers,
@@ -563,7 +563,8 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // straggler, once for the next request in order) and let another
   // seq_cutoff of it into the cache. Two streams in one file keep a run
   // each. Of two runs near a request, the longer takes it.
-  constexpr uint64_t kKeepFor = 8;
+  constexpr uint64_t kKeepFor = 16;
+  constexpr uint64_t kMaxHoles = 8 << 20;
   const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
   const uint64_t end = off + len;
   const uint64_t now = ++f.seq_tick;
@@ -575,9 +576,11 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
     }
   }
   if (run != nullptr) {
-    const uint64_t gap = off > run->next ? off - run->next : 0;
-    const uint64_t ahead = end > run->next ? end - run->next : 0;
-    run->length += std::min<uint64_t>(ahead, gap <= len ? gap + len : len);
+    const uint64_t behind = off < run->next ? std::min(end, run->next) - off : 0;
+    const uint64_t filled = std::min(behind, run->holes);
+    run->holes -= filled;
+    if (off > run->next) run->holes = std::min(run->holes + (off - run->next), kMaxHoles);
+    run->length += (end > run->next ? end - std::max(off, run->next) : 0) + filled;
     run->next = std::max(run->next, end);
   } else {
     auto& rs = f.seq_runs;
@@ -589,6 +592,7 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
     }
     run->length = len;
     run->next = end;
+    run->holes = 0;
   }
   run->used = now;
   return opts_.seq_cutoff > 0 && run->length > opts_.seq_cutoff;

@@ -506,6 +506,7 @@ class BlockCache {
     // stragglers or a second stream in the file do not restart a stream's.
     struct SeqRun {
       uint64_t next = 0, length = 0;  // length 0: unused
+      uint64_t holes = 0;            // bytes before `next` jumped over, not yet seen
       uint64_t used = 0;             // seq_tick of the last access it took
     };
     std::array<SeqRun, 2> seq_runs{};
