@@ -593,8 +593,13 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
     p.verf = Verf8(ok.cookieverf);
     p.eof = ok.reply.eof != 0;
     p.dir = FromPostOp(ok.dir_attributes);
-    for (entry3* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
-      p.entries.push_back(DirEntry{e->fileid, e->name, e->cookie, std::nullopt, std::nullopt});
+    // Entries come from libnfs's zdr_malloc, aligned to 4 bytes only:
+    // each is copied out before its 8-byte fields are read.
+    for (const entry3* at = ok.reply.entries; at != nullptr;) {
+      entry3 e;
+      std::memcpy(&e, at, sizeof e);
+      p.entries.push_back(DirEntry{e.fileid, e.name, e.cookie, std::nullopt, std::nullopt});
+      at = e.nextentry;
     }
     return p;
   });
@@ -617,10 +622,13 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
     p.verf = Verf8(ok.cookieverf);
     p.eof = ok.reply.eof != 0;
     p.dir = FromPostOp(ok.dir_attributes);
-    for (entryplus3* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
-      DirEntry d{e->fileid, e->name, e->cookie, FromPostOp(e->name_attributes), std::nullopt};
-      if (e->name_handle.handle_follows) d.fh = FromFh(e->name_handle.post_op_fh3_u.handle);
+    for (const entryplus3* at = ok.reply.entries; at != nullptr;) {
+      entryplus3 e;  // (copied out: see READDIR)
+      std::memcpy(&e, at, sizeof e);
+      DirEntry d{e.fileid, e.name, e.cookie, FromPostOp(e.name_attributes), std::nullopt};
+      if (e.name_handle.handle_follows) d.fh = FromFh(e.name_handle.post_op_fh3_u.handle);
       p.entries.push_back(std::move(d));
+      at = e.nextentry;
     }
     return p;
   });

@@ -49,6 +49,15 @@ void Move(ZDR* z, char* obj, uint32_t n) {
   Skip(z, n);
 }
 
+// The pointer fields libnfs's decoders hand over live in memory from its
+// zdr_malloc, which is 4-byte aligned only: read and written bytewise.
+char* Load(char* const* p) {
+  char* v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+void Store(char** p, char* v) { std::memcpy(p, &v, sizeof v); }
+
 thread_local int t_depth = 0;
 
 // Directory entry lists, decoded in a loop (see libnfs_zdr_pointer).
@@ -77,19 +86,21 @@ bool_t libnfs_zdr_bytes(ZDR* zdrs, char** bufp, uint32_t* size, uint32_t maxsize
   if (!Fits(zdrs, *size)) return FALSE;
   // (maxsize 0: libnfs's RPC layer decoding a verifier with a stale maximum.)
   if (zdrs->x_op == ZDR_DECODE && maxsize != 0 && *size > maxsize) return FALSE;
-  if (zdrs->x_op == ZDR_DECODE && *bufp == nullptr) {
-    *bufp = zdrs->buf + zdrs->pos;  // in place, as libnfs does
+  char* buf = Load(bufp);
+  if (zdrs->x_op == ZDR_DECODE && buf == nullptr) {
+    Store(bufp, zdrs->buf + zdrs->pos);  // in place, as libnfs does
     Skip(zdrs, *size);
     return TRUE;
   }
-  Move(zdrs, *bufp, *size);
+  Move(zdrs, buf, *size);
   return TRUE;
 }
 
 bool_t libnfs_zdr_string(ZDR* zdrs, char** strp, uint32_t maxsize) {
+  char* str = Load(strp);
   uint32_t size = 0;
   if (zdrs->x_op == ZDR_ENCODE) {
-    const size_t n = std::strlen(*strp);
+    const size_t n = std::strlen(str);
     if (n > UINT32_MAX) return FALSE;
     size = static_cast<uint32_t>(n);
   } else if (zdrs->x_op != ZDR_DECODE) {
@@ -98,23 +109,24 @@ bool_t libnfs_zdr_string(ZDR* zdrs, char** strp, uint32_t maxsize) {
   if (!libnfs_zdr_u_int(zdrs, &size)) return FALSE;
   if (!Fits(zdrs, size)) return FALSE;
   if (zdrs->x_op == ZDR_ENCODE) {
-    Move(zdrs, *strp, size);
+    Move(zdrs, str, size);
     return TRUE;
   }
   if (maxsize != 0 && size > maxsize) return FALSE;
   const uint64_t end = static_cast<uint64_t>(zdrs->pos) + size;
-  if (*strp == nullptr && end < static_cast<uint64_t>(zdrs->size) && zdrs->buf[end] == 0) {
+  if (str == nullptr && end < static_cast<uint64_t>(zdrs->size) && zdrs->buf[end] == 0) {
     // Already terminated in the buffer (by its padding): used in place.
-    *strp = zdrs->buf + zdrs->pos;
+    Store(strp, zdrs->buf + zdrs->pos);
     Skip(zdrs, size);
     return TRUE;
   }
-  if (*strp == nullptr) {
-    *strp = static_cast<char*>(zdr_malloc(zdrs, size + 1));
-    if (*strp == nullptr) return FALSE;
+  if (str == nullptr) {
+    str = static_cast<char*>(zdr_malloc(zdrs, size + 1));
+    if (str == nullptr) return FALSE;
+    Store(strp, str);
   }
-  (*strp)[size] = 0;
-  Move(zdrs, *strp, size);
+  str[size] = 0;
+  Move(zdrs, str, size);
   return TRUE;
 }
 
@@ -122,36 +134,40 @@ bool_t libnfs_zdr_array(ZDR* zdrs, char** arrp, uint32_t* size, uint32_t maxsize
                         zdrproc_t proc) {
   if (zdrs->x_op != ZDR_ENCODE && zdrs->x_op != ZDR_DECODE) return FALSE;
   if (!libnfs_zdr_u_int(zdrs, size)) return FALSE;
+  char* arr = Load(arrp);
   if (zdrs->x_op == ZDR_DECODE) {
     if (*size > maxsize || zdrs->pos < 0 || zdrs->size < zdrs->pos) return FALSE;
     // Every XDR element takes 4 bytes or more of the buffer.
     if (*size > static_cast<uint64_t>(zdrs->size - zdrs->pos) / 4) return FALSE;
     const uint64_t bytes = uint64_t{*size} * elsize;
     if (bytes > UINT32_MAX / 2) return FALSE;
-    *arrp = nullptr;
+    arr = nullptr;
     if (bytes > 0) {
-      *arrp = static_cast<char*>(zdr_malloc(zdrs, static_cast<uint32_t>(bytes)));
-      if (*arrp == nullptr) return FALSE;
-      std::memset(*arrp, 0, bytes);
+      arr = static_cast<char*>(zdr_malloc(zdrs, static_cast<uint32_t>(bytes)));
+      if (arr == nullptr) return FALSE;
+      std::memset(arr, 0, bytes);
     }
+    Store(arrp, arr);
   }
   for (uint32_t i = 0; i < *size; ++i) {
-    if (!proc(zdrs, *arrp + uint64_t{i} * elsize)) return FALSE;
+    if (!proc(zdrs, arr + uint64_t{i} * elsize)) return FALSE;
   }
   return TRUE;
 }
 
 bool_t libnfs_zdr_pointer(ZDR* zdrs, char** objp, uint32_t size, zdrproc_t proc) {
-  bool_t more = *objp != nullptr;
+  char* obj = Load(objp);
+  bool_t more = obj != nullptr;
   if (!libnfs_zdr_bool(zdrs, &more)) return FALSE;
   if (!more) {
-    *objp = nullptr;
+    Store(objp, nullptr);
     return TRUE;
   }
   if (zdrs->x_op == ZDR_DECODE) {
-    *objp = static_cast<char*>(zdr_malloc(zdrs, size));
-    if (*objp == nullptr) return FALSE;
-    std::memset(*objp, 0, size);
+    obj = static_cast<char*>(zdr_malloc(zdrs, size));
+    if (obj == nullptr) return FALSE;
+    std::memset(obj, 0, size);
+    Store(objp, obj);
     // A directory page is a list, one entry pointing to the next, which
     // libnfs decodes by recursion: thousands of levels for a page of short
     // names. An entry's `nextentry` is its last field, so its decoding can
@@ -164,13 +180,12 @@ bool_t libnfs_zdr_pointer(ZDR* zdrs, char** objp, uint32_t size, zdrproc_t proc)
         return TRUE;
       }
       t_in_list = true;
-      char* obj = *objp;
       bool_t ok;
       for (;;) {
         t_next = nullptr;
         ok = proc(zdrs, obj);
         if (!ok || t_next == nullptr) break;
-        obj = *t_next;
+        obj = Load(t_next);
       }
       t_in_list = false;
       t_next = nullptr;
@@ -179,7 +194,7 @@ bool_t libnfs_zdr_pointer(ZDR* zdrs, char** objp, uint32_t size, zdrproc_t proc)
   }
   if (t_depth >= mpnfs::nfs::kMaxListDepth) return FALSE;
   ++t_depth;
-  const bool_t ok = proc(zdrs, *objp);
+  const bool_t ok = proc(zdrs, obj);
   --t_depth;
   return ok;
 }

@@ -27,15 +27,16 @@
 //    recursion: a page of any number of entries decodes in constant stack
 //    (the entries themselves take memory, up to what one reply of at most
 //    4 MiB holds); any other nesting of optional items is limited to
-//    kMaxListDepth levels per thread (MOUNT's export lists; not used).
+//    kMaxListDepth levels per thread (MOUNT's export and group lists, not
+//    used by mpnfs; 1,000 levels take at most about 200 KiB of stack).
 //  - a decoded length above its declared maximum refused (a file handle of
 //    more than 64 bytes: mpnfs's cache records keep 64), unless the maximum
 //    is 0 (libnfs's RPC layer decodes the reply verifier with the stale
 //    maximum of a null verifier, 0). libnfs ignored every maximum.
 //
 // XdrBoundsActive() tells whether the interposition took effect (a libnfs
-// built with -Bsymbolic, or linked statically, would keep its own
-// primitives): it decodes a handle whose length is 2^31 with libnfs's
+// built with -Bsymbolic would keep its own primitives; linking libnfs.a
+// statically fails, with multiple definitions): it decodes a handle whose length is 2^31 with libnfs's
 // generated zdr_nfs_fh3, which libnfs's own check lets through and these
 // refuse.
 //
@@ -44,7 +45,7 @@
 
 namespace mpnfs::nfs {
 
-constexpr int kMaxListDepth = 20000;
+constexpr int kMaxListDepth = 1000;
 
 bool XdrBoundsActive();
 

@@ -205,9 +205,12 @@ TEST(XdrBounds, ADirectoryPageOfAnyLengthDecodesInConstantStack) {
     READDIR3res r;
     if (Decode(page, zdr_READDIR3res, &r, &z)) {
       n = 0;
-      for (entry3* e = r.READDIR3res_u.resok.reply.entries; e != nullptr; e = e->nextentry) {
-        if (e->cookie != static_cast<uint64_t>(n) + 1 || std::strcmp(e->name, "e") != 0) break;
+      for (const entry3* at = r.READDIR3res_u.resok.reply.entries; at != nullptr;) {
+        entry3 e;  // (zdr_malloc aligns to 4 bytes only)
+        std::memcpy(&e, at, sizeof e);
+        if (e.cookie != static_cast<uint64_t>(n) + 1 || std::strcmp(e.name, "e") != 0) break;
         ++n;
+        at = e.nextentry;
       }
       eof = r.READDIR3res_u.resok.reply.eof;
     }
@@ -222,10 +225,13 @@ TEST(XdrBounds, ADirectoryPageOfAnyLengthDecodesInConstantStack) {
     READDIRPLUS3res r;
     if (Decode(plus, zdr_READDIRPLUS3res, &r, &z)) {
       n = 0;
-      for (entryplus3* e = r.READDIRPLUS3res_u.resok.reply.entries; e != nullptr; e = e->nextentry) {
-        const nfs_fh3& fh = e->name_handle.post_op_fh3_u.handle;
+      for (const entryplus3* at = r.READDIRPLUS3res_u.resok.reply.entries; at != nullptr;) {
+        entryplus3 e;
+        std::memcpy(&e, at, sizeof e);
+        const nfs_fh3& fh = e.name_handle.post_op_fh3_u.handle;
         if (std::string(fh.data.data_val, fh.data.data_len) != "fh" + std::to_string(n)) break;
         ++n;
+        at = e.nextentry;
       }
     }
     libnfs_zdr_destroy(&z);
@@ -240,8 +246,15 @@ TEST(XdrBounds, ADirectoryPageOfAnyLengthDecodesInConstantStack) {
   libnfs_zdr_destroy(&z);
   std::vector<char> small = DirReply(3);
   ASSERT_TRUE(Decode(small, zdr_READDIR3res, &r, &z));
-  ASSERT_NE(r.READDIR3res_u.resok.reply.entries, nullptr);
-  EXPECT_EQ(r.READDIR3res_u.resok.reply.entries->nextentry->nextentry->cookie, 3u);
+  entry3 e;
+  const entry3* at = r.READDIR3res_u.resok.reply.entries;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_NE(at, nullptr);
+    std::memcpy(&e, at, sizeof e);
+    at = e.nextentry;
+  }
+  EXPECT_EQ(e.cookie, 3u);
+  EXPECT_EQ(at, nullptr);
   libnfs_zdr_destroy(&z);
 }
 
