@@ -547,13 +547,13 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // write-behind requests of one stream arrive slightly out of order. How
   // close scales with the request, so that small random requests in a small
   // file do not look like a stream.
-  // A run is lengthened by the bytes of the stream it has seen: the part of
-  // a request beyond its end, and the part of a request behind its end that
-  // fills a hole a jump ahead left (requests of a stream swapped or
-  // delayed). A rewrite, or a random access near the end, adds nothing once
-  // the holes are filled, so random I/O in a file smaller than the slack
-  // never becomes a "stream" however long it goes on, and a random request
-  // near a run adds at most its own length.
+  // A run is lengthened by the bytes of the stream it has seen, each once:
+  // the part of a request beyond its end, and the part behind its end that
+  // falls in a hole a jump ahead left (requests of a stream swapped or
+  // delayed). A rewrite or re-read behind the end adds nothing, so a run is
+  // never longer than the ground from its first request to its end: random
+  // I/O in a file no larger than seq_cutoff never becomes a "stream", and a
+  // random request near a run adds at most its own length.
   // Two runs are kept. A request near neither starts one in place of the
   // least recently used, but not in place of the longest while that one
   // continued within the last kKeepFor accesses: a stream's stragglers,
@@ -564,7 +564,6 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // seq_cutoff of it into the cache. Two streams in one file keep a run
   // each. Of two runs near a request, the longer takes it.
   constexpr uint64_t kKeepFor = 16;
-  constexpr uint64_t kMaxHoles = 8 << 20;
   const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
   const uint64_t end = off + len;
   const uint64_t now = ++f.seq_tick;
@@ -576,11 +575,34 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
     }
   }
   if (run != nullptr) {
-    const uint64_t behind = off < run->next ? std::min(end, run->next) - off : 0;
-    const uint64_t filled = std::min(behind, run->holes);
-    run->holes -= filled;
-    if (off > run->next) run->holes = std::min(run->holes + (off - run->next), kMaxHoles);
-    run->length += (end > run->next ? end - std::max(off, run->next) : 0) + filled;
+    uint64_t credit = end > run->next ? end - std::max(off, run->next) : 0;
+    if (off < run->next) {
+      // The bytes behind the end that fill holes count, once.
+      for (auto& h : run->holes) {
+        const uint64_t lo = std::max(off, h.first), hi = std::min(end, h.second);
+        if (lo >= hi) continue;
+        credit += hi - lo;
+        if (lo == h.first) {
+          h.first = hi;
+        } else if (hi == h.second) {
+          h.second = lo;
+        } else {  // split: [hi, second) (beyond this request) moves to a free entry
+          auto free = std::find_if(run->holes.begin(), run->holes.end(),
+                                   [](const auto& x) { return x.first >= x.second; });
+          if (free != run->holes.end()) {
+            *free = {hi, h.second};
+          }  // (else that piece is forgotten)
+          h.second = lo;
+        }
+      }
+    } else if (off > run->next) {
+      auto slot = std::min_element(run->holes.begin(), run->holes.end(), [](const auto& a, const auto& b) {
+        const bool ea = a.first >= a.second, eb = b.first >= b.second;
+        return ea != eb ? ea : a.first < b.first;  // an empty entry, else the lowest
+      });
+      *slot = {run->next, off};
+    }
+    run->length += credit;
     run->next = std::max(run->next, end);
   } else {
     auto& rs = f.seq_runs;
@@ -592,7 +614,7 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
     }
     run->length = len;
     run->next = end;
-    run->holes = 0;
+    run->holes = {};
   }
   run->used = now;
   return opts_.seq_cutoff > 0 && run->length > opts_.seq_cutoff;

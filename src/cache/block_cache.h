@@ -176,6 +176,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "cache/aligned.h"
@@ -506,8 +507,11 @@ class BlockCache {
     // stragglers or a second stream in the file do not restart a stream's.
     struct SeqRun {
       uint64_t next = 0, length = 0;  // length 0: unused
-      uint64_t holes = 0;            // bytes before `next` jumped over, not yet seen
       uint64_t used = 0;             // seq_tick of the last access it took
+      // Ground before `next` that a jump ahead skipped and no request has
+      // covered yet, as disjoint [first, second) intervals (empty: first ==
+      // second); when a fifth opens, the lowest is forgotten.
+      std::array<std::pair<uint64_t, uint64_t>, 4> holes{};
     };
     std::array<SeqRun, 2> seq_runs{};
     uint64_t seq_tick = 0;

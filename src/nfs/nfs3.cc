@@ -595,7 +595,7 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
     p.dir = FromPostOp(ok.dir_attributes);
     // Entries come from libnfs's zdr_malloc, aligned to 4 bytes only:
     // each is copied out before its 8-byte fields are read.
-    for (const entry3* at = ok.reply.entries; at != nullptr;) {
+    for (const void* at = ok.reply.entries; at != nullptr;) {
       entry3 e;
       std::memcpy(&e, at, sizeof e);
       p.entries.push_back(DirEntry{e.fileid, e.name, e.cookie, std::nullopt, std::nullopt});
@@ -622,7 +622,7 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
     p.verf = Verf8(ok.cookieverf);
     p.eof = ok.reply.eof != 0;
     p.dir = FromPostOp(ok.dir_attributes);
-    for (const entryplus3* at = ok.reply.entries; at != nullptr;) {
+    for (const void* at = ok.reply.entries; at != nullptr;) {
       entryplus3 e;  // (copied out: see READDIR)
       std::memcpy(&e, at, sizeof e);
       DirEntry d{e.fileid, e.name, e.cookie, FromPostOp(e.name_attributes), std::nullopt};

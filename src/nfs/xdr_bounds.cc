@@ -51,12 +51,12 @@ void Move(ZDR* z, char* obj, uint32_t n) {
 
 // The pointer fields libnfs's decoders hand over live in memory from its
 // zdr_malloc, which is 4-byte aligned only: read and written bytewise.
-char* Load(char* const* p) {
+char* Load(const void* p) {
   char* v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-void Store(char** p, char* v) { std::memcpy(p, &v, sizeof v); }
+void Store(void* p, char* v) { std::memcpy(p, &v, sizeof v); }
 
 thread_local int t_depth = 0;
 
