@@ -854,23 +854,35 @@ TEST_F(EngineTest, AStopDuringAFenceEndsTheCallOnceUnsent) {
 
 TEST_F(EngineTest, AnIdleOtherPathIsProbedBeforeAFailover) {
   auto e = Started(TwoPaths(200ms));
-  // Let both connections fall idle well past path_timeout; then one call on
-  // the dead path. The idle path has heard nothing lately either, so it must
-  // be probed, answer, and take the call over.
+  // Let both connections fall idle well past path_timeout; then calls, some
+  // on the dead path. No call is answered until the failover, so the other
+  // path is heard from only if the engine probes it: it must be probed,
+  // answer, and take the calls over. (When calls were answered at once, the
+  // other path's answers could make its probe unnecessary, and the test
+  // counted probes of either path: it failed about 1 run in 20 under TSan.)
   std::this_thread::sleep_for(300ms);
   ASSERT_TRUE(net_.Blackhole(0));
-  int probes_before;
-  {
-    std::lock_guard lock(net_.mu);
-    probes_before = net_.probes;
-  }
+  net_.Set([](FakeNet& n) {
+    n.auto_reply = false;
+    n.probes_to.clear();
+  });
   // Both are idle and equal: of a few calls, some land on the silent one
   // (ties go round robin; 8, not 4: on a loaded machine other scans move
   // the rotation too).
   auto calls = SubmitN(*e, 8);
-  EXPECT_GT(AwaitAllOk(calls), 0);
-  std::lock_guard lock(net_.mu);
-  EXPECT_GT(net_.probes, probes_before + 1);  // the silent one's and the idle one's
+  ASSERT_TRUE(net_.WaitFor([&](FakeNet&) {
+    uint64_t reissues = 0;
+    for (const auto& st : e->Stats()) reissues += st.reissues;
+    return reissues > 0;
+  }));
+  {
+    std::lock_guard lock(net_.mu);
+    ASSERT_EQ(net_.probes_to.size(), 2u) << "a probe of each path: the silent one's and the idle one's";
+    for (const auto& [host, n] : net_.probes_to) EXPECT_GE(n, 1) << host;
+  }
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  EXPECT_GT(AwaitAllOk(calls), 0);  // every call answered, those of the dead path on the other
 }
 
 TEST_F(EngineTest, WhenEveryPathIsSilentNothingFailsOver) {

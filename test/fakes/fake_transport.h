@@ -49,6 +49,7 @@ class FakeNet {
   // path. Set by Blackhole() for the live ones.
   bool silent_new = false;
   int probes = 0;         // NULL probes issued
+  std::map<std::string, int> probes_to;  // the same, by host
 
   std::mutex mu;
   std::condition_variable cv;
@@ -128,6 +129,7 @@ class FakeTransport final : public engine::Transport {
     {
       std::lock_guard lock(net_->mu);
       net_->probes++;
+      net_->probes_to[host_]++;
     }
     bool answer;
     {
