@@ -1,5 +1,6 @@
 #include "nfs/libnfs_api.h"
 #include "nfs/nfs3.h"
+#include "nfs/xdr_bounds.h"
 
 
 #include <chrono>
@@ -240,6 +241,11 @@ auto Reply(const char* op, Cb<T> cb, F ok) {
 }
 
 }  // namespace
+
+Nfs3::Nfs3(engine::Engine& engine, engine::SubmitOptions defaults)
+    : engine_(engine), defaults_(std::move(defaults)) {
+  CheckXdrBounds();
+}
 
 void Nfs3::Null(const Cred& c, Cb<Ok> cb, engine::SubmitOptions so) {
   // NULL has no arguments and no result.

@@ -39,8 +39,8 @@ class Nfs3 final : public Client {
   // interface (e.g. a path pin: an Nfs3 whose calls all go over one path).
   // The methods with an explicit `so` parameter (Null, Fsinfo, Pathconf and
   // the Getattr/Fsstat overloads taking one) use the `so` given instead.
-  explicit Nfs3(engine::Engine& engine, engine::SubmitOptions defaults = {})
-      : engine_(engine), defaults_(std::move(defaults)) {}
+  // (Checks that its replies decode on bounded primitives: xdr_bounds.h.)
+  explicit Nfs3(engine::Engine& engine, engine::SubmitOptions defaults = {});
 
   // How many ways a large request is worth splitting now (see Engine::IdleConnections).
   int Parallelism() const override { return engine_.IdleConnections(); }
