@@ -18,8 +18,8 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --suite unit --print-errorlogs
 echo "== engine (balancing included), inode table, cache, filesystem, flusher and gone-check concurrency tests under ThreadSanitizer"
 [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false >/dev/null
-ninja -C build-tsan src/engine_test src/engine_stats_test src/balance_test src/inode_table_test src/block_cache_test src/filesystem_test src/flusher_test src/gone_check_test src/mpnfs src/mpnfsctl
-TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan engine engine_stats balance inode_table block_cache filesystem flusher gone_check --print-errorlogs
+ninja -C build-tsan src/engine_test src/engine_stats_test src/balance_test src/inode_table_test src/block_cache_test src/crc_store_test src/filesystem_test src/flusher_test src/gone_check_test src/mpnfs src/mpnfsctl
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan engine engine_stats balance inode_table block_cache block_cache_paged crc_store filesystem flusher gone_check --print-errorlogs
 pytest() { /usr/bin/python3 -m pytest -p no:cacheprovider "$@"; }
 echo "== integration tests (NFS-Ganesha in a network namespace, real FUSE mounts)"
 MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v test/integration

@@ -5,6 +5,9 @@
 //   - heap bytes (mallinfo2 uordblks + hblkhd) and anonymous RSS (RssAnon) the full
 //     cache holds, in total and per GiB of cache, after the fill and again
 //     after a reopen (what a mount of a full cache costs);
+//   - the memory holding the page checksums after the reopen (crc_store.h:
+//     all of them up to cache_crc_ram's default, else about that much), and
+//     how many checksum frames the fill and churn read and wrote back;
 //   - the time to reopen (mount) the full cache, index load included, with
 //     the index dropped from the page cache first (cold) and again warm.
 // With CHURN=1, half the cache's worth of new blocks is then read in, so
@@ -239,7 +242,8 @@ int main(int argc, char** argv) {
          "\"heap_mounted\": %lld, \"heap_mounted_per_gib\": %.0f, \"anon_mounted_per_gib\": %.0f, "
          "\"heap_churned\": %lld, \"evictions\": %llu, "
          "\"file_rss_full\": %lld, \"heap_left_after_close\": %lld, "
-         "\"fill_s\": %.2f, \"close_s\": %.3f, \"mount_cold_s\": %.3f, \"mount_warm_s\": %.3f}\n",
+         "\"fill_s\": %.2f, \"close_s\": %.3f, \"mount_cold_s\": %.3f, \"mount_warm_s\": %.3f, "
+         "\"crc_ram_mounted\": %llu, \"crc_reads_full\": %llu, \"crc_writes_full\": %llu}\n",
          static_cast<unsigned long long>(gib), block >> 10, static_cast<unsigned long long>(slots),
          static_cast<unsigned long long>(filled.slots_used), static_cast<unsigned long long>(reopened.slots_used),
          static_cast<unsigned long long>(files), fh_bytes, static_cast<long long>(full.heap - base.heap),
@@ -248,7 +252,10 @@ int main(int argc, char** argv) {
          per_gib(mounted.heap, base.heap), per_gib(mounted.anon, base.anon),
          static_cast<long long>(churned.heap - base.heap), static_cast<unsigned long long>(evictions),
          static_cast<long long>(full.file - base.file), static_cast<long long>(after_close.heap - base.heap),
-         fill_s, close_s, mount_cold_s, mount_warm_s);
+         fill_s, close_s, mount_cold_s, mount_warm_s,
+         static_cast<unsigned long long>(reopened.checksum_ram_bytes),
+         static_cast<unsigned long long>(closed.checksum_reads),
+         static_cast<unsigned long long>(closed.checksum_writes));
   std::filesystem::remove_all(dir);
   // A mount time of a cache that is not full, or that kept fewer blocks than
   // it held at close, measures the wrong thing.

@@ -44,20 +44,24 @@ MiB = 1 << 20
 r0 = rows[ram[0]]
 print(f"Block {r0['block_kib']} KiB, files of {r0['slots'] // max(1, r0['files'])} blocks, "
       f"{r0['fh_bytes']}-byte file handles.\n")
-print("| cache GiB | slots | heap filled (MiB) | heap after evicting half (MiB) | heap after mount (MiB) | RssAnon after mount (MiB) | heap B/slot after mount |")
-print("|---|---|---|---|---|---|---|")
+print("| cache GiB | slots | heap filled (MiB) | heap after evicting half (MiB) | heap after mount (MiB) | of it, checksums (MiB) | RssAnon after mount (MiB) | heap B/slot after mount | checksum frames read / written (fill, churn) |")
+print("|---|---|---|---|---|---|---|---|---|")
 for n in ram:
     r = rows[n]
     print(f"| {n} | {r['slots']} | {r['heap_full'] / MiB:.2f} | {r['heap_churned'] / MiB:.2f} | "
-          f"{r['heap_mounted'] / MiB:.2f} | {r['anon_mounted_per_gib'] * n / MiB:.2f} | "
-          f"{r['heap_mounted'] / r['slots']:.0f} |")
+          f"{r['heap_mounted'] / MiB:.2f} | {r['crc_ram_mounted'] / MiB:.2f} | {r['anon_mounted_per_gib'] * n / MiB:.2f} | "
+          f"{r['heap_mounted'] / r['slots']:.0f} | {r['crc_reads_full']} / {r['crc_writes_full']} |")
 s, c = fit(ram, [rows[n]["heap_full"] / MiB for n in ram])
 s1, c1 = fit(ram, [rows[n]["heap_churned"] / MiB for n in ram])
 s2, c2 = fit(ram, [rows[n]["heap_mounted"] / MiB for n in ram])
+s3, c3 = fit(ram, [rows[n]["anon_mounted_per_gib"] * n / MiB for n in ram])
 print(f"\nHeap slope: **{s:.3f} MiB per GiB** after a fill (intercept {c:.2f} MiB), "
       f"**{s1:.3f} MiB per GiB** in use (after evicting half a cache's worth: ghost list full; "
       f"intercept {c1:.2f} MiB), **{s2:.3f} MiB per GiB** after mounting a full cache "
-      f"(intercept {c2:.2f} MiB). Goal: at most 0.5. (Heap: mallinfo2 uordblks + hblkhd.)\n")
+      f"(intercept {c2:.2f} MiB); RssAnon after mounting, everything anonymous the process "
+      f"holds, page checksums included: **{s3:.3f} MiB per GiB** (intercept {c3:.2f} MiB). "
+      f"Goal: at most 0.5. (Heap: mallinfo2 uordblks + hblkhd; checksums beyond the budget are "
+      f"frames on the heap, those of a table that fits are an anonymous mapping outside it.)\n")
 print("| cache GiB | mount, index cold (s) | mount, warm (s) | blocks kept | heap after mount (MiB) |")
 print("|---|---|---|---|---|")
 for n in mnt:

@@ -620,6 +620,34 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   return opts_.seq_cutoff > 0 && run->length > opts_.seq_cutoff;
 }
 
+CrcStore::Got BlockCache::HoldCrcs(std::unique_lock<std::mutex>& lock, const std::vector<uint32_t>& slots,
+                                   CrcStore::Holds& h) {
+  auto got = CrcStore::Got::kHeld;
+  for (uint32_t s : slots) {
+    const auto held = crcs_->Hold(lock, s, h);
+    // A frame that could not be written back (kept in RAM) is a device error
+    // too, reported here, by whichever Hold() met it.
+    if (const uint64_t we = crcs_->counters().write_errors; we > crc_write_errors_) {
+      crc_write_errors_ = we;
+      DeviceError("writing the cache's page checksums", EIO);
+    }
+    switch (held) {
+      case CrcStore::Got::kHeld:
+        break;
+      case CrcStore::Got::kRelocked:
+        got = CrcStore::Got::kRelocked;
+        break;
+      case CrcStore::Got::kFailed: {
+        const int err = errno;
+        DeviceError("reading or writing the cache's page checksums", err);
+        errno = err;
+        return CrcStore::Got::kFailed;
+      }
+    }
+  }
+  return got;
+}
+
 void BlockCache::NoteBypass(bool write) {
   std::lock_guard lock(mu_);
   (write ? stats_.write_bypasses : stats_.read_bypasses)++;
@@ -635,38 +663,54 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
   };
   std::vector<Piece> pieces;
   const uint64_t block = opts_.block;
+  const size_t asked = len;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    CrcStore::Holds holds(*crcs_);  // (released before the lock)
     auto miss = [this]() -> std::optional<std::string> {
       stats_.read_misses++;
       return std::nullopt;
     };
-    if (len == 0 || health_ == Health::kOut) return miss();
-    auto fit = files_.find(fh);
-    if (fit == files_.end() || !fit->second.have || !fit->second.verified) return miss();
-    if (opts_.mode == CacheMode::kWriteBack) {
-      // Pages past the end of the file hold zeros that must not show.
-      const uint64_t size = LogicalSize(fit->second);
-      if (off >= size) {
-        stats_.read_hits++;
-        return std::string();
+    // Until the pages' CRCs are in RAM with no release of the lock since
+    // the lookup (reading them back from the cache disk releases it).
+    for (std::vector<uint32_t> need;;) {
+      pieces.clear();
+      need.clear();
+      len = asked;
+      if (len == 0 || health_ == Health::kOut) return miss();
+      auto fit = files_.find(fh);
+      if (fit == files_.end() || !fit->second.have || !fit->second.verified) return miss();
+      if (opts_.mode == CacheMode::kWriteBack) {
+        // Pages past the end of the file hold zeros that must not show.
+        const uint64_t size = LogicalSize(fit->second);
+        if (off >= size) {
+          stats_.read_hits++;
+          return std::string();
+        }
+        len = static_cast<size_t>(std::min<uint64_t>(len, size - off));
       }
-      len = static_cast<size_t>(std::min<uint64_t>(len, size - off));
+      for (uint64_t b = off / block; b * block < off + len; ++b) {
+        const uint32_t s = Lookup(fit->second.id, b);
+        if (s == kNoSlot) return miss();
+        const Slot& slot = slots_[s];
+        const uint64_t lo = std::max(off, b * block) - b * block;
+        const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
+        const uint32_t p0 = static_cast<uint32_t>(lo / kPage), p1 = static_cast<uint32_t>((hi - 1) / kPage);
+        for (uint32_t p = p0; p <= p1; ++p) {
+          // (A page being rewritten in place: the server read and the
+          // overlay that follows it sort that out.)
+          if (!TestBit(Valid(slot), p) || Rewriting(s, p)) return miss();
+        }
+        pieces.push_back(Piece{s, b, p0, p1 - p0 + 1, slot.inval, {}});
+        need.push_back(s);
+      }
+      const auto got = HoldCrcs(lock, need, holds);
+      if (got == CrcStore::Got::kFailed) return miss();
+      if (got == CrcStore::Got::kHeld) break;
     }
-    for (uint64_t b = off / block; b * block < off + len; ++b) {
-      const uint32_t s = Lookup(fit->second.id, b);
-      if (s == kNoSlot) return miss();
-      const Slot& slot = slots_[s];
-      const uint64_t lo = std::max(off, b * block) - b * block;
-      const uint64_t hi = std::min(off + len, (b + 1) * block) - b * block;
-      const uint32_t p0 = static_cast<uint32_t>(lo / kPage), p1 = static_cast<uint32_t>((hi - 1) / kPage);
-      for (uint32_t p = p0; p <= p1; ++p) {
-        // (A page being rewritten in place: the server read and the
-        // overlay that follows it sort that out.)
-        if (!TestBit(Valid(slot), p) || Rewriting(s, p)) return miss();
-      }
-      pieces.push_back(Piece{s, b, p0, p1 - p0 + 1, slot.inval,
-                             std::vector<uint32_t>(PageCrcs(slot) + p0, PageCrcs(slot) + p1 + 1)});
+    for (auto& p : pieces) {
+      const uint32_t* crc = PageCrcs(slots_[p.slot]);
+      p.crc.assign(crc + p.first_page, crc + p.first_page + p.npages);
     }
     for (const auto& p : pieces) {
       policy_->Pin(p.slot);
@@ -1062,6 +1106,8 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   if (!wrote) return DeviceError("writing the cache", err);
+  CrcStore::Holds holds(*crcs_);
+  if (HoldCrcs(lock, {job.slot}, holds) == CrcStore::Got::kFailed) return;
   if (!current()) return;  // given to another block, or invalidated meanwhile
   uint32_t filled = 0;
   for (uint32_t k = 0; k < np; ++k) {
@@ -1069,7 +1115,7 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
     if (!TestBit(fresh, p) || TestBit(Valid(slot), p)) continue;
     used_pages_++;
     SetBit(Valid(slot), p);
-    PageCrcs(slot)[p] = crcs[k];
+    MutCrcs(slot)[p] = crcs[k];
     ++filled;
   }
   // Filled pages are not in a copy-on-write partner (WbSlot::delta).
@@ -1109,6 +1155,10 @@ CacheStats BlockCache::Stats() const {
   s.slots_used = policy_->in_use();
   s.used_bytes = used_pages_ * kPage;
   s.files_cached = file_ids_.size() - free_file_ids_.size();
+  const auto crc = crcs_->counters();
+  s.checksum_reads = crc.reads;
+  s.checksum_writes = crc.writes;
+  s.checksum_ram_bytes = crc.ram_bytes;
   const auto now = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration oldest{};
   for (uint32_t k : dirty_set_) {

@@ -48,10 +48,13 @@
 // index page marked, and written by the writer); merging unflushed pages
 // into a READ reply (OverlayAsync) reads them on the cache's reader thread.
 // Lookups (Read) and CollectDirty read the data file in the caller's thread:
-// call them from FUSE or flusher threads only. All state is under one
-// mutex, never held across disk I/O (slots are pinned instead). Every file
-// operation goes through the Disk seam (disk.h), except the page checksum
-// table's mapping (crc_table.h), which holds nothing durable.
+// call them from FUSE or flusher threads only. The page checksums of a
+// cache larger than their RAM budget are read back from the cache disk
+// (crc_store.h) by the thread that needs them: the caller of Read and
+// CollectDirty, the writer, the reader thread; never an event loop. All
+// state is under one mutex, never held across disk I/O (slots are pinned
+// instead; the checksums' frames held). Every file operation goes through
+// the Disk seam (disk.h).
 //
 // Memory. What the cache keeps in RAM grows with its slots, about 100
 // bytes per slot at 64 pages a block (under 0.4 MiB per GiB of cache at the
@@ -59,8 +62,10 @@
 // version interned), its three page bitmaps sized to the block (bits_), its entry in the block
 // table (block_table_, open addressing over slot numbers) and its share of
 // the 2Q policy's arrays (policy.h). The page CRCs (4 bytes per 4 KiB page,
-// 1 MiB per GiB) are in CrcTable, one flat anonymous mapping (crc_table.h
-// says why not a file). A file's handle, version bookkeeping and
+// 1 MiB per GiB) are in a CrcStore: all in RAM up to its budget
+// (cache_crc_ram=, by default 4 MiB or 1/32 of them), else in the file
+// `crcs` of cache_dir with about the budget's worth of them in RAM
+// (crc_store.h). A file's handle, version bookkeeping and
 // write counters are kept once per file (FileState, with an id the slots
 // name it by while they hold its blocks); write-back fields (writer's
 // credentials, implied size, dirty age, copy-on-write partner and two page
@@ -180,7 +185,7 @@
 #include <vector>
 
 #include "cache/aligned.h"
-#include "cache/crc_table.h"
+#include "cache/crc_store.h"
 #include "cache/disk.h"
 #include "cache/format.h"
 #include "cache/index.h"
@@ -211,6 +216,9 @@ struct CacheOptions {
   bool flush_on_unmount = true;   // wb_noflush clears it
   Disk* disk = nullptr;           // the file-I/O seam; nullptr: RealDisk()
   uint32_t index_per_page = 0;    // tests: records per index page (index.h); 0: all that fit
+  // RAM for the page checksums (crc_store.h); 0: the default.
+  uint64_t crc_ram = 0;
+  uint32_t crc_frame = 0;  // tests: bytes per checksum frame (0: 4 KiB)
   // Write-back: the longest an acknowledged write waits for a commit when
   // nothing asks for one (tests set it long, to commit only when asked).
   std::chrono::milliseconds commit_interval{1000};
@@ -225,6 +233,9 @@ struct CacheStats {
   uint64_t writes = 0, write_hits = 0, write_bypasses = 0;
   uint64_t pages_filled = 0, evictions = 0, invalidations = 0, files_dropped = 0;
   uint64_t checksum_failures = 0, device_errors = 0;
+  // Page checksums beyond their RAM budget: frames read back from the cache
+  // disk and written to it, and the bytes of them in RAM (crc_store.h).
+  uint64_t checksum_reads = 0, checksum_writes = 0, checksum_ram_bytes = 0;
   uint64_t files_cached = 0;  // files with blocks in the cache
   // Write-back.
   uint64_t dirty_bytes = 0, dirty_blocks = 0, flushed_bytes = 0, flush_errors = 0;
@@ -398,10 +409,13 @@ class BlockCache {
   DirtyLevel Dirty() const;
   // Dirty runs in (file, offset) order, at most about `max_bytes`, only of
   // `fh` if not empty, only of blocks dirty since before `older_than`, none
-  // of the files in `skip`.
+  // of the files in `skip`. `*failed` (if given) is set when some dirty
+  // pages could not be read back (a cache-disk error, of their data or of
+  // their checksums): they stay dirty, so an empty result does not then
+  // mean that nothing is left to flush.
   std::vector<DirtyRun> CollectDirty(uint64_t max_bytes, const std::string& fh,
                                      std::chrono::steady_clock::time_point older_than,
-                                     const std::set<std::string>* skip = nullptr);
+                                     const std::set<std::string>* skip = nullptr, bool* failed = nullptr);
   // The runs are on the server (COMMIT with their WRITE's verifier): clean
   // unless written again meanwhile. Returns once the clean marks are
   // durable (it waits for the writer thread: never call it from an engine
@@ -597,7 +611,16 @@ class BlockCache {
   BitsRef Valid(const Slot& sl) const { return Bits(sl, kValidBits); }
   BitsRef DirtyBits(const Slot& sl) const { return Bits(sl, kDirtyBits); }
   BitsRef Cleaning(const Slot& sl) const { return Bits(sl, kCleaningBits); }
-  uint32_t* PageCrcs(const Slot& sl) const { return const_cast<CrcTable&>(*crcs_).at(SlotNo(sl)); }
+  // A slot's page CRCs: resident ones only (held by HoldCrcs). Mut marks
+  // them changed.
+  const uint32_t* PageCrcs(const Slot& sl) const REQUIRES(mu_) { return crcs_->Get(SlotNo(sl)); }
+  uint32_t* MutCrcs(const Slot& sl) REQUIRES(mu_) { return crcs_->Mut(SlotNo(sl)); }
+  // Holds the CRCs of `slots` in RAM for h's life (crc_store.h). May release
+  // `lock` for cache-disk I/O: kRelocked then (what the lock guarded may
+  // have changed: look again). kFailed: a read or write of the checksum
+  // file failed (counted as a device error; errno kept).
+  CrcStore::Got HoldCrcs(std::unique_lock<std::mutex>& lock, const std::vector<uint32_t>& slots,
+                         CrcStore::Holds& h) REQUIRES(mu_);
   WbSlot& Wb(uint32_t s) REQUIRES(mu_) { return wb_[s]; }
   // Slot versions are interned (the slots of a file mostly share one).
   const FileVersion& VersionOf(const Slot& sl) const REQUIRES(mu_);
@@ -718,7 +741,8 @@ class BlockCache {
   std::condition_variable rewrite_cv_;  // a Slot::rewriting was cleared
   std::vector<Slot> slots_ GUARDED_BY(mu_);
   std::vector<uint64_t> bits_ GUARDED_BY(mu_);  // kBitKinds bitmaps of words() words per slot
-  std::unique_ptr<CrcTable> crcs_ GUARDED_BY(mu_);
+  std::unique_ptr<CrcStore> crcs_;  // its state under mu_ (crc_store.h)
+  uint64_t crc_write_errors_ GUARDED_BY(mu_) = 0;  // of crcs_, reported already
   std::unordered_map<uint32_t, WbSlot> wb_ GUARDED_BY(mu_);
   struct VersionHash {
     size_t operator()(const FileVersion& v) const {

@@ -36,53 +36,106 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
     return false;
   }
   const uint32_t per = journal_->per_page();
-  std::vector<std::pair<uint32_t, std::vector<Record>>> out;
-  out.reserve(queued_groups_.size());
   const uint64_t batch = ++batches_;
-  for (uint32_t g : queued_groups_) {
-    group_batch_[g] = batch;
-    std::vector<Record> recs;
-    for (uint32_t s = g * per; s < (g + 1) * per && s < nslots_; ++s) {
-      const Slot& slot = slots_[s];
-      Record r;
-      r.seq = slot.rec_seq;
-      if (slot.file != kNoFile) {
-        r.fh = Fh(slot);
-        r.block = slot.block;
-        r.valid = Valid(slot);
-        // A page being cleaned is still dirty on disk until this write.
-        r.dirty = DirtyBits(slot);
-        r.version = VersionOf(slot);
-        if (auto it = wb_.find(s); it != wb_.end()) {
-          for (size_t i = 0; i < it->second.claimed.size(); ++i) it->second.claimed[i] |= r.dirty[i];
-        }
-        const WbSlot& wb = WbOf(s);
-        r.fsize = wb.fsize;
-        r.uid = wb.uid;
-        r.groups = wb.groups;
-        r.gid = wb.gid;
-        r.crc.assign(PageCrcs(slot), PageCrcs(slot) + pages());
-      } else if (auto t = tombs_.find(s); t != tombs_.end()) {
-        // A tombstone (rule 2a): the block's name, nothing valid.
-        r.fh = t->second.fh;
-        r.block = t->second.block;
-      }
-      recs.push_back(std::move(r));
-    }
-    out.emplace_back(g, std::move(recs));
-  }
-  queued_groups_.clear();
-  lock.unlock();
+  // The groups queued now, in chunks: a chunk's records are built once the
+  // CRCs of its slots are held in RAM by a pass that did not release the
+  // lock (reading them back from the cache disk releases it: crc_store.h).
+  // A group queued again while the lock is released is written again later
+  // in this call if its chunk comes later, else by the next call: either
+  // way with what memory holds then, as any change made while a write is
+  // under way. (Only this thread applies write-back writes, so no record
+  // written here can declare data not yet written: rule 1.)
+  // (A chunk is the groups whose slots' CRCs lie in at most kChunkFrames
+  // frames, or one group: what it holds in RAM beyond the budget is small.)
+  constexpr size_t kChunkFrames = 4;
+  const std::vector<uint32_t> todo(queued_groups_.begin(), queued_groups_.end());
   bool ok = true;
-  for (const auto& [g, recs] : out) {
-    if (!journal_->WriteGroup(g, recs)) {
-      ok = false;
-      break;
+  bool crc_failed = false;
+  int err = 0;
+  for (size_t at = 0; at < todo.size() && ok;) {
+    CrcStore::Holds holds(*crcs_);  // (released before the lock)
+    std::vector<uint32_t> chunk, need;
+    size_t next = at;
+    for (;;) {
+      chunk.clear();
+      need.clear();
+      std::vector<uint32_t> frames;
+      for (next = at; next < todo.size(); ++next) {
+        const uint32_t g = todo[next];
+        if (!queued_groups_.count(g)) continue;
+        std::vector<uint32_t> more;
+        for (uint32_t s = g * per; s < (g + 1) * per && s < nslots_; ++s) {
+          if (slots_[s].file == kNoFile) continue;
+          more.push_back(s);
+          const uint32_t fr = crcs_->FrameOf(s);
+          if (std::find(frames.begin(), frames.end(), fr) == frames.end()) frames.push_back(fr);
+        }
+        if (!chunk.empty() && frames.size() > kChunkFrames) break;
+        chunk.push_back(g);
+        need.insert(need.end(), more.begin(), more.end());
+      }
+      const auto got = HoldCrcs(lock, need, holds);
+      if (got == CrcStore::Got::kFailed) {
+        ok = false;
+        crc_failed = true;
+        err = errno;
+      }
+      if (got != CrcStore::Got::kRelocked) break;
     }
+    if (!ok) break;
+    at = next;
+    std::vector<std::pair<uint32_t, std::vector<Record>>> out;
+    out.reserve(chunk.size());
+    for (uint32_t g : chunk) {
+      queued_groups_.erase(g);
+      group_batch_[g] = batch;
+      std::vector<Record> recs;
+      for (uint32_t s = g * per; s < (g + 1) * per && s < nslots_; ++s) {
+        const Slot& slot = slots_[s];
+        Record r;
+        r.seq = slot.rec_seq;
+        if (slot.file != kNoFile) {
+          r.fh = Fh(slot);
+          r.block = slot.block;
+          r.valid = Valid(slot);
+          // A page being cleaned is still dirty on disk until this write.
+          r.dirty = DirtyBits(slot);
+          r.version = VersionOf(slot);
+          if (auto it = wb_.find(s); it != wb_.end()) {
+            for (size_t i = 0; i < it->second.claimed.size(); ++i) it->second.claimed[i] |= r.dirty[i];
+          }
+          const WbSlot& wb = WbOf(s);
+          r.fsize = wb.fsize;
+          r.uid = wb.uid;
+          r.groups = wb.groups;
+          r.gid = wb.gid;
+          r.crc.assign(PageCrcs(slot), PageCrcs(slot) + pages());
+        } else if (auto t = tombs_.find(s); t != tombs_.end()) {
+          // A tombstone (rule 2a): the block's name, nothing valid.
+          r.fh = t->second.fh;
+          r.block = t->second.block;
+        }
+        recs.push_back(std::move(r));
+      }
+      out.emplace_back(g, std::move(recs));
+    }
+    holds.Release();
+    lock.unlock();
+    for (const auto& [g, recs] : out) {
+      if (!journal_->WriteGroup(g, recs)) {
+        ok = false;
+        err = errno;
+        break;
+      }
+    }
+    lock.lock();
   }
-  if (ok && sync) ok = journal_->Sync();
-  const int err = errno;
-  lock.lock();
+  if (ok && sync) {
+    lock.unlock();
+    ok = journal_->Sync();
+    err = errno;
+    lock.lock();
+  }
   if (ok && sync) {
     wb_unsynced_ = false;
     last_sync_ = std::chrono::steady_clock::now();
@@ -98,7 +151,10 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
     // the cache goes out of service, Durable() answers false from now on
     // (fsync goes to the server) and the flusher takes their pages to the
     // server from the data file (checked by their CRCs).
-    IndexFailed(sync ? "writing or syncing the cache index and data" : "writing the cache index", err);
+    IndexFailed(crc_failed ? "reading the page checksums for the cache index"
+                : sync     ? "writing or syncing the cache index and data"
+                           : "writing the cache index",
+                err);
   }
   return ok;
 }

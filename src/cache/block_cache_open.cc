@@ -77,11 +77,14 @@ Result<bool> BlockCache::Init() {
   // keeping 5% of it free (the data file is preallocated below).
   struct statvfs vfs{};
   if (statvfs(dir.c_str(), &vfs) != 0) return Sys("statvfs " + dir);
-  const uint64_t have = disk_.Allocated(data_path) + disk_.Allocated(index_path);
+  const uint64_t have = disk_.Allocated(data_path) + disk_.Allocated(index_path) +
+                        disk_.Allocated(dir + "/" + CrcStore::kName);
   const uint64_t total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
   const uint64_t avail = uint64_t{vfs.f_bavail} * vfs.f_frsize + have;
   const uint64_t margin = total / 20;
-  const uint64_t per_slot = opts_.block + Index::RegionBytes(Geometry{opts_.block, 4096}) / 4096 + 1;
+  // (With its page checksums, should they not fit in RAM: crc_store.h.)
+  const uint64_t per_slot = opts_.block + Index::RegionBytes(Geometry{opts_.block, 4096}) / 4096 + 1 +
+                            CrcStore::TableBytes(1, opts_.block / kPage);
   uint64_t want = opts_.size / opts_.block;
   const uint64_t fit = avail > margin ? (avail - margin) / per_slot : 0;
   if (fit < want) {
@@ -169,8 +172,16 @@ Result<bool> BlockCache::Init() {
 
   slots_.resize(nslots_);
   bits_.assign(size_t{nslots_} * kBitKinds * words(), 0);
-  crcs_ = CrcTable::Open(dir, nslots_, pages());
-  if (!crcs_) return Sys("mapping the page checksum table");
+  {
+    CrcStore::Options co;
+    co.slots = nslots_;
+    co.pages = pages();
+    co.ram = opts_.crc_ram;
+    co.frame = opts_.crc_frame;
+    auto crcs = CrcStore::Open(disk_, dir, co);
+    if (!crcs) return Error::Errno(crcs.error().err, "cache_dir " + dir + ": " + crcs.error().what);
+    crcs_ = std::move(*crcs);
+  }
   block_table_.assign(size_t{nslots_} + nslots_ / 2 + 16, kNoSlot);  // load at most 2/3
   // The policy asks for the key of a slot it evicts (under mu_, while the
   // slot still holds its block) rather than keeping one per slot.
@@ -231,6 +242,7 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   };
   std::unordered_map<std::string, Claim> empty_claims;
   std::vector<uint32_t> superseded;
+  int crc_err = 0;  // writing the checksums of a paged table failed (crc_store.h)
   auto st = journal_->Load([&](uint32_t s, Record&& r) {
     seq_ = std::max(seq_, r.seq + 1);
     uint32_t other = kNoSlot;
@@ -281,7 +293,16 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     List(s);
     Valid(slot) = r.valid;
     DirtyBits(slot) = r.dirty;
-    std::copy_n(r.crc.begin(), std::min<size_t>(r.crc.size(), ppb), PageCrcs(slot));
+    {
+      // (Nothing else runs yet: the lock is only the checksum store's protocol.)
+      std::unique_lock lock(mu_);
+      CrcStore::Holds holds(*crcs_);
+      if (HoldCrcs(lock, {s}, holds) == CrcStore::Got::kFailed) {
+        crc_err = crc_err != 0 ? crc_err : (errno != 0 ? errno : EIO);
+      } else {
+        std::copy_n(r.crc.begin(), std::min<size_t>(r.crc.size(), ppb), MutCrcs(slot));
+      }
+    }
     if (r.fsize != 0 || AnyBit(r.dirty) || r.uid != 0 || r.gid != 0 || !r.groups.empty()) {
       WbSlot& wb = Wb(s);
       wb.claimed = r.dirty;
@@ -299,6 +320,9 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     for (uint32_t p = 0; p < ppb; ++p) used_pages_ += TestBit(Valid(slot), p) ? 1 : 0;
   });
   if (!st) return st;
+  if (crc_err != 0) {
+    return Error::Errno(crc_err, std::string("reading or writing the page checksum file: ") + std::strerror(crc_err));
+  }
   // The size unflushed writes imply, from the claims that won (one that
   // lost may have been loaded first).
   for (uint32_t s = 0; s < nslots_; ++s) {

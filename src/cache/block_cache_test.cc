@@ -50,6 +50,12 @@ class BlockCacheTest : public ::testing::Test {
     o.seq_cutoff = 4 << 20;
     o.admit_second = admit_second;
     o.commit_interval = commit_interval_;
+    if (paged_ || getenv("MPNFS_TEST_CRC_PAGED")) {
+      // One slot's checksums per frame, RAM for two (the table pages).
+      o.crc_frame = kBlock / 4096 * 4;
+      o.crc_ram = 2 * o.crc_frame;
+      o.index_per_page = index_per_page_;
+    }
     auto c = BlockCache::Open(o);
     EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().what);
     return c.ok() ? std::move(c.value()) : nullptr;
@@ -97,6 +103,8 @@ class BlockCacheTest : public ::testing::Test {
   }
   std::string dir_;
   std::chrono::milliseconds commit_interval_{1000};
+  bool paged_ = false;  // page checksums mostly out of RAM (crc_store.h)
+  uint32_t index_per_page_ = 0;  // (when paged_)
 };
 
 TEST_F(BlockCacheTest, AFilledRangeIsServedFromTheCache) {
@@ -1153,7 +1161,7 @@ TEST_F(BlockCacheTest, AFilesEntryGoesWithItsLastSlotAndItsIdIsReusedSafely) {
   EXPECT_EQ(c->Stats().slots_used, 0u);
 }
 
-// A page damaged on the cache disk is caught by its CRC (crc_table.h); the
+// A page damaged on the cache disk is caught by its CRC (crc_store.h); the
 // block's sound pages still serve.
 TEST_F(BlockCacheTest, ADamagedPageIsCaughtAndTheSoundPagesStillServe) {
   auto c = Open();
@@ -1166,6 +1174,50 @@ TEST_F(BlockCacheTest, ADamagedPageIsCaughtAndTheSoundPagesStillServe) {
   EXPECT_FALSE(c->Read("fh1", 0, kBlock).has_value());
   EXPECT_EQ(c->Stats().checksum_failures, 1u);
   EXPECT_EQ(c->Read("fh1", 0, 3 * 4096), data.substr(0, 3 * 4096));  // the sound pages still serve
+}
+
+// With the page checksums of 2 of 16 slots in RAM (the rest in the file
+// `crcs`, crc_store.h), every block still serves what was filled, a damaged
+// page is still caught, and a remount rebuilds the table from the records.
+TEST_F(BlockCacheTest, ChecksumsOutOfRamStillServeCatchDamageAndComeBackAtMount) {
+  paged_ = true;
+  index_per_page_ = 2;  // (a record write holds the checksums of 4 frames at most)
+  auto name = [](int i) { return "file" + std::to_string(i); };
+  {
+    auto c = Open();
+    ASSERT_EQ(c->Stats().slots, 16u);
+    for (int i = 0; i < 16; ++i) {
+      c->Observe(name(i), kV1);
+      FillFromServer(*c, name(i), 0, Pattern(kBlock, static_cast<char>('a' + i)));
+    }
+    for (int round = 0; round < 2; ++round) {
+      for (int i = 0; i < 16; ++i) EXPECT_EQ(c->Read(name(i), 0, kBlock), Pattern(kBlock, static_cast<char>('a' + i))) << i;
+    }
+    const auto st = c->Stats();
+    EXPECT_GE(st.checksum_reads, 16u);  // each block's checksums read back
+    EXPECT_GE(st.checksum_writes, 14u);
+    // The budget, and what the writer's record writes and a read held at once.
+    EXPECT_LE(st.checksum_ram_bytes, (2u + 4u + 2u) * (kBlock / 4096 * 4));
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/crcs"));
+    // One page of slot 9, damaged on disk: exactly one file stops serving.
+    ASSERT_TRUE(FlipOnDisk(9ull * kBlock + 3 * 4096 + 5, 0x01));
+    int whole = 0;
+    for (int i = 0; i < 16; ++i) whole += c->Read(name(i), 0, kBlock).has_value() ? 1 : 0;
+    EXPECT_EQ(whole, 15);
+    EXPECT_EQ(c->Stats().checksum_failures, 1u);
+  }
+  auto c = Open();
+  int whole = 0;
+  for (int i = 0; i < 16; ++i) {
+    c->Observe(name(i), kV1);
+    auto got = c->Read(name(i), 0, kBlock);
+    if (got) {
+      EXPECT_EQ(*got, Pattern(kBlock, static_cast<char>('a' + i))) << i;
+      whole++;
+    }
+  }
+  EXPECT_EQ(whole, 15);
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);  // the damaged page was dropped for good
 }
 
 // Files with nothing cached are forgotten past 65536 of them; a read that
@@ -1195,6 +1247,7 @@ struct GateFile : File {
   std::unique_ptr<File> f;
   struct GateDisk* d;
   bool index = false;
+  bool crcs = false;  // the page checksum file (crc_store.h)
   bool ReadAt(char* p, size_t n, uint64_t off) override;
   bool WriteAt(const char* p, size_t n, uint64_t off) override;
   bool Sync() override;
@@ -1212,16 +1265,19 @@ struct GateDisk : Disk {
   bool fail_torn = false;        // ... and then fails (EIO) instead of holding
   bool read_armed = false, read_held = false, read_release = false;  // the next data read
   std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
+  std::atomic<bool> fail_crc_read{false};  // of the page checksum file
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
     auto r = RealDisk().Open(path, flags);
     if (!r) return r;
     const bool data = path.size() >= 5 && path.substr(path.size() - 5) == "/data";
     const bool index = path.size() >= 6 && path.substr(path.size() - 6) == "/index";
-    if (!data && !index) return r;
+    const bool crcs = path.size() >= 5 && path.substr(path.size() - 5) == "/crcs";
+    if (!data && !index && !crcs) return r;
     auto g = std::make_unique<GateFile>();
     g->f = std::move(*r);
     g->d = this;
     g->index = index;
+    g->crcs = crcs;
     return std::unique_ptr<File>(std::move(g));
   }
   bool Exists(const std::string& p) override { return RealDisk().Exists(p); }
@@ -1245,6 +1301,10 @@ struct GateDisk : Disk {
   }
 };
 bool GateFile::ReadAt(char* p, size_t n, uint64_t off) {
+  if (crcs) {
+    if (d->fail_crc_read) return errno = EIO, false;
+    return f->ReadAt(p, n, off);
+  }
   if (!index && d->fail_data_read) {
     errno = EIO;
     return false;
@@ -1261,6 +1321,7 @@ bool GateFile::ReadAt(char* p, size_t n, uint64_t off) {
   return f->ReadAt(p, n, off);
 }
 bool GateFile::Sync() {
+  if (crcs) return f->Sync();
   if (!index && d->fail_data_sync) {
     errno = EIO;
     return false;
@@ -1277,6 +1338,7 @@ bool GateFile::Sync() {
   return f->Sync();
 }
 bool GateFile::WriteAt(const char* p, size_t n, uint64_t off) {
+  if (crcs) return f->WriteAt(p, n, off);
   if (index) return f->WriteAt(p, n, off);
   {
     std::unique_lock l(d->mu);
@@ -1376,6 +1438,50 @@ TEST_F(WriteBackTest, DropAsOfKeepsOnlyTheBlocksWrittenSinceItsStamp) {
   ASSERT_EQ(Wb(*c, "fh2", 0, Pattern(4096, 'e')).kind, WbOutcome::kStored);
   EXPECT_EQ(c->DropAsOf("fh2", stamp), BlockCache::DropResult::kNothing);
   EXPECT_EQ(c->Stats().dirty_bytes, 4096u);
+}
+
+// Dirty pages whose checksums cannot be read back from their file
+// (crc_store.h) are reported as not collected, and stay dirty; once the
+// file reads again they are collected whole.
+TEST_F(WbRaceTest, DirtyPagesWhoseChecksumsCannotBeReadAreReportedAndKept) {
+  paged_ = true;  // checksums of 2 of the 16 slots in RAM
+  GateDisk disk;
+  auto c = Open(1 << 20, &disk);
+  for (int i = 0; i < 16; ++i) {
+    const std::string fh = "fh" + std::to_string(i);
+    c->Observe(fh, kV1);
+    ASSERT_EQ(Wb(*c, fh, 0, Pattern(kBlock, static_cast<char>('a' + i))).kind, WbOutcome::kStored);
+  }
+  c->Quiesce();
+  ASSERT_GT(c->Stats().checksum_writes, 0u);
+  disk.fail_crc_read = true;
+  bool failed = false;
+  auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now(), nullptr, &failed);
+  EXPECT_TRUE(failed);
+  EXPECT_LT(runs.size(), 16u);
+  EXPECT_EQ(c->Stats().dirty_blocks, 16u);
+  disk.fail_crc_read = false;
+  runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now(), nullptr, &failed);
+  EXPECT_FALSE(failed);
+  ASSERT_EQ(runs.size(), 16u);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.data, Pattern(kBlock, static_cast<char>('a' + std::stoi(r.fh.substr(2))))) << r.fh;
+  }
+  EXPECT_EQ(c->Stats().checksum_failures, 0u);
+}
+
+// The paged run of this suite (meson test block_cache_paged) does keep
+// the checksums out of RAM.
+TEST_F(BlockCacheTest, ThePagedRunReadsChecksumsBack) {
+  if (!getenv("MPNFS_TEST_CRC_PAGED")) GTEST_SKIP() << "only in the paged run";
+  auto c = Open();
+  for (int i = 0; i < 16; ++i) {
+    const std::string fh = "p" + std::to_string(i);
+    c->Observe(fh, kV1);
+    FillFromServer(*c, fh, 0, Pattern(kBlock, 'p'));
+  }
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(c->Read("p" + std::to_string(i), 0, kBlock).has_value());
+  EXPECT_GT(c->Stats().checksum_reads, 0u);
 }
 
 class WbDropRaceTest : public WbRaceTest, public ::testing::WithParamInterface<std::tuple<DropKind, bool>> {};

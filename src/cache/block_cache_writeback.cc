@@ -35,6 +35,25 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
                            std::unique_lock<std::mutex>& lock) {
   const uint64_t block = opts_.block;
   const uint64_t end = w.off + w.len;
+  // The CRCs of the slots the blocks are in now, held in RAM before step 1
+  // reads them (reading them back from the cache disk releases the lock:
+  // then the slots are looked up again).
+  CrcStore::Holds holds(*crcs_);  // (released before the lock: the caller holds it)
+  for (std::vector<uint32_t> need;;) {
+    need.clear();
+    if (auto fit = files_.find(w.fh); fit != files_.end() && fit->second.id != kNoFile) {
+      for (uint64_t b = w.off / block; b * block < end; ++b) {
+        if (const uint32_t s = Lookup(fit->second.id, b); s != kNoSlot) need.push_back(s);
+      }
+    }
+    const auto got = HoldCrcs(lock, need, holds);
+    if (got == CrcStore::Got::kFailed) {
+      out.kind = WbOutcome::kUnavailable;
+      stats_.wb_arounds++;
+      return false;
+    }
+    if (got == CrcStore::Got::kHeld) break;
+  }
   FileState& f = State(w.fh);
   // Step 1 (locked): where each block's pages go, and which pages of the
   // block's current slot must be carried over or merged.
@@ -314,6 +333,24 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       continue;
     }
     if (!PrepareWb(w, it.parts, it.out, batch_pins, lock)) continue;
+    // The CRCs step 3 reads and sets, held in RAM from before any page is
+    // written (reading them back may release the lock: as the writing
+    // below does; what it guards is checked after it): a failure to hold
+    // them then costs nothing written.
+    CrcStore::Holds holds(*crcs_);
+    {
+      std::vector<uint32_t> need;
+      for (const auto& part : it.parts) {
+        if (part.pinned_from) need.push_back(part.from);
+        need.push_back(part.to);
+      }
+      if (HoldCrcs(lock, need, holds) == CrcStore::Got::kFailed) {
+        UndoWb(it.parts);
+        it.out.kind = WbOutcome::kUnavailable;
+        stats_.wb_arounds++;
+        continue;
+      }
+    }
     for (const auto& part : it.parts) {
       if (part.pinned_from) batch_pins[part.from]++;
       if (part.allocated) batch_pins[part.to]++;
@@ -375,7 +412,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         SetBit(Valid(to), p);
         // (`from` is pinned and only this thread writes pages: a reused
         // page's CRC is the one it had when the write was planned.)
-        PageCrcs(to)[p] = reused ? PageCrcs(*from)[p] : part.crc[p - part.img0];
+        MutCrcs(to)[p] = reused ? PageCrcs(*from)[p] : part.crc[p - part.img0];
         if (!touched && !reused) carried++;
         if (touched || (from && TestBit(DirtyBits(*from), p))) SetBit(DirtyBits(to), p);
         // A page whose clean mark is not durable yet stays "dirty" to
@@ -603,7 +640,7 @@ std::optional<OverlayResult> BlockCache::PlanOverlay(const std::string& fh, uint
           return OverlayResult{OverlayResult::kRetry, false};
         }
         if (valid && (changed || TestBit(DirtyBits(*slot), p))) {
-          pieces.push_back(OverlayPlan::Piece{s, slot->gen, b, p, PageCrcs(*slot)[p]});
+          pieces.push_back(OverlayPlan::Piece{s, slot->gen, b, p, 0});  // (crc: RunOverlay)
           policy_->Pin(s);
         } else if (changed && !valid) {
           // Written or flushed since the read left, and not held here: the
@@ -630,14 +667,34 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
   OverlayResult res{OverlayResult::kOk, true};
   int err = 0;
   std::optional<Piece> bad;
-  for (const Piece& pc : pieces) {
+  // The pieces' CRCs, read here, not in PlanOverlay (an event loop may not
+  // wait for the cache disk, which holding them may take). The slots are
+  // pinned (they keep their blocks), but a clean page among them may be
+  // rewritten in place meanwhile: its CRC is then the new data's (the read
+  // below serves that newer data, as a read racing a write may), or the
+  // page is invalid and its check fails and the read goes again (kRetry).
+  std::vector<uint32_t> crc(pieces.size());
+  if (!pieces.empty()) {
+    std::unique_lock lock(mu_);
+    CrcStore::Holds holds(*crcs_);
+    std::vector<uint32_t> need;
+    for (const Piece& pc : pieces) need.push_back(pc.slot);
+    if (HoldCrcs(lock, need, holds) == CrcStore::Got::kFailed) {
+      for (const auto& pc : pieces) policy_->Unpin(pc.slot);
+      return OverlayResult{OverlayResult::kError, false};
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) crc[i] = PageCrcs(slots_[pieces[i].slot])[pieces[i].page];
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& pc = pieces[i];
     if (!data_->ReadAt(page.data(), kPage, uint64_t{pc.slot} * block + uint64_t{pc.page} * kPage)) {
       err = errno;
       res.kind = OverlayResult::kError;
       break;
     }
-    if (Crc(page.data(), kPage) != pc.crc) {
+    if (Crc(page.data(), kPage) != crc[i]) {
       bad = pc;
+      bad->crc = crc[i];
       res.kind = OverlayResult::kRetry;
       break;
     }
@@ -645,10 +702,13 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
     const uint64_t from = std::max(off, ps), to = std::min<uint64_t>(off + len, ps + kPage);
     std::memcpy(out->data() + (from - off), page.data() + (from - ps), to - from);
   }
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  CrcStore::Holds holds(*crcs_);
+  // (Pinned until the CRC below is compared: the slot keeps its block.)
+  const bool held = bad && HoldCrcs(lock, {bad->slot}, holds) != CrcStore::Got::kFailed;
   for (const auto& pc : pieces) policy_->Unpin(pc.slot);
   if (res.kind == OverlayResult::kError) DeviceError("reading the cache", err);
-  if (bad) {
+  if (bad && held) {
     Slot& slot = slots_[bad->slot];
     if (slot.gen == bad->gen && TestBit(Valid(slot), bad->page) && PageCrcs(slot)[bad->page] == bad->crc) {
       // Damaged on disk, not a race.
@@ -671,7 +731,8 @@ BlockCache::DirtyLevel BlockCache::Dirty() const {
 
 std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::string& fh,
                                                std::chrono::steady_clock::time_point older_than,
-                                               const std::set<std::string>* skip) {
+                                               const std::set<std::string>* skip, bool* failed) {
+  if (failed) *failed = false;
   struct Pick {
     uint32_t slot;
     std::string fh;
@@ -684,7 +745,11 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   std::vector<Pick> picks;
   {
     std::unique_lock lock(mu_);
+    CrcStore::Holds holds(*crcs_);  // (released before the lock)
     std::vector<uint32_t> cand;
+    // Until the CRCs of the slots picked are in RAM with no release of the
+    // lock since they were picked (reading them back releases it).
+    for (std::vector<uint32_t> need;;) {
     for (bool busy = true; busy;) {
       busy = false;
       cand.clear();
@@ -713,6 +778,31 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
         for (auto w : DirtyBits(slots_[s])) would += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
       }
       if (busy) rewrite_cv_.wait(lock);
+    }
+    need.clear();
+    uint64_t would = 0;
+    // (At most kRoundFrames frames of checksums: a round of scattered
+    // small dirty blocks must not hold far more than the budget in RAM.)
+    constexpr size_t kRoundFrames = 64;
+    std::vector<uint32_t> frames;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      const uint32_t s = cand[i];
+      const uint32_t fr = crcs_->FrameOf(s);
+      const bool known = std::find(frames.begin(), frames.end(), fr) != frames.end();
+      if (would >= max_bytes || (!known && frames.size() >= kRoundFrames)) {
+        cand.resize(i);
+        break;
+      }
+      if (!known) frames.push_back(fr);
+      need.push_back(s);
+      for (auto w : DirtyBits(slots_[s])) would += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
+    }
+    const auto got = HoldCrcs(lock, need, holds);
+    if (got == CrcStore::Got::kFailed) {
+      if (failed) *failed = true;
+      return {};
+    }
+    if (got == CrcStore::Got::kHeld) break;
     }
     uint64_t bytes = 0;
     for (uint32_t s : cand) {
@@ -773,10 +863,16 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       p = e;
     }
   }
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  CrcStore::Holds holds(*crcs_);
+  std::vector<uint32_t> need;
+  for (const auto& [s, p] : bad) need.push_back(s);
+  // (Before the slots are unpinned: they keep their blocks meanwhile.)
+  const bool held = HoldCrcs(lock, need, holds) != CrcStore::Got::kFailed;
   for (const Pick& pk : picks) policy_->Unpin(pk.slot);
   if (io_error) DeviceError("reading dirty data from the cache", err);
-  for (const auto& [s, p] : bad) {
+  if (failed) *failed = io_error || !held;
+  for (const auto& [s, p] : held ? bad : decltype(bad){}) {
     Slot& slot = slots_[s];
     auto pk = std::find_if(picks.begin(), picks.end(), [s = s](const Pick& x) { return x.slot == s; });
     if (slot.gen != pk->gen || PageCrcs(slot)[p] != pk->crc[p] || !TestBit(DirtyBits(slot), p)) continue;

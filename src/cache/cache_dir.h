@@ -37,7 +37,7 @@
 namespace mpnfs::cache {
 
 // The names the cache keeps in its directory.
-inline constexpr const char* kCacheFiles[] = {"lock", "data", "index", "index.tmp", "meta", "id", "id.tmp", "probe"};
+inline constexpr const char* kCacheFiles[] = {"lock", "data", "index", "index.tmp", "meta", "id", "id.tmp", "probe", "crcs"};
 
 // The directory `dir` names, with every symbolic link of its path resolved,
 // if it may hold a cache (see above); else an error naming the reason:

@@ -155,13 +155,15 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         "\"checksum_failures\": {}, \"device_errors\": {}, \"dirty_bytes\": {}, "
         "\"dirty_blocks\": {}, \"flushed_bytes\": {}, \"flush_errors\": {}, \"copies\": {}, "
         "\"copies_to_partner\": {}, \"copied_pages\": {}, \"rewrites_in_place\": {}, "
-        "\"tombstones\": {}, \"writes_around\": {}, \"dirty_age_s\": {:.3f}, \"flush_rate_bps\": {}}}",
+        "\"tombstones\": {}, \"writes_around\": {}, \"dirty_age_s\": {:.3f}, \"flush_rate_bps\": {}, "
+        "\"checksum_reads\": {}, \"checksum_writes\": {}, \"checksum_ram_bytes\": {}}}",
         k.mode, k.state, k.capacity_bytes, k.used_bytes, k.slots, k.slots_used, k.read_hits,
         k.read_misses, k.read_bypasses, ratio(k.read_hits, k.read_hits + k.read_misses), k.writes,
         k.write_hits, k.write_bypasses, ratio(k.write_hits, k.writes - k.write_bypasses),
         k.pages_filled, k.evictions, k.invalidations, k.files_dropped, k.checksum_failures,
         k.device_errors, k.dirty_bytes, k.dirty_blocks, k.flushed_bytes, k.flush_errors, k.copies,
-        k.copies_to_partner, k.copied_pages, k.rewrites_in_place, k.tombstones, k.wb_arounds, k.dirty_age_s, k.flush_rate_bps);
+        k.copies_to_partner, k.copied_pages, k.rewrites_in_place, k.tombstones, k.wb_arounds, k.dirty_age_s, k.flush_rate_bps,
+        k.checksum_reads, k.checksum_writes, k.checksum_ram_bytes);
   }
   out += "}\n";
   return out;

@@ -70,6 +70,8 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   cache::CacheStats k;
   k.dirty_age_s = 1.5;
   k.flush_rate_bps = 77;
+  k.checksum_reads = 5;
+  k.checksum_ram_bytes = 4096;
   const auto doc = nlohmann::json::parse(StatsJson("s:/e", "/m", {a, b}, &k, 42.5));
   EXPECT_DOUBLE_EQ(doc["uptime_s"].get<double>(), 42.5);
   const auto& c0 = doc["connections"][0];
@@ -94,6 +96,9 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   EXPECT_EQ(doc["ops"]["WRITE"]["file_sync_ops"], 2);
   EXPECT_DOUBLE_EQ(doc["cache"]["dirty_age_s"].get<double>(), 1.5);
   EXPECT_EQ(doc["cache"]["flush_rate_bps"], 77);
+  EXPECT_EQ(doc["cache"]["checksum_reads"], 5);
+  EXPECT_EQ(doc["cache"]["checksum_writes"], 0);
+  EXPECT_EQ(doc["cache"]["checksum_ram_bytes"], 4096);
 }
 
 TEST(ControlTest, PathEncodesTheMountpoint) {

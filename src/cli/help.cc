@@ -44,6 +44,7 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"SSD cache", "seq_cutoff=MIB", "cache_dir=/c,seq_cutoff=4", "longer sequential runs bypass the cache (4)"},
       {"SSD cache", "admit=first|second", "cache_dir=/c,admit=second", "cache a block on its first or second miss (first)"},
       {"SSD cache", "fill=page|block", "cache_dir=/c,fill=block", "a read miss fills the pages read, or whole blocks (page)"},
+      {"SSD cache", "cache_crc_ram=SIZE", "cache_dir=/c,cache_crc_ram=64M", "RAM for page checksums; the rest on the cache disk (4M or 1/32)"},
       {"SSD cache", "cache_direct", "cache_dir=/c,cache_direct", "O_DIRECT I/O on the cache files"},
       {"SSD cache", "cache_optional", "cache_dir=/c,cache_optional", "mount uncached if the cache cannot be used"},
       {"SSD cache", "wb_fsync=cache|server", "cache_dir=/c,cache_mode=writeback,wb_fsync=server", "where fsync makes data durable (cache)"},

@@ -169,6 +169,8 @@ void CacheMetrics(Families& f, const Labels& mount, const cache::CacheStats& k) 
   gauge("mpnfs_cache_slots", "Block slots of the SSD cache", static_cast<double>(k.slots));
   gauge("mpnfs_cache_slots_used", "Block slots in use", static_cast<double>(k.slots_used));
   gauge("mpnfs_cache_dirty_bytes", "Unflushed write-back data", static_cast<double>(k.dirty_bytes));
+  gauge("mpnfs_cache_checksum_ram_bytes", "RAM holding the cache's page checksums",
+        static_cast<double>(k.checksum_ram_bytes));
   gauge("mpnfs_cache_dirty_blocks", "Blocks holding unflushed data",
         static_cast<double>(k.dirty_blocks));
   gauge("mpnfs_cache_dirty_age_seconds", "Age of the oldest unflushed write (0: none)",
@@ -190,6 +192,10 @@ void CacheMetrics(Families& f, const Labels& mount, const cache::CacheStats& k) 
   counter("mpnfs_cache_checksum_failures_total", "Cached pages whose checksum failed",
           k.checksum_failures);
   counter("mpnfs_cache_device_errors_total", "I/O errors of the cache device", k.device_errors);
+  counter("mpnfs_cache_checksum_reads_total",
+          "Frames of page checksums read back from the cache disk (cache_crc_ram)", k.checksum_reads);
+  counter("mpnfs_cache_checksum_writes_total",
+          "Frames of page checksums written out to the cache disk (cache_crc_ram)", k.checksum_writes);
   counter("mpnfs_cache_flushed_bytes_total", "Write-back data flushed to the server",
           k.flushed_bytes);
   counter("mpnfs_cache_flush_errors_total", "Flusher rounds that failed", k.flush_errors);

@@ -242,7 +242,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       } else if (key == "cache_dir") {
         if (val.empty() || val[0] != '/') return Bad("cache_dir= needs an absolute directory path");
         m.cache.dir = val;
-      } else if (key == "cache_size") {
+      } else if (key == "cache_size" || key == "cache_crc_ram") {
         // N with an optional K, M, G or T (powers of 1024); plain N is bytes.
         size_t used = 0;
         unsigned long long n = 0;
@@ -259,9 +259,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
           used = 0;
         }
         if (used == 0 || n == 0 || (shift > 0 && n > (~0ull >> shift))) {
-          return Bad("cache_size= needs a size such as 512M or 50G");
+          return Bad(key + "= needs a size such as " + (key == "cache_size" ? "512M or 50G" : "4M or 64M"));
         }
-        m.cache.size = n << shift;
+        (key == "cache_size" ? m.cache.size : m.cache.crc_ram) = n << shift;
       } else if (key == "cache_mode") {
         if (val == "off") {
           m.cache.mode = cache::CacheMode::kOff;

@@ -211,8 +211,10 @@ TEST(OptionsTest, CacheOptions) {
   EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.mode, cache::CacheMode::kReadOnly);
   EXPECT_EQ(Parse({"s:/e", "/m"})->cache.mode, cache::CacheMode::kOff);
   EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_size=512m"})->cache.size, 512ull << 20);
+  EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c,cache_crc_ram=64M"})->cache.crc_ram, 64ull << 20);
+  EXPECT_EQ(Parse({"s:/e", "/m", "-o", "cache_dir=/c"})->cache.crc_ram, 0u);  // the default
   for (const char* bad : {"cache_mode=readonly", "cache_dir=relative", "cache_dir=/c,cache_size=12X",
-                          "cache_dir=/c,cache_size=0", "cache_dir=/c,cache_mode=fast",
+                          "cache_dir=/c,cache_size=0", "cache_dir=/c,cache_crc_ram=lots", "cache_dir=/c,cache_mode=fast",
                           "cache_dir=/c,cache_block=100", "cache_dir=/c,admit=third",
                           "cache_dir=/c,fill=pages"}) {
     EXPECT_FALSE(Parse({"s:/e", "/m", "-o", bad}).ok()) << bad;

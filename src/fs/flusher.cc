@@ -102,12 +102,17 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
                                 const std::set<std::string>& skip, Kept* kept,
                                 std::set<std::string>* files_sent) {
   if (interrupted_) return Error::Errno(EINTR, "flushing interrupted");
-  std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than, &skip);
+  bool failed = false;
+  std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than, &skip, &failed);
   if (files_sent) {
     for (const auto& r : runs) files_sent->insert(r.fh);
   }
   *pending = !runs.empty();
-  if (runs.empty()) return uint64_t{0};
+  if (runs.empty()) {
+    // Unflushed pages left that could not be read back: not "all flushed".
+    if (failed) return Error::Errno(EIO, "reading unflushed data back from the cache disk failed");
+    return uint64_t{0};
+  }
   // Join neighbours (runs come in file order) into calls of up to wsize.
   std::vector<Call> calls;
   for (size_t i = 0; i < runs.size(); ++i) {

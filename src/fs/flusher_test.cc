@@ -25,8 +25,9 @@ class FlusherTest : public ::testing::Test {
   }
   ~FlusherTest() override { std::filesystem::remove_all(dir_); }
 
-  std::shared_ptr<cache::BlockCache> OpenCache(uint32_t dirty_age_s) {
+  std::shared_ptr<cache::BlockCache> OpenCache(uint32_t dirty_age_s, cache::Disk* disk = nullptr) {
     cache::CacheOptions o;
+    o.disk = disk;
     o.dir = dir_;
     o.size = 16 << 20;
     o.block = 64 << 10;
@@ -328,6 +329,60 @@ TEST_F(FlusherTest, AFileRemovedOnTheServerLosesItsWritesAtTheFlush) {
   }
   EXPECT_EQ(nfs_.Contents(kept), std::string(8192, 'k'));
   EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  nfs_.Quiesce();
+}
+
+// The cache disk, with reads of the data file that fail while asked to.
+struct DataReadsFail : cache::Disk {
+  std::atomic<bool> fail{false};
+  struct F : cache::File {
+    std::unique_ptr<cache::File> f;
+    DataReadsFail* d;
+    bool ReadAt(char* p, size_t n, uint64_t off) override {
+      if (d->fail) return errno = EIO, false;
+      return f->ReadAt(p, n, off);
+    }
+    bool WriteAt(const char* p, size_t n, uint64_t off) override { return f->WriteAt(p, n, off); }
+    bool Sync() override { return f->Sync(); }
+    bool Truncate(uint64_t size) override { return f->Truncate(size); }
+    bool Allocate(uint64_t size) override { return f->Allocate(size); }
+    uint64_t Size() override { return f->Size(); }
+  };
+  Result<std::unique_ptr<cache::File>> Open(const std::string& path, int flags) override {
+    auto r = cache::RealDisk().Open(path, flags);
+    if (!r || path.size() < 5 || path.substr(path.size() - 5) != "/data") return r;
+    auto g = std::make_unique<F>();
+    g->f = std::move(*r);
+    g->d = this;
+    return std::unique_ptr<cache::File>(std::move(g));
+  }
+  bool Exists(const std::string& p) override { return cache::RealDisk().Exists(p); }
+  bool Rename(const std::string& a, const std::string& b) override { return cache::RealDisk().Rename(a, b); }
+  bool Remove(const std::string& p) override { return cache::RealDisk().Remove(p); }
+  bool SyncDir(const std::string& d) override { return cache::RealDisk().SyncDir(d); }
+  uint64_t Allocated(const std::string& p) override { return cache::RealDisk().Allocated(p); }
+};
+
+// Unflushed pages the cache disk cannot give back are not "all flushed"
+// (found by review: FlushAll answered Ok with them left dirty, so a detach,
+// a truncate or an unmount went on as if they were on the server).
+TEST_F(FlusherTest, AFlushThatCannotReadUnflushedPagesFails) {
+  DataReadsFail disk;
+  auto cache = OpenCache(/*dirty_age_s=*/3600, &disk);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 'r');
+  Store(*cache, f, data);
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    disk.fail = true;
+    EXPECT_FALSE(flusher.FlushAll().ok());
+    EXPECT_EQ(cache->Stats().dirty_bytes, data.size());
+    disk.fail = false;
+    ASSERT_TRUE(flusher.FlushAll().ok());
+  }
+  EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  EXPECT_EQ(nfs_.Contents(f), data);
   nfs_.Quiesce();
 }
 
