@@ -625,12 +625,13 @@ CrcStore::Got BlockCache::HoldCrcs(std::unique_lock<std::mutex>& lock, const std
   auto got = CrcStore::Got::kHeld;
   for (uint32_t s : slots) {
     const auto held = crcs_->Hold(lock, s, h);
+    const int hold_err = errno;
     // A frame that could not be written back (kept in RAM) is a device error
-    // too, reported here, by whichever Hold() met it.
-    if (const uint64_t we = crcs_->counters().write_errors; we > crc_write_errors_) {
-      crc_write_errors_ = we;
+    // too, reported here, by whichever Hold() met it (once per frame).
+    for (const uint64_t we = crcs_->counters().write_errors; crc_write_errors_ < we; ++crc_write_errors_) {
       DeviceError("writing the cache's page checksums", EIO);
     }
+    errno = hold_err;
     switch (held) {
       case CrcStore::Got::kHeld:
         break;

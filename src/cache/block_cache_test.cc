@@ -54,7 +54,9 @@ class BlockCacheTest : public ::testing::Test {
       // One slot's checksums per frame, RAM for two (the table pages).
       o.crc_frame = kBlock / 4096 * 4;
       o.crc_ram = 2 * o.crc_frame;
-      o.index_per_page = index_per_page_;
+      // (Small index groups: a record write holds few frames, and frames
+      // are never given back, so big groups would keep most of them in RAM.)
+      o.index_per_page = index_per_page_ != 0 ? index_per_page_ : 2;
     }
     auto c = BlockCache::Open(o);
     EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().what);
@@ -1265,7 +1267,7 @@ struct GateDisk : Disk {
   bool fail_torn = false;        // ... and then fails (EIO) instead of holding
   bool read_armed = false, read_held = false, read_release = false;  // the next data read
   std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
-  std::atomic<bool> fail_crc_read{false};  // of the page checksum file
+  std::atomic<int> fail_crc_reads{0};  // the next N reads of the page checksum file fail
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
     auto r = RealDisk().Open(path, flags);
     if (!r) return r;
@@ -1302,7 +1304,10 @@ struct GateDisk : Disk {
 };
 bool GateFile::ReadAt(char* p, size_t n, uint64_t off) {
   if (crcs) {
-    if (d->fail_crc_read) return errno = EIO, false;
+    if (d->fail_crc_reads > 0) {
+      d->fail_crc_reads--;
+      return errno = EIO, false;
+    }
     return f->ReadAt(p, n, off);
   }
   if (!index && d->fail_data_read) {
@@ -1445,6 +1450,7 @@ TEST_F(WriteBackTest, DropAsOfKeepsOnlyTheBlocksWrittenSinceItsStamp) {
 // file reads again they are collected whole.
 TEST_F(WbRaceTest, DirtyPagesWhoseChecksumsCannotBeReadAreReportedAndKept) {
   paged_ = true;  // checksums of 2 of the 16 slots in RAM
+  index_per_page_ = 2;
   GateDisk disk;
   auto c = Open(1 << 20, &disk);
   for (int i = 0; i < 16; ++i) {
@@ -1454,13 +1460,16 @@ TEST_F(WbRaceTest, DirtyPagesWhoseChecksumsCannotBeReadAreReportedAndKept) {
   }
   c->Quiesce();
   ASSERT_GT(c->Stats().checksum_writes, 0u);
-  disk.fail_crc_read = true;
+  ASSERT_LT(c->Stats().checksum_ram_bytes, 16u * (kBlock / 4096 * 4));  // some frames only in the file
+  disk.fail_crc_reads = 1;  // one frame cannot be read back
   bool failed = false;
   auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now(), nullptr, &failed);
   EXPECT_TRUE(failed);
-  EXPECT_LT(runs.size(), 16u);
+  EXPECT_EQ(disk.fail_crc_reads, 0);
+  // The other blocks are collected all the same (one unreadable frame must
+  // not hold up the rest of the flush; found by review).
+  EXPECT_EQ(runs.size(), 15u);
   EXPECT_EQ(c->Stats().dirty_blocks, 16u);
-  disk.fail_crc_read = false;
   runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now(), nullptr, &failed);
   EXPECT_FALSE(failed);
   ASSERT_EQ(runs.size(), 16u);

@@ -747,6 +747,9 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     std::unique_lock lock(mu_);
     CrcStore::Holds holds(*crcs_);  // (released before the lock)
     std::vector<uint32_t> cand;
+    // Slots whose checksums could not be read back: left out of this round
+    // (reported through *failed), not holding up the others.
+    std::vector<uint32_t> unreadable;
     // Until the CRCs of the slots picked are in RAM with no release of the
     // lock since they were picked (reading them back releases it).
     for (std::vector<uint32_t> need;;) {
@@ -761,6 +764,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
         // new one is durable; only the block's current slot is flushed (two
         // WRITEs of one range in one round could land in either order).
         if (Lookup(slot.file, slot.block) != s) continue;
+        if (std::find(unreadable.begin(), unreadable.end(), s) != unreadable.end()) continue;
         cand.push_back(s);
       }
       // File order: by handle, then offset (the server sees ascending writes).
@@ -797,13 +801,15 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       need.push_back(s);
       for (auto w : DirtyBits(slots_[s])) would += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
     }
-    const auto got = HoldCrcs(lock, need, holds);
-    if (got == CrcStore::Got::kFailed) {
-      if (failed) *failed = true;
-      return {};
+    bool again = false;
+    for (uint32_t s : need) {
+      const auto got = HoldCrcs(lock, {s}, holds);
+      if (got == CrcStore::Got::kFailed) unreadable.push_back(s);
+      again = again || got != CrcStore::Got::kHeld;
     }
-    if (got == CrcStore::Got::kHeld) break;
+    if (!again) break;
     }
+    if (failed) *failed = !unreadable.empty();
     uint64_t bytes = 0;
     for (uint32_t s : cand) {
       if (bytes >= max_bytes) break;
@@ -824,7 +830,9 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   const uint64_t block = opts_.block;
   AlignedBuf io;
   for (const Pick& pk : picks) {
-    for (uint32_t p = 0; p < pages() && !io_error;) {
+    // (A pick that cannot be read back stays dirty; the others go on.)
+    bool pick_failed = false;
+    for (uint32_t p = 0; p < pages() && !pick_failed;) {
       if (!TestBit(pk.dirty, p)) {
         ++p;
         continue;
@@ -843,7 +851,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       run.off = pk.block * block + uint64_t{p} * kPage;
       io.resize(size_t{e - p} * kPage);
       if (!data_->ReadAt(io.data(), io.size(), uint64_t{pk.slot} * block + uint64_t{p} * kPage)) {
-        io_error = true;
+        io_error = pick_failed = true;
         err = errno;
         break;
       }
@@ -871,7 +879,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   const bool held = HoldCrcs(lock, need, holds) != CrcStore::Got::kFailed;
   for (const Pick& pk : picks) policy_->Unpin(pk.slot);
   if (io_error) DeviceError("reading dirty data from the cache", err);
-  if (failed) *failed = io_error || !held;
+  if (failed) *failed = *failed || io_error || !held;
   for (const auto& [s, p] : held ? bad : decltype(bad){}) {
     Slot& slot = slots_[s];
     auto pk = std::find_if(picks.begin(), picks.end(), [s = s](const Pick& x) { return x.slot == s; });

@@ -101,8 +101,7 @@ CrcStore::Got CrcStore::Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, 
       h.frames_.push_back(fi);
       return relocked ? Got::kRelocked : Got::kHeld;
     }
-    const uint32_t v = Victim(lock, &relocked);
-    if (v == kNone) return Got::kFailed;
+    const uint32_t v = Victim(lock, &relocked);  // (always a frame)
     Frame& f = *frames_[v];
     if (frame_of_[page] != kNone) {
       f.state = State::kFree;  // brought in by another thread meanwhile

@@ -46,7 +46,9 @@
 // holder never waits for another holder and Hold() cannot deadlock. Frames
 // are not given back: RAM stays at the most ever held at once beyond the
 // budget, which callers keep small (a read's blocks, a write's, 4 frames
-// for a record write, 64 for a flusher round: BlockCache).
+// or one index group for a record write, about 64 for a flusher round:
+// BlockCache), plus frames stuck after failed write-backs (a disk that
+// fails them takes the cache out of service soon: block_cache.h).
 #pragma once
 
 #include <condition_variable>
@@ -143,8 +145,8 @@ class CrcStore {
     return reinterpret_cast<uint32_t*>(f.data) + size_t{slot % slots_per_frame_} * pages_;
   }
   // A frame to load a page into, taken out of the CLOCK (state kLoading,
-  // page unset); writes a dirty victim back first, with the lock released.
-  // kNone with errno set if that write failed.
+  // page unset); writes a dirty victim back first, with the lock released
+  // (one that fails stays, stuck); a new frame when none can be taken.
   uint32_t Victim(std::unique_lock<std::mutex>& lock, bool* relocked);
   uint32_t* Mut2(uint32_t slot, bool dirty);
 
