@@ -628,7 +628,7 @@ CrcStore::Got BlockCache::HoldCrcs(std::unique_lock<std::mutex>& lock, const std
     const int hold_err = errno;
     // A frame that could not be written back (kept in RAM) is a device error
     // too, reported here, by whichever Hold() met it (once per frame).
-    for (const uint64_t we = crcs_->counters().write_errors; crc_write_errors_ < we; ++crc_write_errors_) {
+    for (const uint64_t we = crcs_->write_errors(); crc_write_errors_ < we; ++crc_write_errors_) {
       DeviceError("writing the cache's page checksums", EIO);
     }
     errno = hold_err;

@@ -127,6 +127,7 @@ class CrcStore {
     uint64_t ram_bytes = 0;          // bytes of CRCs in RAM (at most: the mapping's size when not paged)
   };
   Counters counters() const;
+  uint64_t write_errors() const { return counters_.write_errors; }
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
