@@ -113,8 +113,6 @@ CrcStore::Got CrcStore::Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, 
     frame_of_[page] = v;
     if (!on_disk_[page]) {
       std::memset(f.data, 0, frame_bytes_);
-    } else if (file_->TryReadAt(f.data, frame_bytes_, uint64_t{page} * frame_bytes_)) {
-      counters_.reads++;  // from the page cache, the lock kept: no relock
     } else {
       f.state = State::kLoading;
       lock.unlock();

@@ -39,11 +39,7 @@
 // Lock and threads. All state is under the owner's mutex (BlockCache::mu_),
 // which Hold() takes as a unique_lock: it may release it for the file's
 // I/O and to wait for another thread's read of the same frame, and retakes
-// it before returning. A frame read back from the page cache keeps the
-// lock (File::TryReadAt: RWF_NOWAIT, no wait for the device; a relock
-// makes every caller look its slots up again, which under load cost more
-// than the 4 KiB copy); only a read that must wait for the disk, or a
-// dirty victim's write-back, releases it. So Hold() must not be called from an engine event
+// it before returning. So Hold() must not be called from an engine event
 // loop; in the all-in-RAM layout it never releases the lock. Frames held
 // (Holds) are never evicted; when every frame is held, busy or stuck,
 // another frame is allocated beyond the budget rather than waiting, so a

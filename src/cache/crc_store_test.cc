@@ -142,33 +142,6 @@ TEST_F(CrcStoreTest, ALargerTableLivesInItsFileWithOnlyTheBudgetInRam) {
   EXPECT_EQ(disk_.reads, static_cast<int>(n.reads));
 }
 
-TEST_F(CrcStoreTest, AFrameInThePageCacheIsReadBackWithTheLockKept) {
-  // The kernel's disk: frames written back are in the page cache, so their
-  // read-back needs no wait for the device and keeps the caller's lock
-  // (kHeld: no look-up again). FlakyDisk's files, which cannot read
-  // without waiting, are the other case (the test above: reads counted).
-  CrcStore::Options o;
-  o.slots = 64;
-  o.pages = 16;
-  o.frame = 64;
-  o.ram = 4 * 64;
-  auto c = CrcStore::Open(RealDisk(), dir_, o);
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->paged());
-  std::unique_lock lock(mu_);
-  for (uint32_t s = 0; s < 64; ++s) ASSERT_NE(Set(**c, lock, s, s + 3), CrcStore::Got::kFailed);
-  // (A pass of reads first: evicting the frames the loop above left
-  // changed writes them back, which does release the lock.)
-  for (uint32_t s = 0; s < 64; ++s) ASSERT_TRUE(Is(**c, lock, s, s + 3)) << s;
-  const auto before = (*c)->counters();
-  for (uint32_t s = 0; s < 64; ++s) {
-    CrcStore::Holds h(**c);
-    ASSERT_EQ((*c)->Hold(lock, s, h), CrcStore::Got::kHeld) << s;
-    for (uint32_t p = 0; p < 16; ++p) ASSERT_EQ((*c)->Get(s)[p], (s + 3) * 100 + p) << s;
-  }
-  EXPECT_GE((*c)->counters().reads - before.reads, 60u);  // read back, not kept in RAM
-}
-
 TEST_F(CrcStoreTest, AFrameNeverWrittenBackReadsAsZerosWithoutIo) {
   // (The file's old content, from an earlier mount, is never trusted.)
   {

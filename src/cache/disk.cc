@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -28,10 +27,6 @@ class PosixFile : public File {
       off += static_cast<uint64_t>(r);
     }
     return true;
-  }
-  bool TryReadAt(char* p, size_t n, uint64_t off) override {
-    struct iovec iov{p, n};
-    return preadv2(fd_, &iov, 1, static_cast<off_t>(off), RWF_NOWAIT) == static_cast<ssize_t>(n);
   }
   bool WriteAt(const char* p, size_t n, uint64_t off) override {
     while (n > 0) {

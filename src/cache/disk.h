@@ -28,16 +28,6 @@ class File {
   virtual ~File() = default;
   // False with errno set on failure; reading past the end is EIO.
   virtual bool ReadAt(char* p, size_t n, uint64_t off) = 0;
-  // Reads [off, off+n) only if that needs no wait for the device (all of it
-  // in the page cache: preadv2 with RWF_NOWAIT); false when it did not, for
-  // any reason, errors included: the caller then uses ReadAt(), which
-  // reports them. So it may run where blocking must not (under a lock).
-  // The default never reads: a seam that injects faults keeps every read
-  // on ReadAt().
-  virtual bool TryReadAt(char* p, size_t n, uint64_t off) {
-    (void)p, (void)n, (void)off;
-    return false;
-  }
   virtual bool WriteAt(const char* p, size_t n, uint64_t off) = 0;
   virtual bool Sync() = 0;  // fdatasync
   virtual bool Truncate(uint64_t size) = 0;
