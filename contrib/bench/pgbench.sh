@@ -28,7 +28,8 @@
 # Environment: RUN_A, RUN_B, WARM_B (seconds), SLOWDISK_US, SLOWDISK_SPINDLES,
 # WB_EXTRA (more options for (a)'s write-back mount, e.g. cache_block=64),
 # CONFIGS (which of (a)'s "default writeback local" to run),
-# WORKLOAD, PARTS ("a b" by default), MAX_WAL (max_wal_size, 256MB),
+# WORKLOAD, PARTS ("a b" by default), MAX_WAL (max_wal_size, 256MB), PG_CONF
+# (lines added to every cluster's postgresql.conf, e.g. wal_sync_method = open_datasync),
 # B_ROWS (an extended regex: only (b)'s cached configurations whose label
 # matches run; the no-cache row always does), B_EXTRA (options added to
 # each of (b)'s cache mounts, e.g. dirty_high=10), B_SAMPLE (seconds: print
@@ -98,6 +99,7 @@ unix_socket_directories = '$SOCK'
 max_connections = 20
 shared_buffers = 16MB
 max_wal_size = $MAX_WAL
+${PG_CONF:-}
 EOF
 }
 pg_start() { as_pg pg_ctl start -w -t 300 -D "$1" -l "$SOCK/server.log" >/dev/null; CUR_DATA=$1; }
@@ -170,7 +172,7 @@ bed_up() {  # [GANESHA_ENV]
   echo "$(dpkg-query -W -f='${Version}' nfs-ganesha), PostgreSQL $(dpkg-query -W -f='${Version}' postgresql-15),"
   echo "mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?'). Command: \`contrib/bench/pgbench.sh\`"
   echo "(RUN_A=$RUN_A RUN_B=$RUN_B WARM_B=$WARM_B WORKLOAD=$WORKLOAD SLOWDISK_US=$SLOWDISK_US"
-  echo "SLOWDISK_SPINDLES=$SLOWDISK_SPINDLES MAX_WAL=$MAX_WAL PARTS=\"$PARTS\"). Server and client share the machine's cores."
+  echo "SLOWDISK_SPINDLES=$SLOWDISK_SPINDLES MAX_WAL=$MAX_WAL PARTS=\"$PARTS\"${PG_CONF:+ PG_CONF=\"$PG_CONF\"}). Server and client share the machine's cores."
 } > "$REPORT"
 cat "$REPORT"
 
