@@ -501,6 +501,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   // INIT lowers the mount's readahead to this; SetReadahead() raised it first.
   if (m.read_ahead_kb > 0) ctx.opts.max_readahead = static_cast<unsigned>(m.read_ahead_kb) * 1024;
   ctx.opts.readdirplus = m.readdirplus;
+  ctx.opts.kernel_cache = m.fs.kernel_cache;
 
   std::string fuse_o = "fsname=" + m.server + ":" + m.export_path + ",subtype=mpnfs";
   for (const auto& o : m.fuse_opts) fuse_o += "," + o;  // a user's fsname=/subtype= comes later and wins
@@ -515,6 +516,10 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     rep.Done(kExitMountFailed, "mpnfs: cannot create the FUSE session (bad FUSE option?)");
     return kExitMountFailed;
   }
+  // (The session outlives every call that can reach Open: eng.Stop() below
+  // comes first. Before the mount, or for an inode the kernel has
+  // forgotten, the notification fails harmlessly.)
+  filesystem.SetAttrInvalidator([se](uint64_t ino) { fuse_lowlevel_notify_inval_inode(se, ino, -1, 0); });
   // Paths are resolved before mounting: afterwards the mountpoint belongs to
   // this process, which does not answer requests until its loop runs.
   char real[PATH_MAX];

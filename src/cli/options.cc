@@ -167,6 +167,8 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"noac", [&] { have_actimeo = true; actimeo = 0; }},
       {"cto", [&] { m.fs.cto = true; }},
       {"nocto", [&] { m.fs.cto = false; }},
+      {"kernel_cache", [&] { m.fs.kernel_cache = true; }},
+      {"nokernel_cache", [&] { m.fs.kernel_cache = false; }},
       {"direct_io", [&] { m.fs.direct_io = true; }},
       {"sync", [&] { m.fs.sync = true; }},
       {"readdirplus", [&] { m.readdirplus = true; }},

@@ -37,6 +37,7 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->fs.acdirmin, 30);
   EXPECT_EQ(m->fs.acdirmax, 60);
   EXPECT_TRUE(m->fs.cto);
+  EXPECT_FALSE(m->fs.kernel_cache);
   EXPECT_FALSE(m->fs.direct_io);
   EXPECT_EQ(m->fs.write_behind, 64u << 20);
   EXPECT_EQ(m->mount_timeout_s, 30);
@@ -68,7 +69,7 @@ TEST(OptionsTest, MetricsListensOnLoopbackUnlessTheAddressSaysOtherwise) {
 
 TEST(OptionsTest, ParsesNfsOptions) {
   auto m = Parse({"-o", "soft,timeo=20,retrans=5,rsize=65536,wsize=131072,port=2050",
-                  "-omountport=20048,direct_io,nocto,resend_fence=0", "10.0.0.1:/a/b", "/m", "-f"});
+                  "-omountport=20048,direct_io,nocto,resend_fence=0,kernel_cache", "10.0.0.1:/a/b", "/m", "-f"});
   ASSERT_TRUE(m.ok()) << m.error().what;
   EXPECT_EQ(m->engine.resend_fence, 0ms);
   EXPECT_TRUE(m->engine.soft);
@@ -80,6 +81,7 @@ TEST(OptionsTest, ParsesNfsOptions) {
   EXPECT_EQ(m->mount_port, 20048);
   EXPECT_TRUE(m->fs.direct_io);
   EXPECT_FALSE(m->fs.cto);
+  EXPECT_TRUE(m->fs.kernel_cache);
   EXPECT_TRUE(m->foreground);
 }
 

@@ -229,6 +229,9 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a, std::optio
   {
     std::lock_guard lock(inode->mu);
     inode->mode = a.mode;
+    inode->kernel_size = a.size;
+    inode->kernel_mtime = a.mtime;
+    inode->kernel_attr_known = true;
     if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
     // Removed while open: the hidden name is not a link the user made.
     if (inode->silly && out.st.st_nlink > 0) out.st.st_nlink--;
@@ -765,6 +768,7 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                 }
                 OpenOut out;
                 out.direct_io = direct;
+                bool stale_attrs = false;
                 if (r->attr) Observe(inode, *r->attr);  // close-to-open for the SSD cache
                 if ((flags & O_TRUNC) && r->attr && r->attr->type == nfs::Ftype::kReg) {
                   // Truncate now, as a local filesystem does at open: size 0,
@@ -781,7 +785,9 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                 }
                 {
                   std::lock_guard lock(inode->mu);
-                  if (opts_.cto && r->attr) {
+                  if (opts_.kernel_cache) {
+                    out.keep_cache = true;  // changed only through this mount
+                  } else if (opts_.cto && r->attr) {
                     out.keep_cache = inode->have_open_attr && r->attr->mtime == inode->open_mtime &&
                                      r->attr->size == inode->open_size;
                     inode->open_mtime = r->attr->mtime;
@@ -790,7 +796,22 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   } else {
                     out.keep_cache = !opts_.cto;
                   }
+                  // A failed write-behind or an uncached write since the last
+                  // open: the pages may not be the server's data.
+                  if (inode->err_seq != inode->open_err_seq ||
+                      inode->direct_writes != inode->open_direct_writes) {
+                    out.keep_cache = false;
+                  }
+                  inode->open_err_seq = inode->err_seq;
+                  inode->open_direct_writes = inode->direct_writes;
+                  // Close-to-open for the size too: the kernel reads up to
+                  // the size it holds, which may be older than the server's
+                  // (another client wrote within the attribute timeout).
+                  stale_attrs = r->attr && r->attr->type == nfs::Ftype::kReg &&
+                                (!inode->kernel_attr_known || r->attr->size != inode->kernel_size ||
+                                 !(r->attr->mtime == inode->kernel_mtime));
                 }
+                if (stale_attrs && invalidate_attrs_) invalidate_attrs_(inode->ino());
                 out.file = NewOpenFile(inode, flags, c);
                 cb(out);
               });

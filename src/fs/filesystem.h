@@ -138,6 +138,14 @@ class Filesystem {
              std::shared_ptr<cache::BlockCache> cache = nullptr);
   ~Filesystem();
 
+  // Tells the kernel to forget a file's attributes (so that it fetches them
+  // again): the FUSE front end's fuse_lowlevel_notify_inval_inode with no
+  // data range, which waits for no page and no request. Set once, before
+  // the session runs; Open() calls it, on an engine loop thread, before it
+  // replies, when the server's size or mtime are not those the kernel was
+  // last given (another client changed the file).
+  void SetAttrInvalidator(std::function<void(uint64_t ino)> fn) { invalidate_attrs_ = std::move(fn); }
+
   // The SSD cache in use, or null. Each operation works on the cache it
   // found when it began, so DetachCache() never pulls it from under one.
   std::shared_ptr<cache::BlockCache> cache() const { return cache_.load(); }
@@ -316,6 +324,7 @@ class Filesystem {
   nfs::Client& nfs_;
   const FsOptions opts_;
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
+  std::function<void(uint64_t ino)> invalidate_attrs_;
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
   InodeTable inodes_;
   GoneCheck gone_;  // (DropCacheIfGone's; the flusher has its own)

@@ -536,6 +536,54 @@ TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
   Close(c->second.file);
 }
 
+// kernel_cache: the kernel keeps a file's pages at every open, but for the
+// cases where they may not be the server's data: a write-behind the server
+// refused (the pages hold what it never got), and an uncached write (the
+// kernel's pages may be older than the server's). The default mount drops
+// them in those cases too, even when the file's mtime did not move.
+TEST_F(FilesystemTest, OpensKeepTheKernelsPagesUnlessAWriteFailedOrWentUncached) {
+  for (const bool kernel_cache : {true, false}) {
+    SCOPED_TRACE(kernel_cache ? "kernel_cache" : "default");
+    FsOptions o;
+    o.kernel_cache = kernel_cache;
+    Mount(o);
+    const std::string name = kernel_cache ? "kc" : "dflt";
+    auto c = Create(kRoot, name, O_CREAT | O_WRONLY);
+    ASSERT_TRUE(c.ok());
+    const uint64_t ino = c->first.ino;
+    ASSERT_TRUE(Write(c->second.file, std::string(8192, 'a'), 0).ok());
+    Close(c->second.file);
+    auto keeps = [&](int flags) {
+      auto r = Open(ino, flags);
+      EXPECT_TRUE(r.ok());
+      if (!r.ok()) return false;
+      const bool keep = r->keep_cache;
+      Close(r->file);
+      return keep;
+    };
+    keeps(O_RDONLY);  // (the default mount's first open after a write of its own drops them)
+    EXPECT_TRUE(keeps(O_RDONLY)) << "nothing changed since the last open";
+
+    auto w = Open(ino, O_WRONLY);
+    ASSERT_TRUE(w.ok());
+    nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+    ASSERT_TRUE(Write(w->file, std::string(4096, 'b'), 0).ok());  // acknowledged, then refused
+    ASSERT_TRUE(nfs_.Quiesce());
+    EXPECT_FALSE(keeps(O_RDONLY)) << "pages of a refused write-behind kept";
+    EXPECT_TRUE(keeps(O_RDONLY));
+    EXPECT_FALSE(Flush(w->file).ok());  // (the writer hears of it)
+    fs_->Release(w->file);
+    keeps(O_RDONLY);
+
+    auto d = Open(ino, O_WRONLY | O_DIRECT);
+    ASSERT_TRUE(d.ok());
+    ASSERT_TRUE(Write(d->file, std::string(4096, 'c'), 4096).ok());
+    Close(d->file);
+    EXPECT_FALSE(keeps(O_RDONLY)) << "pages kept across an uncached write";
+    if (kernel_cache) EXPECT_TRUE(keeps(O_RDONLY));
+  }
+}
+
 TEST_F(FilesystemTest, OpenWithOTruncTruncates) {
   OpenFile* f = CreateWith("ot", "a long line of old text\n");
   ASSERT_NE(f, nullptr);

@@ -11,6 +11,10 @@ struct FsOptions {
   // and returns to the min when they change.
   double acregmin = 3, acregmax = 60, acdirmin = 30, acdirmax = 60;
   bool cto = true;          // close-to-open: revalidate on open, commit on close
+  // The export's file data changes only through this mount: the kernel keeps
+  // a file's cached pages across opens and attribute changes (the FUSE front
+  // end then asks for explicit invalidation, and Open() keeps the cache).
+  bool kernel_cache = false;
   bool direct_io = false;   // every data file bypasses the kernel page cache
   bool sync = false;        // FILE_SYNC writes (no COMMIT needed)
   uint32_t rsize = 1 << 20; // upper bounds; the server's FSINFO may lower them

@@ -316,6 +316,7 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   if (!behind) {
     {
       std::lock_guard lock(inode->mu);
+      if (opts_.direct_io || (f->flags & O_DIRECT)) inode->direct_writes++;
       AdmitWrite(inode, c, off, std::move(data), false, stable, cache_admit, std::move(cb), &run);
     }
     for (auto& fn : run) fn();

@@ -74,7 +74,17 @@ void Init(void* userdata, fuse_conn_info* conn) {
   want(FUSE_CAP_ASYNC_READ);
   want(FUSE_CAP_ASYNC_DIO);
   want(FUSE_CAP_PARALLEL_DIROPS);
-  want(FUSE_CAP_AUTO_INVAL_DATA);  // mtime changes seen by getattr drop stale pages
+  if (ctx->opts.kernel_cache && (conn->capable & FUSE_CAP_EXPLICIT_INVAL_DATA)) {
+    // The data changes only through this mount (kernel_cache): a new mtime
+    // is this client's own write, whose pages the kernel already holds.
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+    want(FUSE_CAP_EXPLICIT_INVAL_DATA);
+  } else {
+    want(FUSE_CAP_AUTO_INVAL_DATA);  // mtime changes seen by getattr drop stale pages
+    if (ctx->opts.kernel_cache) {
+      Log("fuse")->warn("kernel_cache: this kernel cannot keep cached pages when a file's mtime changes");
+    }
+  }
   want(FUSE_CAP_ATOMIC_O_TRUNC);   // open(O_TRUNC) truncates in Filesystem::Open
   // The NFS server clears setuid/setgid when a non-owner writes (it writes
   // with the caller's identity). Kernels may still send a mode SETATTR first;

@@ -29,6 +29,9 @@ struct FrontOptions {
   unsigned max_readahead = 1u << 20;
   unsigned max_background = 512;
   bool readdirplus = true;
+  // FsOptions::kernel_cache: no invalidation of cached pages when the
+  // attributes the kernel fetches show a new mtime (FUSE_CAP_EXPLICIT_INVAL_DATA).
+  bool kernel_cache = false;
 };
 
 class CredCache {
