@@ -229,6 +229,9 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a, std::optio
   {
     std::lock_guard lock(inode->mu);
     inode->mode = a.mode;
+    if (inode->kernel_attr_known && (a.size != inode->kernel_size || !(a.mtime == inode->kernel_mtime))) {
+      inode->kernel_attr_uncertain = true;
+    }
     inode->kernel_size = a.size;
     inode->kernel_mtime = a.mtime;
     inode->kernel_attr_known = true;
@@ -799,17 +802,19 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   // A failed write-behind or an uncached write since the last
                   // open: the pages may not be the server's data.
                   if (inode->err_seq != inode->open_err_seq ||
-                      inode->direct_writes != inode->open_direct_writes) {
+                      inode->page_doubts != inode->open_page_doubts) {
                     out.keep_cache = false;
                   }
                   inode->open_err_seq = inode->err_seq;
-                  inode->open_direct_writes = inode->direct_writes;
+                  inode->open_page_doubts = inode->page_doubts;
                   // Close-to-open for the size too: the kernel reads up to
                   // the size it holds, which may be older than the server's
                   // (another client wrote within the attribute timeout).
                   stale_attrs = r->attr && r->attr->type == nfs::Ftype::kReg &&
-                                (!inode->kernel_attr_known || r->attr->size != inode->kernel_size ||
+                                (!inode->kernel_attr_known || inode->kernel_attr_uncertain ||
+                                 r->attr->size != inode->kernel_size ||
                                  !(r->attr->mtime == inode->kernel_mtime));
+                  if (stale_attrs) inode->kernel_attr_uncertain = false;
                 }
                 if (stale_attrs && invalidate_attrs_) invalidate_attrs_(inode->ino());
                 out.file = NewOpenFile(inode, flags, c);

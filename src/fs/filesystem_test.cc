@@ -584,6 +584,52 @@ TEST_F(FilesystemTest, OpensKeepTheKernelsPagesUnlessAWriteFailedOrWentUncached)
   }
 }
 
+// Close-to-open for the size: the kernel reads up to the size it holds, so
+// an open that finds the server's size or mtime other than those the kernel
+// was last given asks it to fetch them again (and, once two differing ones
+// were given, until an open has asked once).
+TEST_F(FilesystemTest, AnOpenAsksTheKernelAgainForAttributesAnotherClientChanged) {
+  std::mutex mu;
+  std::vector<uint64_t> asked;
+  fs_->SetAttrInvalidator([&](uint64_t ino) {
+    std::lock_guard lock(mu);
+    asked.push_back(ino);
+  });
+  auto taken = [&] {
+    std::lock_guard lock(mu);
+    return std::exchange(asked, {});
+  };
+  OpenFile* f = CreateWith("g", "abc");
+  ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
+  const nfs::Fh fh = f->inode->fh();
+  Close(f);
+  auto open_close = [&] {
+    auto o = Open(ino, O_RDONLY);
+    ASSERT_TRUE(o.ok());
+    Close(o->file);
+  };
+  ASSERT_TRUE(Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, ino, cb); }).ok());
+  open_close();
+  taken();  // (our own write moved them since the create's reply)
+  open_close();
+  EXPECT_TRUE(taken().empty()) << "asked again with nothing changed";
+
+  // Another client appends.
+  ASSERT_TRUE(Wait<nfs::WriteReply>([&](auto cb) { nfs_.Write(fh, 3, Buf("more"), 0, 4, true, cred_, cb); }).ok());
+  open_close();
+  EXPECT_EQ(taken(), std::vector<uint64_t>{ino});
+  // The kernel fetches them; the next open asks once more (which of the two
+  // the kernel kept is not known), then no more.
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, ino, cb); });
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->st.st_size, 7);
+  open_close();
+  EXPECT_EQ(taken(), std::vector<uint64_t>{ino});
+  open_close();
+  EXPECT_TRUE(taken().empty());
+}
+
 TEST_F(FilesystemTest, OpenWithOTruncTruncates) {
   OpenFile* f = CreateWith("ot", "a long line of old text\n");
   ASSERT_NE(f, nullptr);

@@ -110,22 +110,28 @@ class Inode {
   // open made after an error never sees it.
   uint64_t err_seq GUARDED_BY(mu) = 0;
   std::optional<Error> last_error GUARDED_BY(mu);
-  // Writes sent for uncached (O_DIRECT, direct_io) opens. The kernel's pages
-  // of the file may then be older than the server's: it drops them before
-  // an uncached write (6.6+), and a reader may read them back meanwhile.
-  uint64_t direct_writes GUARDED_BY(mu) = 0;
-  // err_seq and direct_writes at the last open: if either moved since, the
+  // Events after which the kernel's pages of the file may not be the
+  // server's data: uncached (O_DIRECT, direct_io) writes, counted when they
+  // start and when they end (the kernel drops its pages before an uncached
+  // write, 6.6+, and a reader may read old data back meanwhile), and writes
+  // the SSD cache disk lost before they were flushed.
+  uint64_t page_doubts GUARDED_BY(mu) = 0;
+  // err_seq and page_doubts at the last open: if either moved since, the
   // kernel's cached pages may not be the server's data (a failed
   // write-behind left pages the server never got), and Open() drops them
   // whatever cto and kernel_cache say.
   uint64_t open_err_seq GUARDED_BY(mu) = 0;
   // The server's size and mtime in the attributes last given to the kernel
   // (MakeAttr: lookups, GETATTR, SETATTR, READDIRPLUS entries, creates).
-  // An open that finds others asks the kernel to fetch them again.
+  // An open that finds others asks the kernel to fetch them again. Replies
+  // built in one order may reach the kernel in another (which keeps the
+  // first applied), so once two differing ones were given, which the kernel
+  // holds is uncertain until an open has asked it to fetch them again.
   uint64_t kernel_size GUARDED_BY(mu) = 0;
   nfs::Time kernel_mtime GUARDED_BY(mu);
   bool kernel_attr_known GUARDED_BY(mu) = false;
-  uint64_t open_direct_writes GUARDED_BY(mu) = 0;
+  bool kernel_attr_uncertain GUARDED_BY(mu) = false;
+  uint64_t open_page_doubts GUARDED_BY(mu) = 0;
   // Run once no write-behind is pending (reads, stats, truncates, fsync and
   // close wait here). Synchronous writes (O_DIRECT, O_SYNC) are not waited
   // for: their callers have no answer yet, so nobody may rely on them.

@@ -172,6 +172,22 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
+  if (opts_.direct_io || (f->flags & O_DIRECT)) {
+    // An uncached write: counted when it starts and when it ends, so that
+    // an open made while it was in flight does not use up the change
+    // (Open drops the kernel's pages, filesystem.cc).
+    {
+      std::lock_guard lock(inode->mu);
+      inode->page_doubts++;
+    }
+    cb = [inode, cb = std::move(cb)](Result<size_t> r) {
+      {
+        std::lock_guard lock(inode->mu);
+        inode->page_doubts++;
+      }
+      cb(std::move(r));
+    };
+  }
   if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
     uint32_t mode;
     {
@@ -316,7 +332,6 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   if (!behind) {
     {
       std::lock_guard lock(inode->mu);
-      if (opts_.direct_io || (f->flags & O_DIRECT)) inode->direct_writes++;
       AdmitWrite(inode, c, off, std::move(data), false, stable, cache_admit, std::move(cb), &run);
     }
     for (auto& fn : run) fn();
@@ -515,6 +530,11 @@ void Filesystem::FlushFileForSync(const InodeP& inode, std::function<void(Result
     if (!r) return done(std::move(r));
     // (Pages the cache disk lost, or could not read back to send.)
     if (auto cache = cache_.load(); cache && cache->TakeLost(inode->fh())) {
+      {
+        // (The kernel's pages hold what neither has: the next open drops them.)
+        std::lock_guard lock(inode->mu);
+        inode->page_doubts++;
+      }
       return done(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
     }
     done(Ok{});
