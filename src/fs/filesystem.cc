@@ -814,7 +814,14 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                                 (!inode->kernel_attr_known || inode->kernel_attr_uncertain ||
                                  r->attr->size != inode->kernel_size ||
                                  !(r->attr->mtime == inode->kernel_mtime));
-                  if (stale_attrs) inode->kernel_attr_uncertain = false;
+                  if (stale_attrs) {
+                    // What the kernel accepts next comes from requests sent
+                    // after the notification: these attributes or newer.
+                    inode->kernel_size = r->attr->size;
+                    inode->kernel_mtime = r->attr->mtime;
+                    inode->kernel_attr_known = true;
+                    inode->kernel_attr_uncertain = false;
+                  }
                 }
                 if (stale_attrs && invalidate_attrs_) invalidate_attrs_(inode->ino());
                 out.file = NewOpenFile(inode, flags, c);
