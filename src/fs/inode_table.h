@@ -121,6 +121,7 @@ class Inode {
   // write-behind left pages the server never got), and Open() drops them
   // whatever cto and kernel_cache say.
   uint64_t open_err_seq GUARDED_BY(mu) = 0;
+  uint64_t open_page_doubts GUARDED_BY(mu) = 0;
   // The server's size and mtime in the attributes last given to the kernel
   // (MakeAttr: lookups, GETATTR, SETATTR, READDIRPLUS entries, creates).
   // An open that finds others asks the kernel to fetch them again. Replies
@@ -131,7 +132,6 @@ class Inode {
   nfs::Time kernel_mtime GUARDED_BY(mu);
   bool kernel_attr_known GUARDED_BY(mu) = false;
   bool kernel_attr_uncertain GUARDED_BY(mu) = false;
-  uint64_t open_page_doubts GUARDED_BY(mu) = 0;
   // Run once no write-behind is pending (reads, stats, truncates, fsync and
   // close wait here). Synchronous writes (O_DIRECT, O_SYNC) are not waited
   // for: their callers have no answer yet, so nobody may rely on them.
