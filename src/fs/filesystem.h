@@ -195,8 +195,12 @@ class Filesystem {
   void Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
             std::function<void(Result<std::string_view>)> cb);
   // `data` is the write's only copy inside mpnfs: it is sent from and kept
-  // until a COMMIT covers it.
-  void Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
+  // until a COMMIT covers it. `flags`: the write's own flags as the kernel
+  // sends them (the file's flags now, with O_DSYNC or O_SYNC for a
+  // pwritev2 RWF_DSYNC or RWF_SYNC write, O_DIRECT after fcntl F_SETFL);
+  // O_DSYNC, O_SYNC and O_DIRECT there count as if the file was opened so.
+  void Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
+             Cb<size_t> cb);
   void Flush(const Cred& c, OpenFile* f, Cb<Ok> cb);
   void Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb);
   void Release(OpenFile* f);
@@ -238,14 +242,17 @@ class Filesystem {
   // The SETATTR call itself (after the SSD cache forgot a truncated file).
   void SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                        WriteOrder::Seq tseq, Cb<AttrOut> cb);
+  // `flags` below: the open's flags with the write's own (see Write).
   // cache_mode=writeback: the write goes to the SSD cache; `base` holds the
   // server's copies of partial pages the cache asked for.
-  void WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+  void WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
                  std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt);
   // The NFS write path (write-behind for page-cache opens, else synchronous).
-  void WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
+  void WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
+                     Cb<size_t> cb);
   // Write-back mounts: to the server, after the file's unflushed writes it overlaps.
-  void WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb);
+  void WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
+                   Cb<size_t> cb);
   // The file's dirty cache pages to the server (now if there is no flusher).
   void FlushFile(const InodeP& inode, std::function<void(Result<Ok>)> done);
   // FlushFile for fsync and O_SYNC writes: EIO if the cache disk lost some

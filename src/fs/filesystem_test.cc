@@ -79,8 +79,9 @@ class FilesystemTest : public ::testing::Test {
   Result<OpenOut> Open(uint64_t ino, int flags) {
     return Wait<OpenOut>([&](auto cb) { fs_->Open(cred_, ino, flags, cb); });
   }
-  Result<size_t> Write(OpenFile* f, const std::string& data, uint64_t off) {
-    return Wait<size_t>([&](auto cb) { fs_->Write(cred_, f, Buf(data), off, cb); });
+  // `flags`: the write's own (a pwritev2 RWF_DSYNC write has O_DSYNC).
+  Result<size_t> Write(OpenFile* f, const std::string& data, uint64_t off, int flags = 0) {
+    return Wait<size_t>([&](auto cb) { fs_->Write(cred_, f, Buf(data), off, flags, cb); });
   }
   Result<std::string> Read(OpenFile* f, size_t size, uint64_t off) {
     return Wait<std::string>([&](auto cb) {
@@ -430,6 +431,58 @@ TEST_F(FilesystemTest, ODsyncDirectWriteIsFileSyncWhenItReturns) {
     EXPECT_GT(after.writes_file_sync, before.writes_file_sync) << std::hex << flags;
     Close(o->file);
   }
+}
+
+// pwritev2(RWF_DSYNC) or (RWF_SYNC) on a file opened without O_DSYNC: the
+// kernel marks that one write O_DSYNC, and sends no FSYNC after it when the
+// open is direct. It is durable when answered, and the open's next plain
+// write is not.
+TEST_F(FilesystemTest, AWritesOwnDsyncFlagMakesItFileSyncWhenItReturns) {
+  auto c = Create(kRoot, "rwf");
+  ASSERT_TRUE(c.ok());
+  fs_->Release(c->second.file);
+  for (int open_flags : {O_WRONLY | O_DIRECT, O_WRONLY}) {
+    for (int wflag : {O_DSYNC, O_SYNC}) {
+      auto o = Open(c->first.ino, open_flags);
+      ASSERT_TRUE(o.ok());
+      const std::string data = Pattern(8192, static_cast<uint32_t>(open_flags ^ wflag));
+      const auto before = nfs_.stats();
+      ASSERT_TRUE(Write(o->file, data, 0, open_flags | wflag).ok());
+      // No fsync, no Quiesce: the answer means the server has it durably.
+      EXPECT_EQ(StableOf("rwf").substr(0, 8192), data) << std::hex << open_flags << " " << wflag;
+      const auto after = nfs_.stats();
+      EXPECT_EQ(after.writes_unstable, before.writes_unstable) << std::hex << open_flags;
+      EXPECT_GT(after.writes_file_sync, before.writes_file_sync) << std::hex << open_flags;
+      // The flag was the write's, not the open's.
+      ASSERT_TRUE(Write(o->file, data, 8192, open_flags).ok());
+      ASSERT_TRUE(nfs_.Quiesce());
+      EXPECT_GT(nfs_.stats().writes_unstable, after.writes_unstable) << std::hex << open_flags;
+      Close(o->file);
+    }
+  }
+}
+
+// A write whose own flags have O_DIRECT (fcntl F_SETFL after a page-cache
+// open) is answered by the server, not acknowledged ahead of it: its error
+// is its own.
+TEST_F(FilesystemTest, AWritesOwnODirectFlagIsNotWrittenBehind) {
+  auto c = Create(kRoot, "fcntl", O_CREAT | O_WRONLY);
+  ASSERT_TRUE(c.ok());
+  fs_->Release(c->second.file);
+  auto o = Open(c->first.ino, O_WRONLY);
+  ASSERT_TRUE(o.ok());
+  nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+  auto w = Write(o->file, "direct now", 0, O_WRONLY | O_DIRECT);
+  ASSERT_FALSE(w.ok()) << "acknowledged before the server refused it";
+  EXPECT_EQ(w.error().err, ENOSPC);
+  // Without the flag the same open writes behind (the control).
+  nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+  EXPECT_TRUE(Write(o->file, "behind", 0, O_WRONLY).ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  auto f = Fsync(o->file);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.error().err, ENOSPC);
+  fs_->Release(o->file);
 }
 
 // A write lost by a server restart is resent at fsync, but never over the
@@ -1305,6 +1358,7 @@ class WriteBackTest : public FilesystemTest {
     o.block = 64 << 10;
     o.mode = cache::CacheMode::kWriteBack;
     o.dirty_age_s = 3600;
+    Tune(o);
     auto c = cache::BlockCache::Open(o);
     ASSERT_TRUE(c.ok()) << c.error().what;
     cache_ = std::move(c.value());
@@ -1315,6 +1369,7 @@ class WriteBackTest : public FilesystemTest {
     cache_.reset();
     std::filesystem::remove_all(dir_);
   }
+  virtual void Tune(cache::CacheOptions&) {}
   uint64_t Dirty() const { return cache_->Stats().dirty_bytes; }
   // The kernel forgets `ino` (file `name`, `data` in the cache only) while
   // `stale(true)` makes the server answer ESTALE although the file is there
@@ -1594,12 +1649,37 @@ TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {
   const Cred root{0, 0, {}};
   auto o = Wait<OpenOut>([&](auto cb) { fs_->Open(root, ino, O_WRONLY, cb); });
   ASSERT_TRUE(o.ok());
-  auto w = Wait<size_t>([&](auto cb) { fs_->Write(root, o->file, Buf("root data"), 4096, cb); });
+  auto w = Wait<size_t>([&](auto cb) { fs_->Write(root, o->file, Buf("root data"), 4096, 0, cb); });
   ASSERT_TRUE(w.ok());
   EXPECT_GT(Dirty(), 0u);
   auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(root, ino, cb); });
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->st.st_mode & 07777, 04755u);
+  fs_->Release(o->file);
+}
+
+// wb_fsync=server: a write with its own O_DSYNC (pwritev2 RWF_DSYNC) is on
+// the server when it returns; the open's plain writes stay in the cache.
+class WriteBackFsyncServerTest : public WriteBackTest {
+ protected:
+  void Tune(cache::CacheOptions& o) override { o.fsync_server = true; }
+};
+
+TEST_F(WriteBackFsyncServerTest, AWritesOwnDsyncFlagPutsItOnTheServerWhenItReturns) {
+  auto c = Create(kRoot, "wbrwf", O_CREAT | O_WRONLY);
+  ASSERT_TRUE(c.ok());
+  fs_->Release(c->second.file);
+  auto o = Open(c->first.ino, O_WRONLY);
+  ASSERT_TRUE(o.ok());
+  const std::string plain = Pattern(4096, 1), synced = Pattern(4096, 2);
+  ASSERT_TRUE(Write(o->file, plain, 0, O_WRONLY).ok());
+  ASSERT_GT(Dirty(), 0u) << "the plain write did not stay in the cache: the test shows nothing";
+  EXPECT_EQ(StableOf("wbrwf"), "");
+  ASSERT_TRUE(Write(o->file, synced, 65536, O_WRONLY | O_DSYNC).ok());
+  const std::string stable = StableOf("wbrwf");
+  ASSERT_EQ(stable.size(), 65536u + 4096u);
+  EXPECT_EQ(stable.substr(65536), synced);
+  EXPECT_EQ(stable.substr(0, 4096), plain);
   fs_->Release(o->file);
 }
 

@@ -168,11 +168,15 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   }
 }
 
-void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, Cb<size_t> cb) {
+void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int wflags,
+                       Cb<size_t> cb) {
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
-  if (opts_.direct_io || (f->flags & O_DIRECT)) {
+  // The kernel sends no FSYNC after a direct write with RWF_DSYNC: the
+  // write's own O_DSYNC is all that says it must be durable when answered.
+  const int flags = f->flags | (wflags & (O_DSYNC | O_SYNC | O_DIRECT));
+  if (opts_.direct_io || (flags & O_DIRECT)) {
     // An uncached write: counted when it starts and when it ends, so that
     // an open made while it was in flight does not use up the change
     // (Open drops the kernel's pages, filesystem.cc).
@@ -199,7 +203,7 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
       // goes to the server now, which clears those bits by its rules, as a
       // local filesystem does when it takes the write (through the cache
       // the server would see it only when flushed).
-      return WriteAround(c, f, std::move(data), off, std::move(cb));
+      return WriteAround(c, f, std::move(data), off, flags, std::move(cb));
     }
     // A scan's writes bypass the cache, unless they overlap unflushed
     // writes (which must not land on the server after them).
@@ -207,21 +211,21 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
     if (!seq || cache->HasDirty(inode->fh(), off, size)) {
       // Write-behind of this file still on its way to the server lands
       // first: the flusher could otherwise send this write before it.
-      return WhenDrained(inode, [this, c, f, data = std::move(data), off,
+      return WhenDrained(inode, [this, c, f, data = std::move(data), off, flags,
                                  cb = std::move(cb)]() mutable {
-        WriteBack(c, f, std::move(data), off, {}, std::move(cb), 0);
+        WriteBack(c, f, std::move(data), off, flags, {}, std::move(cb), 0);
       });
     }
     cache->NoteBypass(true);
   }
-  WriteToServer(c, f, std::move(data), off, std::move(cb));
+  WriteToServer(c, f, std::move(data), off, flags, std::move(cb));
 }
 
-void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
                            std::map<uint64_t, std::string> base, Cb<size_t> cb, int attempt) {
   InodeP inode = f->inode;
   auto cache = cache_.load();
-  if (!cache) return WriteToServer(c, f, std::move(data), off, std::move(cb));
+  if (!cache) return WriteToServer(c, f, std::move(data), off, flags, std::move(cb));
   cache::WbWrite w;
   w.fh = inode->fh();
   w.off = off;
@@ -233,12 +237,12 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
   w.gid = c.gid;
   w.base = std::move(base);
   // Runs on the cache's writer thread.
-  auto done = [this, c, f, inode, data, off, cb = std::move(cb), attempt,
+  auto done = [this, c, f, inode, data, off, flags, cb = std::move(cb), attempt,
                base = w.base](cache::WbOutcome o) mutable {
     switch (o.kind) {
       case cache::WbOutcome::kStored: {
         // O_SYNC includes O_DSYNC's bit; -o sync makes every write so.
-        const bool sync = opts_.sync || (f->flags & O_DSYNC);
+        const bool sync = opts_.sync || (flags & O_DSYNC);
         if (!sync) return cb(data->size());  // durable at fsync
         const size_t n = data->size();
         auto cache = cache_.load();
@@ -267,54 +271,54 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
         auto op = std::make_shared<Gather>(o.need.size());
         for (uint64_t page : o.need) {
           nfs_.Read(inode->fh(), page, 4096, c,
-                    [this, c, f, data, off, cb, attempt, got, mu, op, page](Result<nfs::ReadReply> r) mutable {
+                    [this, c, f, data, off, flags, cb, attempt, got, mu, op, page](Result<nfs::ReadReply> r) mutable {
                       if (r) {
                         std::lock_guard lock(*mu);
                         (*got)[page] = std::string(r->data, std::min<size_t>(r->len, 4096));
                       }
                       if (!op->Done(r)) return;
                       if (op->error()) return cb(*op->error());
-                      WriteBack(c, f, std::move(data), off, std::move(*got), std::move(cb), attempt + 1);
+                      WriteBack(c, f, std::move(data), off, flags, std::move(*got), std::move(cb), attempt + 1);
                     });
         }
         return;
       }
       case cache::WbOutcome::kRetry:
         if (attempt >= 8) break;
-        return WriteBack(c, f, std::move(data), off, std::move(base), std::move(cb), attempt + 1);
+        return WriteBack(c, f, std::move(data), off, flags, std::move(base), std::move(cb), attempt + 1);
       case cache::WbOutcome::kUnavailable:
         break;
     }
-    WriteAround(c, f, std::move(data), off, std::move(cb));
+    WriteAround(c, f, std::move(data), off, flags, std::move(cb));
   };
   cache->WriteBack(std::move(w), std::move(done));
 }
 
-void Filesystem::WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+void Filesystem::WriteAround(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
                              Cb<size_t> cb) {
   // Around the cache, to the server: after the file's unflushed writes
   // that this one overlaps, so that they cannot land after it.
   InodeP inode = f->inode;
   auto cache = cache_.load();
   if (cache && cache->HasDirty(inode->fh(), off, data->size())) {
-    return FlushFile(inode, [this, c, f, data, off, cb = std::move(cb)](Result<Ok> r) mutable {
+    return FlushFile(inode, [this, c, f, data, off, flags, cb = std::move(cb)](Result<Ok> r) mutable {
       if (!r) return cb(r.error());
-      WriteToServer(c, f, std::move(data), off, std::move(cb));
+      WriteToServer(c, f, std::move(data), off, flags, std::move(cb));
     });
   }
-  WriteToServer(c, f, std::move(data), off, std::move(cb));
+  WriteToServer(c, f, std::move(data), off, flags, std::move(cb));
 }
 
-void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off,
+void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t off, int flags,
                                Cb<size_t> cb) {
   InodeP inode = f->inode;
   const size_t size = data->size();
   // O_SYNC and O_DSYNC writes are FILE_SYNC: the kernel sends no FSYNC
   // after a direct write, so they must be durable when answered. (On Linux
   // O_SYNC includes O_DSYNC's bit.)
-  bool stable = opts_.sync || (f->flags & O_DSYNC);
+  bool stable = opts_.sync || (flags & O_DSYNC);
   const bool behind = opts_.write_behind > 0 && !stable && !opts_.direct_io &&
-                      !(f->flags & O_DIRECT);
+                      !(flags & O_DIRECT);
   {
     // A small new file's first write goes FILE_SYNC (filesystem.h, "Small
     // new files"): its close then needs no COMMIT.

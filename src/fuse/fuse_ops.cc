@@ -232,7 +232,10 @@ void WriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off, fuse_file_
   if (got < 0 || static_cast<size_t>(got) != size) {
     return (void)fuse_reply_err(req, got < 0 ? static_cast<int>(-got) : EIO);
   }
-  Fs(req).Write(CredOf(req), File(fi), std::move(data), static_cast<uint64_t>(off),
+  // fi->flags: the write's own flags (RWF_DSYNC shows as O_DSYNC); a
+  // page-cache writeback's (writepage) say nothing about the write.
+  const int wflags = fi->writepage ? 0 : fi->flags;
+  Fs(req).Write(CredOf(req), File(fi), std::move(data), static_cast<uint64_t>(off), wflags,
                 [req](Result<size_t> r) {
                   if (!r) return ReplyError(req, r.error());
                   fuse_reply_write(req, *r);

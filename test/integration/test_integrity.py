@@ -174,3 +174,29 @@ def test_a_symlink_target_of_4095_bytes_round_trips(d):
     assert len(target) == 4095
     os.symlink(target, d / "long")
     assert os.readlink(d / "long") == target
+
+
+def test_a_rwf_dsync_write_through_o_direct_is_file_sync_when_it_returns(mnt, d):
+    # pwritev2(RWF_DSYNC) on a file opened O_DIRECT without O_DSYNC: the
+    # kernel sends no FSYNC after a direct write, so the WRITE's own O_DSYNC
+    # is all that says it must be durable when it returns (QEMU and io_uring
+    # users write so).
+    from test_stats import settle
+    import mmap
+    f = d / "rwf"
+    f.write_bytes(b"\0" * 8192)
+    buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT wants
+    buf.write(b"d" * 4096)
+    fd = os.open(f, os.O_WRONLY | os.O_DIRECT)
+    try:
+        def write_ops(flags):
+            before = settle(mnt)["ops"].get("WRITE", {})
+            assert os.pwritev(fd, [buf], 0, flags) == 4096
+            after = settle(mnt)["ops"]["WRITE"]
+            return {k: after.get(k, 0) - before.get(k, 0)
+                    for k in ("ops", "unstable_ops", "file_sync_ops")}
+        assert write_ops(os.RWF_DSYNC) == {"ops": 1, "unstable_ops": 0, "file_sync_ops": 1}
+        # The flag was that write's: the next plain one is UNSTABLE.
+        assert write_ops(0) == {"ops": 1, "unstable_ops": 1, "file_sync_ops": 0}
+    finally:
+        os.close(fd)
