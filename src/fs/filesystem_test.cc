@@ -441,24 +441,23 @@ TEST_F(FilesystemTest, AWritesOwnDsyncFlagMakesItFileSyncWhenItReturns) {
   auto c = Create(kRoot, "rwf");
   ASSERT_TRUE(c.ok());
   fs_->Release(c->second.file);
+  // (RWF_SYNC's O_SYNC holds O_DSYNC's bit.)
   for (int open_flags : {O_WRONLY | O_DIRECT, O_WRONLY}) {
-    for (int wflag : {O_DSYNC, O_SYNC}) {
-      auto o = Open(c->first.ino, open_flags);
-      ASSERT_TRUE(o.ok());
-      const std::string data = Pattern(8192, static_cast<uint32_t>(open_flags ^ wflag));
-      const auto before = nfs_.stats();
-      ASSERT_TRUE(Write(o->file, data, 0, open_flags | wflag).ok());
-      // No fsync, no Quiesce: the answer means the server has it durably.
-      EXPECT_EQ(StableOf("rwf").substr(0, 8192), data) << std::hex << open_flags << " " << wflag;
-      const auto after = nfs_.stats();
-      EXPECT_EQ(after.writes_unstable, before.writes_unstable) << std::hex << open_flags;
-      EXPECT_GT(after.writes_file_sync, before.writes_file_sync) << std::hex << open_flags;
-      // The flag was the write's, not the open's.
-      ASSERT_TRUE(Write(o->file, data, 8192, open_flags).ok());
-      ASSERT_TRUE(nfs_.Quiesce());
-      EXPECT_GT(nfs_.stats().writes_unstable, after.writes_unstable) << std::hex << open_flags;
-      Close(o->file);
-    }
+    auto o = Open(c->first.ino, open_flags);
+    ASSERT_TRUE(o.ok());
+    const std::string data = Pattern(8192, static_cast<uint32_t>(open_flags));
+    const auto before = nfs_.stats();
+    ASSERT_TRUE(Write(o->file, data, 0, open_flags | O_DSYNC).ok());
+    // No fsync, no Quiesce: the answer means the server has it durably.
+    EXPECT_EQ(StableOf("rwf").substr(0, 8192), data) << std::hex << open_flags;
+    const auto after = nfs_.stats();
+    EXPECT_EQ(after.writes_unstable, before.writes_unstable) << std::hex << open_flags;
+    EXPECT_GT(after.writes_file_sync, before.writes_file_sync) << std::hex << open_flags;
+    // The flag was the write's, not the open's.
+    ASSERT_TRUE(Write(o->file, data, 8192, open_flags).ok());
+    ASSERT_TRUE(nfs_.Quiesce());
+    EXPECT_GT(nfs_.stats().writes_unstable, after.writes_unstable) << std::hex << open_flags;
+    Close(o->file);
   }
 }
 
@@ -565,6 +564,30 @@ TEST_F(FilesystemTest, WriteBehindErrorReachesEveryOpenFileOnce) {
   for (OpenFile* f : {w1, w2->file, ro->file, late->file}) fs_->Release(f);
 }
 
+// The next write of every descriptor open at a write-behind failure reports
+// it once, whatever kind of write it is (man page, "Error reporting").
+TEST_F(FilesystemTest, AWriteBehindFailureIsReportedByTheNextWriteOfEveryKind) {
+  auto c = Create(kRoot, "ek", O_CREAT | O_WRONLY);
+  ASSERT_TRUE(c.ok());
+  OpenFile* behind = c->second.file;
+  auto direct = Open(c->first.ino, O_WRONLY | O_DIRECT);
+  auto plain = Open(c->first.ino, O_WRONLY);
+  ASSERT_TRUE(direct.ok() && plain.ok());
+  nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+  ASSERT_TRUE(Write(behind, "data", 0).ok());  // acknowledged, then refused
+  ASSERT_TRUE(nfs_.Quiesce());
+  const std::pair<OpenFile*, int> writes[] = {{direct->file, O_WRONLY | O_DIRECT},
+                                              {plain->file, O_WRONLY | O_DSYNC},
+                                              {behind, O_WRONLY}};
+  for (auto [f, flags] : writes) {
+    auto r = Write(f, "next", 0, flags);
+    ASSERT_FALSE(r.ok()) << std::hex << flags << ": the failure was not reported";
+    EXPECT_EQ(r.error().err, ENOSPC);
+    EXPECT_TRUE(Write(f, "next", 0, flags).ok()) << std::hex << flags << ": reported twice";
+  }
+  for (OpenFile* f : {behind, direct->file, plain->file}) fs_->Release(f);
+}
+
 TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
   auto c = Create(kRoot, "shared", O_CREAT | O_WRONLY, 0666);
   ASSERT_TRUE(c.ok());
@@ -633,7 +656,9 @@ TEST_F(FilesystemTest, OpensKeepTheKernelsPagesUnlessAWriteFailedOrWentUncached)
     ASSERT_TRUE(Write(d->file, std::string(4096, 'c'), 4096).ok());
     Close(d->file);
     EXPECT_FALSE(keeps(O_RDONLY)) << "pages kept across an uncached write";
-    if (kernel_cache) EXPECT_TRUE(keeps(O_RDONLY));
+    if (kernel_cache) {
+      EXPECT_TRUE(keeps(O_RDONLY));
+    }
   }
 }
 
@@ -1660,26 +1685,50 @@ TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {
 
 // wb_fsync=server: a write with its own O_DSYNC (pwritev2 RWF_DSYNC) is on
 // the server when it returns; the open's plain writes stay in the cache.
-class WriteBackFsyncServerTest : public WriteBackTest {
+// Parameters: the open's flags (a direct one gets no FSYNC from the kernel
+// after the write), and the synced write's offset (not page-aligned: the
+// cache first fetches the server's copy of the partial pages).
+class WriteBackFsyncServerTest : public WriteBackTest,
+                                 public ::testing::WithParamInterface<std::tuple<int, uint64_t>> {
  protected:
   void Tune(cache::CacheOptions& o) override { o.fsync_server = true; }
 };
 
-TEST_F(WriteBackFsyncServerTest, AWritesOwnDsyncFlagPutsItOnTheServerWhenItReturns) {
+TEST_P(WriteBackFsyncServerTest, AWritesOwnDsyncFlagPutsItOnTheServerWhenItReturns) {
+  const auto [open_flags, off] = GetParam();
   auto c = Create(kRoot, "wbrwf", O_CREAT | O_WRONLY);
   ASSERT_TRUE(c.ok());
   fs_->Release(c->second.file);
-  auto o = Open(c->first.ino, O_WRONLY);
+  auto o = Open(c->first.ino, open_flags);
   ASSERT_TRUE(o.ok());
   const std::string plain = Pattern(4096, 1), synced = Pattern(4096, 2);
-  ASSERT_TRUE(Write(o->file, plain, 0, O_WRONLY).ok());
+  ASSERT_TRUE(Write(o->file, plain, 0, open_flags).ok());
   ASSERT_GT(Dirty(), 0u) << "the plain write did not stay in the cache: the test shows nothing";
   EXPECT_EQ(StableOf("wbrwf"), "");
-  ASSERT_TRUE(Write(o->file, synced, 65536, O_WRONLY | O_DSYNC).ok());
+  ASSERT_TRUE(Write(o->file, synced, off, open_flags | O_DSYNC).ok());
   const std::string stable = StableOf("wbrwf");
-  ASSERT_EQ(stable.size(), 65536u + 4096u);
-  EXPECT_EQ(stable.substr(65536), synced);
+  ASSERT_EQ(stable.size(), off + 4096u);
+  EXPECT_EQ(stable.substr(off), synced);
   EXPECT_EQ(stable.substr(0, 4096), plain);
+  fs_->Release(o->file);
+}
+
+INSTANTIATE_TEST_SUITE_P(OpensAndOffsets, WriteBackFsyncServerTest,
+                         ::testing::Combine(::testing::Values(O_WRONLY, O_WRONLY | O_DIRECT),
+                                            ::testing::Values(uint64_t{65536}, uint64_t{65536 + 100})));
+
+// A write that goes around the cache (a non-root write to a setuid file)
+// keeps its own O_DSYNC: FILE_SYNC.
+TEST_F(WriteBackTest, AWriteAroundTheCacheKeepsItsOwnDsyncFlag) {
+  const uint64_t ino = SetuidFile(*fs_, "suid-dsync", 04777);
+  auto o = Open(ino, O_WRONLY | O_DIRECT);
+  ASSERT_TRUE(o.ok()) << o.error().what;
+  const auto before = nfs_.stats();
+  ASSERT_TRUE(Write(o->file, "user data", 4096, O_WRONLY | O_DIRECT | O_DSYNC).ok());
+  EXPECT_EQ(StableOf("suid-dsync").substr(4096), "user data");
+  const auto after = nfs_.stats();
+  EXPECT_EQ(after.writes_unstable, before.writes_unstable);
+  EXPECT_GT(after.writes_file_sync, before.writes_file_sync);
   fs_->Release(o->file);
 }
 

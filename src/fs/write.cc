@@ -173,8 +173,13 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
-  // The kernel sends no FSYNC after a direct write with RWF_DSYNC: the
-  // write's own O_DSYNC is all that says it must be durable when answered.
+  // A write-behind failure since this descriptor last heard of one is
+  // reported by its next write, whatever that write is (errseq; the write
+  // is not made).
+  if (auto e = TakeError(f)) return cb(*e);
+  // The kernel sends no FSYNC after a write on a direct-I/O open (nor after
+  // an asynchronous direct write): the write's own O_DSYNC (RWF_DSYNC) is
+  // all that says it must be durable when answered.
   const int flags = f->flags | (wflags & (O_DSYNC | O_SYNC | O_DIRECT));
   if (opts_.direct_io || (flags & O_DIRECT)) {
     // An uncached write: counted when it starts and when it ends, so that
@@ -348,12 +353,6 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // are outstanding; writes past that wait, in order.
   {
     std::unique_lock lock(inode->mu);
-    if (f->err_seen != inode->err_seq) {
-      f->err_seen = inode->err_seq;
-      Error e = *inode->last_error;
-      lock.unlock();
-      return cb(e);
-    }
     if (!inode->parked.empty() ||
         (inode->behind_bytes > 0 && inode->behind_bytes + size > opts_.write_behind)) {
       inode->parked.push_back(Inode::Parked{

@@ -176,26 +176,29 @@ def test_a_symlink_target_of_4095_bytes_round_trips(d):
     assert os.readlink(d / "long") == target
 
 
-def test_a_rwf_dsync_write_through_o_direct_is_file_sync_when_it_returns(mnt, d):
-    # pwritev2(RWF_DSYNC) on a file opened O_DIRECT without O_DSYNC: the
-    # kernel sends no FSYNC after a direct write, so the WRITE's own O_DSYNC
-    # is all that says it must be durable when it returns (QEMU and io_uring
-    # users write so).
+@pytest.mark.parametrize("how", ["o_direct_open", "direct_io_mount"])
+@pytest.mark.parametrize("rwf", ["RWF_DSYNC", "RWF_SYNC"])
+def test_a_rwf_dsync_write_through_direct_io_is_file_sync_when_it_returns(mount_factory, how, rwf):
+    # pwritev2(RWF_DSYNC) on a file opened O_DIRECT without O_DSYNC (or on
+    # a direct_io mount): the kernel sends no FSYNC after such a write, so
+    # the WRITE's own O_DSYNC is all that says it must be durable when it
+    # returns (QEMU and io_uring users write so).
     from test_stats import settle
     import mmap
-    f = d / "rwf"
+    m = mount_factory("direct_io") if how == "direct_io_mount" else mount_factory()
+    f = m.path / f"rwf-{how}-{rwf}"
     f.write_bytes(b"\0" * 8192)
     buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT wants
     buf.write(b"d" * 4096)
-    fd = os.open(f, os.O_WRONLY | os.O_DIRECT)
+    fd = os.open(f, os.O_WRONLY | (os.O_DIRECT if how == "o_direct_open" else 0))
     try:
         def write_ops(flags):
-            before = settle(mnt)["ops"].get("WRITE", {})
+            before = settle(m)["ops"].get("WRITE", {})
             assert os.pwritev(fd, [buf], 0, flags) == 4096
-            after = settle(mnt)["ops"]["WRITE"]
+            after = settle(m)["ops"]["WRITE"]
             return {k: after.get(k, 0) - before.get(k, 0)
                     for k in ("ops", "unstable_ops", "file_sync_ops")}
-        assert write_ops(os.RWF_DSYNC) == {"ops": 1, "unstable_ops": 0, "file_sync_ops": 1}
+        assert write_ops(getattr(os, rwf)) == {"ops": 1, "unstable_ops": 0, "file_sync_ops": 1}
         # The flag was that write's: the next plain one is UNSTABLE.
         assert write_ops(0) == {"ops": 1, "unstable_ops": 1, "file_sync_ops": 0}
     finally:
