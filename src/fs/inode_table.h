@@ -132,6 +132,10 @@ class Inode {
   nfs::Time kernel_mtime GUARDED_BY(mu);
   bool kernel_attr_known GUARDED_BY(mu) = false;
   bool kernel_attr_uncertain GUARDED_BY(mu) = false;
+  // Set by a write-behind failure (err_seq): the file's writes are not
+  // written behind (each waits for the server and returns its own error)
+  // until an fsync or close that has nothing to report commits.
+  bool behind_refused GUARDED_BY(mu) = false;
   // Run once no write-behind is pending (reads, stats, truncates, fsync and
   // close wait here). Synchronous writes (O_DIRECT, O_SYNC) are not waited
   // for: their callers have no answer yet, so nobody may rely on them.

@@ -99,6 +99,7 @@ std::optional<Error> Filesystem::TakeError(OpenFile* f) {
 void Filesystem::RecordError(const InodeP& inode, const Error& e) {
   inode->err_seq++;
   inode->last_error = e;
+  inode->behind_refused = true;
 }
 
 bool Filesystem::CacheAdmits(const InodeP& inode, uint64_t off, size_t size) {
@@ -130,7 +131,7 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
           // Acknowledged data the server refused: every open file of the
           // inode learns it once (errseq).
           RecordError(inode, *op->error());
-          log_->warn("write-behind failed ({}); reported at the next write, fsync or close",
+          log_->warn("write-behind failed ({}); reported at the next fsync or close",
                      op->error()->what);
         }
         // Admit parked writes that now fit the window, in their order.
@@ -173,10 +174,6 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
-  // A write-behind failure since this descriptor last heard of one is
-  // reported by its next write, whatever that write is (errseq; the write
-  // is not made).
-  if (auto e = TakeError(f)) return cb(*e);
   // The kernel sends no FSYNC after a write on a direct-I/O open (nor after
   // an asynchronous direct write): the write's own O_DSYNC (RWF_DSYNC) is
   // all that says it must be durable when answered.
@@ -322,12 +319,14 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // after a direct write, so they must be durable when answered. (On Linux
   // O_SYNC includes O_DSYNC's bit.)
   bool stable = opts_.sync || (flags & O_DSYNC);
-  const bool behind = opts_.write_behind > 0 && !stable && !opts_.direct_io &&
-                      !(flags & O_DIRECT);
+  bool behind = opts_.write_behind > 0 && !stable && !opts_.direct_io && !(flags & O_DIRECT);
   {
     // A small new file's first write goes FILE_SYNC (filesystem.h, "Small
     // new files"): its close then needs no COMMIT.
     std::lock_guard lock(inode->mu);
+    // After a write-behind failure the file's writes wait for the server,
+    // each returning its own error, until an fsync or close commits.
+    if (inode->behind_refused) behind = false;
     if (f->fresh) {
       f->fresh = false;
       if (off == 0 && size <= kSmallFileSync && inode->order.empty() &&
@@ -349,7 +348,8 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // Write-behind (page-cache opens only, as the kernel NFS client does): the
   // write is acknowledged once admitted; its data stays in memory until a
   // COMMIT covers it, and a failure is reported (once to each open file) by
-  // the next write, fsync or close. At most `write_behind` bytes per file
+  // the next fsync or close (never by a write: the kernel would turn it into
+  // a short count of a split write and lose it). At most `write_behind` bytes per file
   // are outstanding; writes past that wait, in order.
   {
     std::unique_lock lock(inode->mu);
@@ -549,10 +549,16 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
   WhenDrained(inode, [this, f, inode, cb = std::move(cb)]() mutable {
     if (auto e = TakeError(f)) return cb(*e);
     Commit(inode, [this, f, inode, cb = std::move(cb)](Result<Ok> r) {
-      if (!r) {
-        // Reported here: this open file need not hear of it again.
+      {
         std::lock_guard lock(inode->mu);
-        f->err_seen = inode->err_seq;
+        if (!r) {
+          // Reported here: this open file need not hear of it again.
+          f->err_seen = inode->err_seq;
+        } else if (f->err_seen == inode->err_seq) {
+          // Everything written before is on the server's disk and no
+          // failure is unheard of here: write-behind may resume.
+          inode->behind_refused = false;
+        }
       }
       cb(std::move(r));
     });
