@@ -590,18 +590,29 @@ TEST_F(FilesystemTest, AWriteBehindFailureIsReportedAtFsyncAndLaterWritesWaitFor
     ASSERT_TRUE(Write(f, piece, expect.size(), flags).ok()) << std::hex << flags;
     expect += piece;
   }
-  // Not written behind now: a refused write returns its own error.
-  nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+  // Not written behind now: a refused write returns its own error (another
+  // errno: it is the writer's alone, not recorded for the others).
+  nfs_.FailNext(Proc::kWrite, EIO, 1);
   auto own = Write(plain->file, "own", expect.size(), O_WRONLY);
   ASSERT_FALSE(own.ok()) << "acknowledged ahead of the server after a failure";
-  EXPECT_EQ(own.error().err, ENOSPC);
+  EXPECT_EQ(own.error().err, EIO);
   ASSERT_TRUE(nfs_.Quiesce());
   EXPECT_EQ(ContentsOf("ek"), expect);
-  // Each descriptor hears of the first failure once, at fsync.
-  for (OpenFile* f : {behind, direct->file, plain->file}) {
+  // Each descriptor hears of the first failure once, at fsync. An fsync
+  // that reports it does not end the rule; one with nothing to report does.
+  auto r0 = Fsync(behind);
+  ASSERT_FALSE(r0.ok()) << "the write-behind failure was not reported";
+  EXPECT_EQ(r0.error().err, ENOSPC);
+  nfs_.FailNext(Proc::kWrite, EIO, 1);
+  EXPECT_FALSE(Write(behind, "x", expect.size(), O_WRONLY).ok())
+      << "written behind again after an fsync that reported a failure";
+  ASSERT_TRUE(nfs_.Quiesce());
+  for (OpenFile* f : {direct->file, plain->file}) {
     auto r = Fsync(f);
     ASSERT_FALSE(r.ok()) << "the write-behind failure was not reported";
     EXPECT_EQ(r.error().err, ENOSPC);
+  }
+  for (OpenFile* f : {behind, direct->file, plain->file}) {
     EXPECT_TRUE(Fsync(f).ok()) << "reported twice";
   }
   // An fsync that reported nothing committed: write-behind resumes.
@@ -612,6 +623,36 @@ TEST_F(FilesystemTest, AWriteBehindFailureIsReportedAtFsyncAndLaterWritesWaitFor
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().err, ENOSPC);
   for (OpenFile* f : {behind, direct->file, plain->file}) fs_->Release(f);
+}
+
+// An fsync that waits for a COMMIT round already running hears of the data
+// that round's resend lost (after a server restart), though the round run
+// for it then has nothing left to commit.
+TEST_F(FilesystemTest, AnFsyncJoiningACommitHearsOfDataItsResendLost) {
+  OpenFile* a = CreateWith("join", Pattern(8192, 9));
+  ASSERT_NE(a, nullptr);
+  auto b = Open(a->inode->ino(), O_WRONLY);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();  // the UNSTABLE data is lost; the next COMMIT sees a new verifier
+  nfs_.Pause();
+  auto first = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, a, [first](Result<Ok> r) { first->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(1));  // its COMMIT, held
+  auto joined = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, b->file, [joined](Result<Ok> r) { joined->set_value(std::move(r)); });
+  nfs_.FailNext(Proc::kWrite, EIO, 1);  // the resend fails
+  nfs_.Resume();
+  auto fa = first->get_future(), fb = joined->get_future();
+  ASSERT_EQ(fa.wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(30s), std::future_status::ready);
+  EXPECT_FALSE(fa.get().ok()) << "the fsync whose round lost the data returned 0";
+  auto rb = fb.get();
+  ASSERT_FALSE(rb.ok()) << "the fsync that joined the round returned 0";
+  EXPECT_EQ(rb.error().err, EIO);
+  EXPECT_TRUE(Fsync(b->file).ok()) << "reported twice";
+  fs_->Release(a);
+  fs_->Release(b->file);
 }
 
 TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
@@ -685,6 +726,17 @@ TEST_F(FilesystemTest, OpensKeepTheKernelsPagesUnlessAWriteFailedOrWentUncached)
     if (kernel_cache) {
       EXPECT_TRUE(keeps(O_RDONLY));
     }
+    keeps(O_RDONLY);
+
+    // A refused write answered as such (synchronous): the kernel keeps the
+    // pages of a refused mmap writeback as they were.
+    auto s = Open(ino, O_WRONLY | O_DSYNC);
+    ASSERT_TRUE(s.ok());
+    nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+    ASSERT_FALSE(Write(s->file, std::string(4096, 'd'), 0).ok());
+    Close(s->file);
+    EXPECT_FALSE(keeps(O_RDONLY)) << "pages kept across a refused write";
+    EXPECT_TRUE(keeps(O_RDONLY));
   }
 }
 

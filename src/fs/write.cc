@@ -142,6 +142,11 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
           inode->parked.front().admit(&next);
           inode->parked.pop_front();
         }
+      } else if (op->error()) {
+        // A refused write answered as such: the kernel keeps the pages of
+        // a refused mmap writeback as they are (only a write(2)'s are
+        // dropped), so the next open must not keep them (Open).
+        inode->page_doubts++;
       }
       if (!inode->WriteBehindPending()) {
         for (auto& w : inode->drain_waiters) next.push_back(std::move(w));
@@ -549,17 +554,25 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
   WhenDrained(inode, [this, f, inode, cb = std::move(cb)]() mutable {
     if (auto e = TakeError(f)) return cb(*e);
     Commit(inode, [this, f, inode, cb = std::move(cb)](Result<Ok> r) {
+      std::optional<Error> late;
       {
         std::lock_guard lock(inode->mu);
         if (!r) {
           // Reported here: this open file need not hear of it again.
           f->err_seen = inode->err_seq;
-        } else if (f->err_seen == inode->err_seq) {
+        } else if (f->err_seen != inode->err_seq) {
+          // A failure recorded meanwhile: a round this one waited for
+          // lost data in a failed resend (the round that then ran for this
+          // one had nothing left to commit), or a write-behind failed.
+          f->err_seen = inode->err_seq;
+          late = inode->last_error;
+        } else {
           // Everything written before is on the server's disk and no
           // failure is unheard of here: write-behind may resume.
           inode->behind_refused = false;
         }
       }
+      if (late) return cb(*late);
       cb(std::move(r));
     });
   });
