@@ -799,8 +799,9 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   } else {
                     out.keep_cache = !opts_.cto;
                   }
-                  // A failed write-behind or an uncached write since the last
-                  // open: the pages may not be the server's data.
+                  // A failed write-behind, a refused write or an uncached
+                  // write since the last open: the pages may not be the
+                  // server's data.
                   if (inode->err_seq != inode->open_err_seq ||
                       inode->page_doubts != inode->open_page_doubts) {
                     out.keep_cache = false;

@@ -650,6 +650,11 @@ TEST_F(FilesystemTest, AnFsyncJoiningACommitHearsOfDataItsResendLost) {
   auto rb = fb.get();
   ASSERT_FALSE(rb.ok()) << "the fsync that joined the round returned 0";
   EXPECT_EQ(rb.error().err, EIO);
+  // Reporting it did not end the rule that writes wait for the server.
+  nfs_.FailNext(Proc::kWrite, ENOSPC, 1);
+  EXPECT_FALSE(Write(b->file, "x", 0, O_WRONLY).ok()) << "written behind after a lost resend";
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_TRUE(Fsync(a).ok()) << "reported twice";
   EXPECT_TRUE(Fsync(b->file).ok()) << "reported twice";
   fs_->Release(a);
   fs_->Release(b->file);
@@ -681,8 +686,9 @@ TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
 
 // kernel_cache: the kernel keeps a file's pages at every open, but for the
 // cases where they may not be the server's data: a write-behind the server
-// refused (the pages hold what it never got), and an uncached write (the
-// kernel's pages may be older than the server's). The default mount drops
+// refused (the pages hold what it never got), a write refused and answered
+// so (the kernel keeps a refused mmap writeback's pages), and an uncached
+// write (the kernel's pages may be older than the server's). The default mount drops
 // them in those cases too, even when the file's mtime did not move.
 TEST_F(FilesystemTest, OpensKeepTheKernelsPagesUnlessAWriteFailedOrWentUncached) {
   for (const bool kernel_cache : {true, false}) {
@@ -1794,6 +1800,32 @@ TEST_P(WriteBackFsyncServerTest, AWritesOwnDsyncFlagPutsItOnTheServerWhenItRetur
 INSTANTIATE_TEST_SUITE_P(OpensAndOffsets, WriteBackFsyncServerTest,
                          ::testing::Combine(::testing::Values(O_WRONLY, O_WRONLY | O_DIRECT),
                                             ::testing::Values(uint64_t{65536}, uint64_t{65536 + 100})));
+
+// A write refused before anything is sent (the server's copy of a partial
+// page could not be read) also makes the next open drop the kernel's pages.
+TEST_F(WriteBackTest, AWriteRefusedBeforeItIsSentDropsTheKernelsPagesAtTheNextOpen) {
+  auto c = Create(kRoot, "refused-early", O_CREAT | O_WRONLY);
+  ASSERT_TRUE(c.ok());
+  fs_->Release(c->second.file);
+  const uint64_t ino = c->first.ino;
+  auto keeps = [&] {
+    auto r = Open(ino, O_RDONLY);
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) return false;
+    fs_->Release(r->file);
+    return r->keep_cache;
+  };
+  auto o = Open(ino, O_WRONLY);
+  ASSERT_TRUE(o.ok());
+  ASSERT_TRUE(Write(o->file, Pattern(4096, 1), 0, O_WRONLY).ok());
+  keeps();
+  ASSERT_TRUE(keeps()) << "nothing changed since the last open: the test shows nothing";
+  nfs_.FailNext(Proc::kRead, EIO, 1);
+  ASSERT_FALSE(Write(o->file, "partial", 65536 + 100, O_WRONLY).ok())
+      << "the partial page was not fetched: the test shows nothing";
+  EXPECT_FALSE(keeps()) << "pages kept across a refused write";
+  fs_->Release(o->file);
+}
 
 // A write that goes around the cache (a non-root write to a setuid file)
 // keeps its own O_DSYNC: FILE_SYNC.

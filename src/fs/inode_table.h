@@ -114,7 +114,8 @@ class Inode {
   // server's data: uncached (O_DIRECT, direct_io) writes, counted when they
   // start and when they end (the kernel drops its pages before an uncached
   // write, 6.6+, and a reader may read old data back meanwhile), and writes
-  // the SSD cache disk lost before they were flushed.
+  // the SSD cache disk lost before they were flushed, and refused writes
+  // answered as such (the kernel keeps a refused mmap writeback's pages).
   uint64_t page_doubts GUARDED_BY(mu) = 0;
   // err_seq and page_doubts at the last open: if either moved since, the
   // kernel's cached pages may not be the server's data (a failed

@@ -142,11 +142,6 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
           inode->parked.front().admit(&next);
           inode->parked.pop_front();
         }
-      } else if (op->error()) {
-        // A refused write answered as such: the kernel keeps the pages of
-        // a refused mmap writeback as they are (only a write(2)'s are
-        // dropped), so the next open must not keep them (Open).
-        inode->page_doubts++;
       }
       if (!inode->WriteBehindPending()) {
         for (auto& w : inode->drain_waiters) next.push_back(std::move(w));
@@ -183,22 +178,23 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   // an asynchronous direct write): the write's own O_DSYNC (RWF_DSYNC) is
   // all that says it must be durable when answered.
   const int flags = f->flags | (wflags & (O_DSYNC | O_SYNC | O_DIRECT));
-  if (opts_.direct_io || (flags & O_DIRECT)) {
-    // An uncached write: counted when it starts and when it ends, so that
-    // an open made while it was in flight does not use up the change
-    // (Open drops the kernel's pages, filesystem.cc).
-    {
+  // An uncached write is counted when it starts and when it ends, so that
+  // an open made while it was in flight does not use up the change; a
+  // refused write when it ends, on every path (the kernel keeps the pages
+  // of a refused mmap writeback as they are; only a write(2)'s are
+  // dropped). The next open drops the kernel's pages (Open, filesystem.cc).
+  const bool uncached = opts_.direct_io || (flags & O_DIRECT);
+  if (uncached) {
+    std::lock_guard lock(inode->mu);
+    inode->page_doubts++;
+  }
+  cb = [inode, uncached, cb = std::move(cb)](Result<size_t> r) {
+    if (uncached || !r) {
       std::lock_guard lock(inode->mu);
       inode->page_doubts++;
     }
-    cb = [inode, cb = std::move(cb)](Result<size_t> r) {
-      {
-        std::lock_guard lock(inode->mu);
-        inode->page_doubts++;
-      }
-      cb(std::move(r));
-    };
-  }
+    cb(std::move(r));
+  };
   if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
     uint32_t mode;
     {
@@ -558,7 +554,10 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
       {
         std::lock_guard lock(inode->mu);
         if (!r) {
-          // Reported here: this open file need not hear of it again.
+          // Reported here: this open file need not hear of it again. Data
+          // lost meanwhile (a failed resend) is told rather than a COMMIT
+          // failure whose data is kept and retried.
+          if (f->err_seen != inode->err_seq) late = inode->last_error;
           f->err_seen = inode->err_seq;
         } else if (f->err_seen != inode->err_seq) {
           // A failure recorded meanwhile: a round this one waited for
