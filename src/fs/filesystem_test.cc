@@ -660,6 +660,43 @@ TEST_F(FilesystemTest, AnFsyncJoiningACommitHearsOfDataItsResendLost) {
   fs_->Release(b->file);
 }
 
+// The same when the round run for the joined fsync fails its own COMMIT:
+// the data the resend lost is what it reports (the COMMIT's data is kept
+// and retried).
+TEST_F(FilesystemTest, AJoinedFsyncReportsALostResendBeforeItsOwnCommitsFailure) {
+  OpenFile* a = CreateWith("join2", Pattern(8192, 10));
+  ASSERT_NE(a, nullptr);
+  auto b = Open(a->inode->ino(), O_WRONLY);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();
+  nfs_.Pause();
+  auto first = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, a, [first](Result<Ok> r) { first->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(1));  // round 1's COMMIT, held
+  ASSERT_TRUE(Write(b->file, "later", 65536).ok());  // written behind: its WRITE is held
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  auto joined = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, b->file, [joined](Result<Ok> r) { joined->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.StepOne(1));  // the later WRITE: b's fsync then joins round 1
+  ASSERT_TRUE(nfs_.StepOne(0));  // round 1's COMMIT: a new verifier, the resend is held
+  nfs_.FailNext(Proc::kWrite, EIO, 1);     // the resend fails
+  nfs_.FailNext(Proc::kCommit, EROFS, 1);  // and round 2's COMMIT
+  nfs_.Resume();
+  auto fa = first->get_future(), fb = joined->get_future();
+  ASSERT_EQ(fa.wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(30s), std::future_status::ready);
+  auto ra = fa.get();
+  ASSERT_FALSE(ra.ok());
+  EXPECT_EQ(ra.error().err, EIO);
+  auto rb = fb.get();
+  ASSERT_FALSE(rb.ok());
+  EXPECT_EQ(rb.error().err, EIO) << "the COMMIT's error hid the lost data";
+  EXPECT_TRUE(Fsync(b->file).ok()) << "the kept data was not committed by the next fsync";
+  fs_->Release(a);
+  fs_->Release(b->file);
+}
+
 TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
   auto c = Create(kRoot, "shared", O_CREAT | O_WRONLY, 0666);
   ASSERT_TRUE(c.ok());
