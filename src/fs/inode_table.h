@@ -135,7 +135,8 @@ class Inode {
   bool kernel_attr_uncertain GUARDED_BY(mu) = false;
   // Set by a write-behind failure (err_seq): the file's writes are not
   // written behind (each waits for the server and returns its own error)
-  // until an fsync or close that has nothing to report commits.
+  // until an fsync or close through a descriptor with nothing left to
+  // report commits (CommitAfterDrain).
   bool behind_refused GUARDED_BY(mu) = false;
   // Run once no write-behind is pending (reads, stats, truncates, fsync and
   // close wait here). Synchronous writes (O_DIRECT, O_SYNC) are not waited

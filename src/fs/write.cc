@@ -326,7 +326,7 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
     // new files"): its close then needs no COMMIT.
     std::lock_guard lock(inode->mu);
     // After a write-behind failure the file's writes wait for the server,
-    // each returning its own error, until an fsync or close commits.
+    // each returning its own error (Inode::behind_refused).
     if (inode->behind_refused) behind = false;
     if (f->fresh) {
       f->fresh = false;
@@ -350,8 +350,8 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // write is acknowledged once admitted; its data stays in memory until a
   // COMMIT covers it, and a failure is reported (once to each open file) by
   // the next fsync or close (never by a write: the kernel would turn it into
-  // a short count of a split write and lose it). At most `write_behind` bytes per file
-  // are outstanding; writes past that wait, in order.
+  // a short count of a split write and lose it). At most `write_behind`
+  // bytes per file are outstanding; writes past that wait, in order.
   {
     std::unique_lock lock(inode->mu);
     if (!inode->parked.empty() ||
