@@ -333,33 +333,16 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
 void Filesystem::Setattr(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
-  const bool flush_first = sa.size || sa.mode || sa.uid || sa.gid;
-  if (auto cache = cache_.load(); flush_first && cache && cache->SizeFloor(inode->fh()) > 0) {
-    // Write-back: the file's unflushed writes reach the server before the
-    // truncate, which then cuts what it cuts (the cache forgets the file);
-    // and before a change of mode or owner, which a later flushed write
-    // would otherwise undo (the server clears setuid/setgid on a write).
-    return FlushFile(inode, [this, c, ino, sa, cb = std::move(cb)](Result<Ok> r) mutable {
-      if (!r) return cb(r.error());
-      SetattrNow(c, ino, sa, std::move(cb));
-    });
-  }
-  SetattrNow(c, ino, sa, std::move(cb));
+  // The file's earlier writes land first (write.cc, BeforeSetattr).
+  BeforeSetattr(inode, sa, [this, c, ino, sa, cb = std::move(cb)](Result<Ok> r) mutable {
+    if (!r) return cb(r.error());
+    SetattrNow(c, ino, sa, std::move(cb));
+  });
 }
 
 void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb) {
   auto inode = inodes_.Get(ino);
   if (!inode) return cb(Stale());
-  if (sa.size) {
-    // A truncate must not be overtaken by an older write-behind write.
-    std::unique_lock lock(inode->mu);
-    if (inode->WriteBehindPending()) {
-      lock.unlock();
-      return WhenDrained(inode, [this, c, ino, sa, cb = std::move(cb)]() mutable {
-        SetattrNow(c, ino, sa, std::move(cb));
-      });
-    }
-  }
   if (sa.size) {
     // A truncate takes its place in the write order: writes (and resends)
     // past the new size that came before it land first, later ones after.
@@ -558,7 +541,9 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                               }
                               if (closed) {
                                 // Nobody will remove it at close: now.
+                                hidden_.Removing(dir->fh(), inode->ino());
                                 nfs_.Remove(dir->fh(), hidden, c, [this, dir, done, inode](Result<nfs::Wcc> rm) {
+                                  hidden_.Done(dir->fh(), inode->ino());
                                   ForgetDirAttr(dir->ino());
                                   if (!rm) return done(rm.error());
                                   DropCacheIfGone(inode->fh());
@@ -618,6 +603,9 @@ void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {
   auto dir = inodes_.Get(parent);
   if (!dir) return cb(Stale());
+  // (Which directory holds a hidden name is known by handle, the one to
+  // remove only by name: waits for them all. They are few and short-lived.)
+  hidden_.Settle("");
   nfs_.Rmdir(dir->fh(), name, c, [this, parent, cb = std::move(cb)](Result<nfs::Wcc> r) {
     if (!r) return cb(r.error());
     // The removed directory's own entry must go too (its inode is not known
@@ -1070,15 +1058,21 @@ void Filesystem::Release(OpenFile* f) {
     std::lock_guard lock(f->inode->mu);
     pending = !f->inode->uncommitted.empty();
     if (--f->inode->opens == 0) silly.swap(f->inode->silly);
+    if (silly) {
+      hidden_.Removing(silly->dir, f->inode->ino());
+    } else if (f->inode->opens == 0) {
+      hidden_.Released(f->inode->ino());
+    }
   }
   open_files_--;
   auto inode = f->inode;
   delete f;
   // The last close of a file removed while open: remove its hidden name,
   // after the data is committed (the handle dies with the last name).
-  auto remove_hidden = [this, silly, fh = inode->fh()]() {
+  auto remove_hidden = [this, silly, fh = inode->fh(), ino = inode->ino()]() {
     if (!silly) return;
-    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly, fh](Result<nfs::Wcc> r) {
+    nfs_.Remove(silly->dir, silly->name, silly->cred, [this, silly, fh, ino](Result<nfs::Wcc> r) {
+      hidden_.Done(silly->dir, ino);
       if (auto dir = inodes_.Find(silly->dir)) {
         if (r) NoteDirAttr(dir->ino(), r->after); else ForgetDirAttr(dir->ino());
       }
@@ -1139,6 +1133,10 @@ void Filesystem::Readdir(const Cred& c, DirHandle* d, uint64_t off, bool plus,
       lock.unlock();
       return cb(d);
     }
+    lock.unlock();
+    // A listing from the start shows no hidden name whose last close came.
+    hidden_.Settle(d->dir->fh());
+    lock.lock();
     d->entries.clear();
     d->loaded = false;
     d->plus = plus;

@@ -65,6 +65,7 @@
 #include "common/thread_annotations.h"
 #include "fs/flusher.h"
 #include "fs/gone_check.h"
+#include "fs/hidden_names.h"
 #include "fs/inode_table.h"
 #include "fs/options.h"
 #include "fs/write_order.h"
@@ -179,6 +180,9 @@ class Filesystem {
   void Symlink(const Cred& c, const std::string& target, uint64_t parent, const std::string& name,
                Cb<EntryOut> cb);
   void Unlink(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb);
+  // Rmdir and Readdir (a listing from its start) first wait, on the calling
+  // thread, for the hidden names of files whose last close may have come to
+  // be removed (fs/hidden_names.h).
   void Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb);
   void Rename(const Cred& c, uint64_t parent, const std::string& name, uint64_t newparent,
               const std::string& newname, unsigned flags, Cb<Ok> cb);
@@ -231,6 +235,10 @@ class Filesystem {
   void ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
                    std::function<void(Result<std::string_view>)> cb, int attempt,
                    bool lookup = true);
+  // Runs `done` once the file's earlier writes can no longer undo `sa`
+  // (write.cc); an error if the write-back cache could not flush them.
+  void BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
+                     std::function<void(Result<Ok>)> done);
   void SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
   // The SETATTR itself; `tseq`: the truncate's place in the write order (0: none).
   void SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
@@ -335,6 +343,7 @@ class Filesystem {
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
   InodeTable inodes_;
   GoneCheck gone_;  // (DropCacheIfGone's; the flusher has its own)
+  HiddenNames hidden_;  // hidden names of files removed while open, until removed
   std::atomic<uint64_t> seq_{0};
   struct PostOp {
     nfs::Attr attr;

@@ -1146,6 +1146,138 @@ TEST_F(FilesystemTest, UnlinkRacingTheLastCloseLeavesNoHiddenName) {
 }
 
 
+// close(2) waits for FLUSH only; RELEASE, where the hidden name goes, comes
+// after it on another thread. A listing (or rmdir) right after the close
+// must not find the name.
+TEST_F(FilesystemTest, AListingAfterTheLastCloseWaitsForTheHiddenNameToGo) {
+  for (bool rmdir : {false, true}) {
+    SCOPED_TRACE(rmdir ? "rmdir" : "listing");
+    const std::string dname = rmdir ? "dr" : "dl";
+    auto d = Mkdir(kRoot, dname, 0755);
+    ASSERT_TRUE(d.ok());
+    auto c = Create(d->ino, "x", O_CREAT | O_RDWR, 0644);
+    ASSERT_TRUE(c.ok());
+    OpenFile* f = c->second.file;
+    ASSERT_TRUE(Write(f, "data", 0).ok());
+    ASSERT_TRUE(Unlink(d->ino, "x").ok());
+    auto l = List(d->ino, false);
+    ASSERT_TRUE(l.ok());
+    ASSERT_EQ(l->size(), 3u) << "no hidden name while open";
+    ASSERT_TRUE(Flush(f).ok());  // close(2) returns here
+    std::thread release([&] {
+      std::this_thread::sleep_for(50ms);  // RELEASE served late, on another thread
+      fs_->Release(f);
+    });
+    if (rmdir) {
+      auto r = Rmdir(kRoot, dname);
+      EXPECT_TRUE(r.ok()) << r.error().what;
+    } else {
+      l = List(d->ino, false);
+      ASSERT_TRUE(l.ok());
+      EXPECT_EQ(l->size(), 2u) << "hidden name listed after the last close: " << l->back();
+    }
+    release.join();
+  }
+}
+
+// A close that is not the last (a duplicated descriptor) holds a listing up
+// for the grace period at most, and the name stays while the file is open.
+TEST_F(FilesystemTest, ACloseThatIsNotTheLastDoesNotHoldListingsUp) {
+  auto c = Create(kRoot, "y", O_CREAT | O_RDWR, 0644);
+  ASSERT_TRUE(c.ok());
+  OpenFile* f = c->second.file;
+  ASSERT_TRUE(Unlink(kRoot, "y").ok());
+  ASSERT_TRUE(Flush(f).ok());  // one of two descriptors closed
+  const auto t0 = std::chrono::steady_clock::now();
+  auto l = List(kRoot, false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(l->size(), 3u) << "the open file's hidden name must stay";
+  fs_->Release(f);
+  ASSERT_TRUE(nfs_.Quiesce());
+  l = List(kRoot, false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->size(), 2u);
+}
+
+// Times set right after writes (tar x: futimens on the open descriptor) are
+// the ones the server keeps: the write-behind WRITEs land first, and the
+// data is committed, so that no resend after a server restart stamps the
+// server's time over them.
+TEST_F(FilesystemTest, TimesSetRightAfterWritesAreNotUndoneByThemOrTheirResend) {
+  auto c = Create(kRoot, "t", O_CREAT | O_RDWR, 0644);
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  auto o = Open(c->first.ino, O_RDWR);
+  ASSERT_TRUE(o.ok());
+  const nfs::Fh fh = o->file->inode->fh();
+  nfs_.Pause();  // the write stays on its way (acknowledged: write-behind)
+  ASSERT_TRUE(Write(o->file, Pattern(256 << 10, 3), 0).ok());
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  nfs::SetAttr sa;
+  sa.mtime_how = sa.atime_how = nfs::SetAttr::TimeHow::kClient;
+  sa.mtime = sa.atime = nfs::Time{1000000000, 5};
+  std::promise<Result<AttrOut>> set;
+  fs_->Setattr(cred_, c->first.ino, sa, [&](Result<AttrOut> r) { set.set_value(std::move(r)); });
+  nfs_.Resume();
+  auto a = set.get_future().get();
+  ASSERT_TRUE(a.ok()) << a.error().what;
+  EXPECT_EQ(a->st.st_mtim.tv_sec, 1000000000);
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_TRUE(nfs_.Attributes(fh)->mtime == (nfs::Time{1000000000, 5})) << "a WRITE landed after the SETATTR";
+  nfs_.Restart();  // loses what was not committed before the SETATTR
+  ASSERT_TRUE(Fsync(o->file).ok());
+  Close(o->file);
+  EXPECT_EQ(ContentsOf("t"), Pattern(256 << 10, 3));
+  EXPECT_TRUE(nfs_.Attributes(fh)->mtime == (nfs::Time{1000000000, 5})) << "a resend landed after the SETATTR";
+}
+
+// A write that makes the server clear setuid/setgid is not written behind:
+// its reply tells the kernel the new mode before the write returns (stat(1)
+// asks the kernel for the mode alone, which it answers from its cache).
+TEST_F(FilesystemTest, AWriteThatClearsSetuidTellsTheKernelBeforeItReturns) {
+  std::mutex mu;
+  std::vector<std::string> events;
+  auto note = [&](std::string e) {
+    std::lock_guard lock(mu);
+    events.push_back(std::move(e));
+  };
+  const Cred root{0, 0, {}};
+  auto c = Wait<std::pair<EntryOut, OpenOut>>(
+      [&](auto cb) { fs_->Create(root, kRoot, "suid", 0644, O_CREAT | O_WRONLY, cb); });
+  ASSERT_TRUE(c.ok());
+  fs_->Release(c->second.file);
+  nfs::SetAttr sa;
+  sa.mode = 06777;
+  ASSERT_TRUE(Wait<AttrOut>([&](auto cb) { fs_->Setattr(root, c->first.ino, sa, cb); }).ok());
+  const uint64_t ino = c->first.ino;
+  fs_->SetAttrInvalidator([&](uint64_t i) { note("invalidate " + std::to_string(i)); });
+  auto o = Open(ino, O_WRONLY);  // cred_: uid 1000
+  ASSERT_TRUE(o.ok());
+  auto w = Wait<size_t>([&](auto cb) {
+    fs_->Write(cred_, o->file, Buf("user data"), 0, 0, [&, cb](Result<size_t> r) {
+      note("written");
+      cb(std::move(r));
+    });
+  });
+  ASSERT_TRUE(w.ok());
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(events, (std::vector<std::string>{"invalidate " + std::to_string(ino), "written"}));
+  }
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Getattr(cred_, ino, cb); });
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->st.st_mode & 07777, 0777u);
+  // An ordinary write afterwards tells the kernel nothing.
+  ASSERT_TRUE(Write(o->file, "more", 9).ok());
+  ASSERT_TRUE(Fsync(o->file).ok());
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(events.size(), 2u);
+  }
+  Close(o->file);
+}
+
 TEST_F(FilesystemTest, SizeDoesNotShrinkWhileLostDataAwaitsResend) {
   OpenFile* f = CreateWith("sz", Pattern(8192, 7));
   ASSERT_EQ(StableOf("sz"), "") << "written stable: a restart would lose nothing";
@@ -1788,6 +1920,24 @@ TEST_F(WriteBackTest, AChmodAfterCachedWritesIsNotUndoneByTheirFlush) {
   auto back = Wait<nfs::Attr>([&](auto cb) { nfs_.Getattr(*fh, cred_, cb); });
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->mode & 07777, 04755u) << std::oct << back->mode;
+}
+
+// cp -p: the data is in the cache at close, the times are set by path
+// after it. The cached writes reach the server first.
+TEST_F(WriteBackTest, TimesSetAfterCachedWritesAreNotUndoneByTheirFlush) {
+  OpenFile* f = CreateWith("cp", Pattern(8192, 6));
+  ASSERT_NE(f, nullptr);
+  ASSERT_GT(Dirty(), 0u);
+  const uint64_t ino = f->inode->ino();
+  Close(f);
+  nfs::SetAttr sa;
+  sa.mtime_how = sa.atime_how = nfs::SetAttr::TimeHow::kClient;
+  sa.mtime = sa.atime = nfs::Time{1000000000, 7};
+  auto a = Wait<AttrOut>([&](auto cb) { fs_->Setattr(cred_, ino, sa, cb); });
+  ASSERT_TRUE(a.ok()) << a.error().what;
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  EXPECT_EQ(ContentsOf("cp"), Pattern(8192, 6));
+  EXPECT_TRUE(nfs_.Attributes(*nfs_.FhOf("cp"))->mtime == (nfs::Time{1000000000, 7}));
 }
 
 TEST_F(WriteBackTest, RootsWriteToASetuidFileStaysInTheCache) {

@@ -33,6 +33,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
           cache.reset();
         }
         Result<Ok> res = Ok{};
+        bool mode_changed = false;
         if (!r) {
           res = r.error();
         } else if (r->count == 0) {
@@ -52,7 +53,13 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
               // check counts it).
               inode->newer_log.push_back(Inode::Newer{seq, off, n});
             }
-            if (r->wcc.after) inode->mode = r->wcc.after->mode;  // setuid/setgid cleared?
+            if (r->wcc.after) {
+              // The server cleared setuid/setgid (a write by a user without
+              // CAP_FSETID): the kernel holds the old mode, and stat(1)
+              // asking for the mode alone would be answered from it.
+              mode_changed = r->wcc.after->mode != inode->mode;
+              inode->mode = r->wcc.after->mode;
+            }
             // Our own write moved mtime: keep close-to-open from dropping our cache.
             if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
                 r->wcc.before->mtime == inode->open_mtime) {
@@ -60,6 +67,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
               inode->open_size = r->wcc.after->size;
             }
           }
+          if (mode_changed && invalidate_attrs_) invalidate_attrs_(inode->ino());
           if (n < len) {
             // Short write: the rest goes now, still under this write's place
             // in the order.
@@ -328,6 +336,11 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
     // After a write-behind failure the file's writes wait for the server,
     // each returning its own error (Inode::behind_refused).
     if (inode->behind_refused) behind = false;
+    // A write that makes the server clear setuid/setgid (by a user other
+    // than root) waits for its reply, which tells the kernel the new mode
+    // (SendWrite) before write() returns, as a local filesystem clears the
+    // bits when it takes the write.
+    if (c.uid != 0 && (inode->mode & (S_ISUID | S_ISGID))) behind = false;
     if (f->fresh) {
       f->fresh = false;
       if (off == 0 && size <= kSmallFileSync && inode->order.empty() &&
@@ -372,6 +385,38 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   }
   cb(size);
   for (auto& fn : run) fn();
+}
+
+void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
+                               std::function<void(Result<Ok>)> done) {
+  using How = nfs::SetAttr::TimeHow;
+  const bool attrs = sa.atime_how != How::kDontChange || sa.mtime_how != How::kDontChange ||
+                     sa.mode || sa.uid || sa.gid;
+  if (!attrs && !sa.size) return done(Ok{});
+  // Write-behind and the write-back cache's unflushed writes land first; a
+  // SETATTR of times, mode or owner also waits for a COMMIT of the kept
+  // writes (as the kernel NFS client syncs a file before any SETATTR). Any
+  // of them reaching the server later would undo it: a WRITE stamps the
+  // server's mtime over times set by tar, cp -p or rsync, and clears a
+  // setuid bit just set, and so does a resend after a server restart. (A
+  // truncate's own ordering against writes and resends is the write
+  // order's: SetattrNow.)
+  auto after_flush = [this, inode, attrs, done](Result<Ok> r) mutable {
+    if (!r) return done(r.error());
+    WhenDrained(inode, [this, inode, attrs, done = std::move(done)]() mutable {
+      if (!attrs) return done(Ok{});
+      Commit(inode, [this, done = std::move(done)](Result<Ok> c) {
+        // (The data is kept and retried, and a loss is reported at fsync
+        // or close: the SETATTR goes on.)
+        if (!c) log_->warn("COMMIT before a SETATTR failed: {}", c.error().what);
+        done(Ok{});
+      });
+    });
+  };
+  if (auto cache = cache_.load(); cache && cache->SizeFloor(inode->fh()) > 0) {
+    return FlushFile(inode, std::move(after_flush));
+  }
+  after_flush(Ok{});
 }
 
 void Filesystem::MaybeBackgroundCommit(const InodeP& inode) {
@@ -578,6 +623,12 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
 }
 
 void Filesystem::Flush(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
+  {
+    // A close of a hidden file's only open: its RELEASE, which removes the
+    // hidden name, may follow (fs/hidden_names.h).
+    std::lock_guard lock(f->inode->mu);
+    if (f->inode->silly && f->inode->opens == 1) hidden_.Closing(f->inode->silly->dir, f->inode->ino());
+  }
   // A read-only open has written nothing: its close neither commits other
   // users' data nor reports their errors (as the Linux client's flush).
   if ((f->flags & O_ACCMODE) == O_RDONLY) return cb(Ok{});
