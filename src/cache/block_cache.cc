@@ -182,28 +182,28 @@ std::vector<uint32_t> BlockCache::SlotsOf(const FileState& f) const {
 }
 
 void BlockCache::Reader::Post(std::function<void()> task) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   tasks_.push_back(std::move(task));
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void BlockCache::Reader::Stop() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   stop_ = true;
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void BlockCache::Reader::Main() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    while (!stop_ && tasks_.empty()) cv_.Wait(mu_);
     if (tasks_.empty()) return;  // stopped
     auto task = std::move(tasks_.front());
     tasks_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     task();
     task = nullptr;  // (may drop the last reference to its cache)
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -273,12 +273,15 @@ bool BlockCache::FreeDurable(const OlderFree& o) const {
 void BlockCache::SettleTombs() {
   for (auto it = older_frees_.begin(); it != older_frees_.end();) {
     auto& v = it->second;
-    v.erase(std::remove_if(v.begin(), v.end(), [this](const OlderFree& o) { return FreeDurable(o); }), v.end());
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [this](const OlderFree& o) REQUIRES(mu_) { return FreeDurable(o); }),
+            v.end());
     it = v.empty() ? older_frees_.erase(it) : std::next(it);
   }
   for (auto it = tombs_.begin(); it != tombs_.end();) {
     const auto& w = it->second.waits;
-    if (std::all_of(w.begin(), w.end(), [this](const OlderFree& o) { return FreeDurable(o); })) {
+    if (std::all_of(w.begin(), w.end(),
+                    [this](const OlderFree& o) REQUIRES(mu_) { return FreeDurable(o); })) {
       // (Its tombstone may stay on disk: an empty claim older than any
       // claim the slot makes next.)
       policy_->Unpin(it->first);
@@ -348,7 +351,7 @@ bool BlockCache::FreeSlot(uint32_t s, bool persist) {
   wb_.erase(s);
   if (slot.rewriting) {
     slot.rewriting = false;
-    rewrite_cv_.notify_all();
+    rewrite_cv_.SignalAll();
   }
   slot.gen++;
   slot.inval++;
@@ -386,7 +389,7 @@ bool BlockCache::KeepDirtyOnly(uint32_t s) {
 }
 
 void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   if (!f.have) {
     f.have = true;
@@ -414,19 +417,21 @@ void BlockCache::Observe(const std::string& fh, const FileVersion& v) {
 }
 
 void BlockCache::Drop(const std::string& fh) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   ForgetFile(State(fh));
 }
 
 BlockCache::DropResult BlockCache::DropAsOf(const std::string& fh, uint64_t stamp) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(fh);
   if (it == files_.end()) return DropResult::kNothing;
   FileState& f = it->second;
   // A block written since the stamp has a newer write generation (both
   // come from counter_, which only grows): its last writer may not have
   // been asked.
-  const auto newer = [this, stamp](uint32_t s) { return slots_[s].dirty_pin && WbOf(s).wgen > stamp; };
+  const auto newer = [this, stamp](uint32_t s) REQUIRES(mu_) {
+    return slots_[s].dirty_pin && WbOf(s).wgen > stamp;
+  };
   bool asked_dirty = false, any_newer = false;
   for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
     if (newer(s)) {
@@ -469,7 +474,7 @@ bool BlockCache::ForgetFile(FileState& f) {
 }
 
 bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
     if (AnyBit(DirtyBits(slots_[s]))) return false;  // written since the flush: flush again
@@ -490,21 +495,21 @@ bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
     Job job{};
     job.barrier = std::move(then);
     jobs_.push_back(std::move(job));
-    cv_.notify_all();
+    cv_.SignalAll();
     return true;
   }
   if (retired) {
-    Commit(lock);  // (frees the old slots, as a barrier would)
+    Commit();  // (frees the old slots, as a barrier would)
   } else if (cleaning) {
-    WriteRecords(lock, /*sync=*/true);
+    WriteRecords(/*sync=*/true);
   }
-  lock.unlock();
+  lock.Unlock();
   then();
   return true;
 }
 
 void BlockCache::TruncateDone(const std::string& fh) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   if (f.truncates_inflight > 0) f.truncates_inflight--;
   // Every read started before the SETATTR was answered may carry what it cut.
@@ -516,7 +521,7 @@ void BlockCache::TruncateDone(const std::string& fh) {
 }
 
 uint64_t BlockCache::DropAll() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   uint64_t n = 0;
   for (uint32_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s].file == kNoFile) continue;
@@ -534,14 +539,14 @@ uint64_t BlockCache::DropAll() {
 }
 
 void BlockCache::OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(fh);
   if (it == files_.end() || !it->second.have || it->second.writes_inflight != 0) return;
   if (it->second.validated == before) it->second.validated = after;
 }
 
 bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   // Close to where a run ended counts as continuing it: readahead and
   // write-behind requests of one stream arrive slightly out of order. How
@@ -620,11 +625,10 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   return opts_.seq_cutoff > 0 && run->length > opts_.seq_cutoff;
 }
 
-CrcStore::Got BlockCache::HoldCrcs(std::unique_lock<std::mutex>& lock, const std::vector<uint32_t>& slots,
-                                   CrcStore::Holds& h) {
+CrcStore::Got BlockCache::HoldCrcs(const std::vector<uint32_t>& slots, CrcStore::Holds& h) {
   auto got = CrcStore::Got::kHeld;
   for (uint32_t s : slots) {
-    const auto held = crcs_->Hold(lock, s, h);
+    const auto held = crcs_->Hold(mu_, s, h);
     const int hold_err = errno;
     // A frame that could not be written back (kept in RAM) is a device error
     // too, reported here, by whichever Hold() met it (once per frame).
@@ -650,7 +654,7 @@ CrcStore::Got BlockCache::HoldCrcs(std::unique_lock<std::mutex>& lock, const std
 }
 
 void BlockCache::NoteBypass(bool write) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   (write ? stats_.write_bypasses : stats_.read_bypasses)++;
 }
 
@@ -666,9 +670,9 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
   const uint64_t block = opts_.block;
   const size_t asked = len;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     CrcStore::Holds holds(*crcs_);  // (released before the lock)
-    auto miss = [this]() -> std::optional<std::string> {
+    auto miss = [this]() REQUIRES(mu_) -> std::optional<std::string> {
       stats_.read_misses++;
       return std::nullopt;
     };
@@ -705,7 +709,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
         pieces.push_back(Piece{s, b, p0, p1 - p0 + 1, slot.inval, {}});
         need.push_back(s);
       }
-      const auto got = HoldCrcs(lock, need, holds);
+      const auto got = HoldCrcs(need, holds);
       if (got == CrcStore::Got::kFailed) return miss();
       if (got == CrcStore::Got::kHeld) break;
     }
@@ -747,7 +751,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
     const uint64_t to = std::min(off + len, piece_start + buf.size());
     std::memcpy(out.data() + (from - off), buf.data() + (from - piece_start), to - from);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& p : pieces) policy_->Unpin(p.slot);
   if (io_error) {
     DeviceError("reading the cache", errno);
@@ -769,7 +773,7 @@ std::optional<std::string> BlockCache::Read(const std::string& fh, uint64_t off,
 }
 
 uint64_t BlockCache::ReadStart(const std::string& fh) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return State(fh).write_counter;
 }
 
@@ -816,7 +820,7 @@ void BlockCache::StoreLocked(const std::string& fh, FileState& f, uint64_t off, 
     jobs_.push_back(std::move(job));
     queued = true;
   }
-  if (queued) cv_.notify_one();
+  if (queued) cv_.Signal();
 }
 
 bool BlockCache::Changed(const FileState& f, uint64_t block, uint64_t token) {
@@ -844,14 +848,14 @@ void BlockCache::NoteChange(FileState& f, uint64_t block, uint32_t p0, uint32_t 
 }
 
 void BlockCache::Fill(const std::string& fh, uint64_t token, uint64_t off, const char* data, size_t len) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   StoreLocked(fh, f, off, data, len,
               [&f, token](uint64_t b) { return f.truncates_inflight == 0 && !Changed(f, b, token); }, false);
 }
 
 uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len, bool invalidate) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   if (invalidate) stats_.writes++;  // (not the flusher's)
   f.writes_inflight++;
@@ -893,7 +897,7 @@ uint64_t BlockCache::WriteStart(const std::string& fh, uint64_t off, size_t len,
 void BlockCache::WriteDone(const std::string& fh, uint64_t token, uint64_t off, const char* data,
                            size_t len, bool ok, bool admit, const std::optional<FileVersion>& before,
                            const std::optional<FileVersion>& after) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FileState& f = State(fh);
   const uint64_t block = opts_.block;
   if (ok && admit && opts_.mode == CacheMode::kWriteThrough) {
@@ -971,7 +975,7 @@ bool BlockCache::Probe() {
 }
 
 void BlockCache::WriterMain() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   auto next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (true) {
     if (!durable_waiters_.empty() ||
@@ -981,21 +985,21 @@ void BlockCache::WriterMain() {
       // Quiesce, unmount), a second after the first of them, or when the
       // old slots of moved blocks waiting for it grow many.
       writing_ = true;
-      Commit(lock);
+      Commit();
       // Under a steady stream of commits, the mark (below) is also written
       // every 10 s, after the commit answered its waiters: what a load must
       // check stays about what 10 s wrote.
       if (!index_broken_ && journal_->MarkBehind() &&
           std::chrono::steady_clock::now() - last_mark_ >= std::chrono::seconds(10)) {
-        WriteMark(lock);
+        WriteMark();
       }
       continue;
     }
     if (jobs_.empty() && WbPending()) {
       // Records wait for the commit too (it writes them all at once).
       writing_ = false;
-      idle_cv_.notify_all();
-      cv_.wait_until(lock, commit_due_);
+      idle_cv_.SignalAll();
+      cv_.WaitUntil(mu_, commit_due_);
       continue;
     }
     if (jobs_.empty() && !queued_groups_.empty()) {
@@ -1003,23 +1007,23 @@ void BlockCache::WriterMain() {
       // version updates): written now, synced by the next barrier.
       writing_ = true;
       // (Synced if slots are held for it: rule 2a.)
-      WriteRecords(lock, /*sync=*/!tombs_.empty());
+      WriteRecords(/*sync=*/!tombs_.empty());
       continue;
     }
     if (jobs_.empty()) {
-      DiscardBrokenIndex(lock);
+      DiscardBrokenIndex();
       if (!jobs_.empty() || !queued_groups_.empty()) continue;
       writing_ = false;
       commit_asked_ = false;  // (nothing pending: a Quiesce() is answered)
-      idle_cv_.notify_all();
+      idle_cv_.SignalAll();
       if (stop_) return;
       if (health_ != Health::kHealthy) {
-        cv_.wait_until(lock, next_probe);
+        cv_.WaitUntil(mu_, next_probe);
         if (std::chrono::steady_clock::now() >= next_probe) {
           next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-          lock.unlock();
+          lock.Unlock();
           const bool ok = Probe();
-          lock.lock();
+          lock.Lock();
           if (ok && health_ != Health::kHealthy && !stop_) {
             // A failed record write broke the index: stay out then.
             if (!index_broken_) {
@@ -1035,13 +1039,13 @@ void BlockCache::WriterMain() {
         // of fsyncs would pay a second sync each.)
         const auto due = last_sync_ + opts_.commit_interval;
         if (std::chrono::steady_clock::now() < due) {
-          cv_.wait_until(lock, due);
+          cv_.WaitUntil(mu_, due);
           continue;
         }
         writing_ = true;
-        WriteMark(lock);
+        WriteMark();
       } else {
-        cv_.wait(lock);
+        cv_.Wait(mu_);
       }
       continue;
     }
@@ -1050,10 +1054,10 @@ void BlockCache::WriterMain() {
       // Everything queued before it is durable before it runs.
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
-      Commit(lock);
-      lock.unlock();
+      Commit();
+      lock.Unlock();
       job.barrier();
-      lock.lock();
+      lock.Lock();
       continue;
     }
     if (jobs_.front().wb) {
@@ -1065,16 +1069,16 @@ void BlockCache::WriterMain() {
         batch.push_back(std::move(jobs_.front()));
         jobs_.pop_front();
       }
-      WriterWb(batch, lock);
+      WriterWb(batch);
       continue;
     }
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
-    WriteFill(job, lock);
+    WriteFill(job);
   }
 }
 
-void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
+void BlockCache::WriteFill(Job& job) {
   Slot& slot = slots_[job.slot];
   const uint32_t np = static_cast<uint32_t>(job.data.size() / kPage);
   auto current = [&] { return slot.gen == job.gen && slot.inval == job.inval; };
@@ -1086,7 +1090,7 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
   for (uint32_t k = 0; k < np; ++k) {
     if (!TestBit(Valid(slot), job.first_page + k)) SetBit(fresh, job.first_page + k);
   }
-  lock.unlock();
+  mu_.Unlock();
   std::vector<uint32_t> crcs(np);
   bool wrote = true;
   int err = 0;
@@ -1105,10 +1109,10 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
     err = errno;
     k = e;
   }
-  lock.lock();
+  mu_.Lock();
   if (!wrote) return DeviceError("writing the cache", err);
   CrcStore::Holds holds(*crcs_);
-  if (HoldCrcs(lock, {job.slot}, holds) == CrcStore::Got::kFailed) return;
+  if (HoldCrcs({job.slot}, holds) == CrcStore::Got::kFailed) return;
   if (!current()) return;  // given to another block, or invalidated meanwhile
   uint32_t filled = 0;
   for (uint32_t k = 0; k < np; ++k) {
@@ -1132,9 +1136,9 @@ void BlockCache::WriteFill(Job& job, std::unique_lock<std::mutex>& lock) {
 }
 
 void BlockCache::Quiesce(bool commit) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (!writer_.joinable() || stop_) return;
-  auto done = [this, commit] {
+  auto done = [this, commit]() REQUIRES(mu_) {
     return jobs_.empty() && !writing_ && (!commit || (queued_groups_.empty() && !WbPending()));
   };
   if (commit && !done()) {
@@ -1142,13 +1146,13 @@ void BlockCache::Quiesce(bool commit) {
     // when nothing is: the request would outlive this call and commit the
     // next write at once.)
     commit_asked_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
-  idle_cv_.wait(lock, done);
+  while (!done()) idle_cv_.Wait(mu_);
 }
 
 CacheStats BlockCache::Stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CacheStats s = stats_;
   s.state = health_ == Health::kHealthy ? "healthy" : health_ == Health::kDegraded ? "degraded" : "out";
   s.capacity_bytes = capacity_bytes();

@@ -52,9 +52,11 @@
 // cache larger than their RAM budget are read back from the cache disk
 // (crc_store.h) by the thread that needs them: the caller of Read and
 // CollectDirty, the writer, the reader thread; never an event loop. All
-// state is under one mutex, never held across disk I/O (slots are pinned
-// instead; the checksums' frames held). Every file operation goes through
-// the Disk seam (disk.h).
+// state is under one mutex, never held across disk I/O while the cache runs
+// (slots are pinned instead; the checksums' frames held; Init() and the
+// destructor, alone, hold it while loading and closing). It comes after
+// the filesystem's and engine's locks (the program's lock order:
+// common/mutex.h). Every file operation goes through the Disk seam (disk.h).
 //
 // Memory. What the cache keeps in RAM grows with its slots, about 100
 // bytes per slot at 64 pages a block (under 0.4 MiB per GiB of cache at the
@@ -167,13 +169,11 @@
 
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -191,6 +191,7 @@
 #include "cache/index.h"
 #include "cache/policy.h"
 #include "cache/rate_window.h"
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "mpnfs/result.h"
 
@@ -588,8 +589,8 @@ class BlockCache {
     void Stop();  // the thread ends once the queue is empty
     void Main();
    private:
-    std::mutex mu_;
-    std::condition_variable cv_;
+    Mutex mu_;
+    CondVar cv_;
     std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
     bool stop_ GUARDED_BY(mu_) = false;
   };
@@ -597,30 +598,29 @@ class BlockCache {
   explicit BlockCache(CacheOptions opts);
   Result<bool> Init();
   Status OpenFiles();
-  Status LoadIndex();
+  Status LoadIndex() REQUIRES(mu_);
   static std::string Key(const std::string& fh, uint64_t block);
   static uint64_t PolicyKey(const std::string& fh, uint64_t block);
   uint32_t pages() const { return opts_.block / kPage; }
   uint32_t words() const { return (pages() + 63) / 64; }
 
   // Per-slot storage outside Slot.
-  uint32_t SlotNo(const Slot& sl) const { return static_cast<uint32_t>(&sl - slots_.data()); }
-  BitsRef Bits(const Slot& sl, BitKind k) const {
+  uint32_t SlotNo(const Slot& sl) const REQUIRES(mu_) { return static_cast<uint32_t>(&sl - slots_.data()); }
+  BitsRef Bits(const Slot& sl, BitKind k) const REQUIRES(mu_) {
     return BitsRef(const_cast<uint64_t*>(bits_.data()) + (size_t{SlotNo(sl)} * kBitKinds + k) * words(), words());
   }
-  BitsRef Valid(const Slot& sl) const { return Bits(sl, kValidBits); }
-  BitsRef DirtyBits(const Slot& sl) const { return Bits(sl, kDirtyBits); }
-  BitsRef Cleaning(const Slot& sl) const { return Bits(sl, kCleaningBits); }
+  BitsRef Valid(const Slot& sl) const REQUIRES(mu_) { return Bits(sl, kValidBits); }
+  BitsRef DirtyBits(const Slot& sl) const REQUIRES(mu_) { return Bits(sl, kDirtyBits); }
+  BitsRef Cleaning(const Slot& sl) const REQUIRES(mu_) { return Bits(sl, kCleaningBits); }
   // A slot's page CRCs: resident ones only (held by HoldCrcs). Mut marks
   // them changed.
   const uint32_t* PageCrcs(const Slot& sl) const REQUIRES(mu_) { return crcs_->Get(SlotNo(sl)); }
   uint32_t* MutCrcs(const Slot& sl) REQUIRES(mu_) { return crcs_->Mut(SlotNo(sl)); }
   // Holds the CRCs of `slots` in RAM for h's life (crc_store.h). May release
-  // `lock` for cache-disk I/O: kRelocked then (what the lock guarded may
+  // mu_ for cache-disk I/O: kRelocked then (what the lock guarded may
   // have changed: look again). kFailed: a read or write of the checksum
   // file failed (counted as a device error; errno kept).
-  CrcStore::Got HoldCrcs(std::unique_lock<std::mutex>& lock, const std::vector<uint32_t>& slots,
-                         CrcStore::Holds& h) REQUIRES(mu_);
+  CrcStore::Got HoldCrcs(const std::vector<uint32_t>& slots, CrcStore::Holds& h) REQUIRES(mu_);
   WbSlot& Wb(uint32_t s) REQUIRES(mu_) { return wb_[s]; }
   // Slot versions are interned (the slots of a file mostly share one).
   const FileVersion& VersionOf(const Slot& sl) const REQUIRES(mu_);
@@ -628,8 +628,8 @@ class BlockCache {
   void ReleaseVersion(Slot& sl) REQUIRES(mu_);
   const WbSlot& WbOf(uint32_t s) const REQUIRES(mu_);
   // The file a slot in use holds.
-  const std::string& Fh(const Slot& sl) const { return *file_ids_[sl.file]->fh; }
-  FileState& FileOf(const Slot& sl) const { return *file_ids_[sl.file]; }
+  const std::string& Fh(const Slot& sl) const REQUIRES(mu_) { return *file_ids_[sl.file]->fh; }
+  FileState& FileOf(const Slot& sl) const REQUIRES(mu_) { return *file_ids_[sl.file]; }
   // Gives free slot `s` to block `block` of `f` (an entry of files_); the
   // file keeps its id while any slot names it. List/Unlist: on the file's
   // list of slots or not (SlotsOf).
@@ -644,7 +644,7 @@ class BlockCache {
   uint32_t Lookup(const std::string& fh, uint64_t block) const REQUIRES(mu_);
   void TableSet(uint32_t s) REQUIRES(mu_);    // s becomes its block's slot
   void TableErase(uint32_t s) REQUIRES(mu_);  // if s is its block's slot
-  size_t TableHome(uint32_t file, uint64_t block) const;
+  size_t TableHome(uint32_t file, uint64_t block) const REQUIRES(mu_);
 
   FileState& State(const std::string& fh) REQUIRES(mu_);
   // Frees a slot; true if it is held (rule 2a: tombstoned, pinned, and its
@@ -665,12 +665,12 @@ class BlockCache {
   void Persist(uint32_t s) REQUIRES(mu_);
   // Writer thread (or no writer running): writes the queued records, and
   // syncs the index if `sync`; false if that failed (the index is then
-  // broken). Unlocks `lock` meanwhile.
-  bool WriteRecords(std::unique_lock<std::mutex>& lock, bool sync);
+  // broken). Unlocks mu_ meanwhile.
+  bool WriteRecords(bool sync) REQUIRES(mu_);
   // Waits until everything queued before is durable (a barrier job).
-  void Barrier(std::unique_lock<std::mutex>& lock);
-  void DiscardBrokenIndex(std::unique_lock<std::mutex>& lock);
-  bool Dirtyish(const Slot& slot) const;
+  void Barrier() REQUIRES(mu_);
+  void DiscardBrokenIndex() REQUIRES(mu_);
+  bool Dirtyish(const Slot& slot) const REQUIRES(mu_);
   // Queues stores of the whole pages of [off, off+len) whose block passes `allowed`.
   template <class Allowed>
   void StoreLocked(const std::string& fh, FileState& f, uint64_t off, const char* data, size_t len,
@@ -683,7 +683,7 @@ class BlockCache {
                            std::string* out);
   void DeviceError(const char* what, int err) REQUIRES(mu_);
   void WriterMain();
-  void WriteFill(Job& job, std::unique_lock<std::mutex>& lock);
+  void WriteFill(Job& job) REQUIRES(mu_);
   // Write-back writes acknowledged but not durable yet: data written since
   // the last data sync, records not yet written, old slots not yet freed.
   struct OlderFree {
@@ -699,7 +699,7 @@ class BlockCache {
   // must not trust it; emptied once nothing dirty is left), the cache out.
   void IndexFailed(const char* what, int err) REQUIRES(mu_);
   // Writes and syncs the index's mark (index.h). Writer thread.
-  void WriteMark(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
+  void WriteMark() REQUIRES(mu_);
   // After an index sync: drops durable older frees, releases tombstones.
   void SettleTombs() REQUIRES(mu_);
   bool WbPending() const REQUIRES(mu_) { return wb_unsynced_ || !wb_persist_.empty() || !wb_retire_.empty(); }
@@ -708,14 +708,13 @@ class BlockCache {
   // moved blocks freed) and answers the Durable() waiters; false if that
   // failed (the index is then broken and the cache out). Writer thread, or
   // no writer.
-  bool Commit(std::unique_lock<std::mutex>& lock) REQUIRES(mu_);
+  bool Commit() REQUIRES(mu_);
   // Processes a batch of write-back jobs (group commit).
-  void WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock);
+  void WriterWb(std::vector<Job>& batch) REQUIRES(mu_);
   // Steps 1-2 of one write-back write; false with `out` set if it cannot go on.
   // `batch_pins`: pins the batch's earlier writes hold, per slot.
   bool PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
-                 const std::unordered_map<uint32_t, uint32_t>& batch_pins,
-                 std::unique_lock<std::mutex>& lock);
+                 const std::unordered_map<uint32_t, uint32_t>& batch_pins) REQUIRES(mu_);
   void UndoWb(std::vector<WbPart>& parts) REQUIRES(mu_);
   // Whether page p of slot s is being rewritten in place.
   bool Rewriting(uint32_t s, uint32_t p) const REQUIRES(mu_);
@@ -735,10 +734,10 @@ class BlockCache {
   std::unique_ptr<Index> journal_;  // written by the writer thread only (once it runs)
   int lock_fd_ = -1;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;       // writer: work or stop
-  std::condition_variable idle_cv_;  // Quiesce(): queue drained
-  std::condition_variable rewrite_cv_;  // a Slot::rewriting was cleared
+  mutable Mutex mu_;
+  CondVar cv_;       // writer: work or stop
+  CondVar idle_cv_;  // Quiesce(): queue drained
+  CondVar rewrite_cv_;  // a Slot::rewriting was cleared
   std::vector<Slot> slots_ GUARDED_BY(mu_);
   std::vector<uint64_t> bits_ GUARDED_BY(mu_);  // kBitKinds bitmaps of words() words per slot
   std::unique_ptr<CrcStore> crcs_;  // its state under mu_ (crc_store.h)

@@ -22,10 +22,10 @@ void BlockCache::Persist(uint32_t s) {
   slots_[s].rec_seq = seq_++;
   if (index_broken_) return;
   queued_groups_.insert(journal_->GroupOf(s));
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
-bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
+bool BlockCache::WriteRecords(bool sync) {
   // Rule 1: a record is written after the data it declares (every write-back
   // write was applied by this thread before it got here), and reflects
   // every page of its group as it is in memory now. The sync below covers
@@ -74,7 +74,7 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
         chunk.push_back(g);
         need.insert(need.end(), more.begin(), more.end());
       }
-      const auto got = HoldCrcs(lock, need, holds);
+      const auto got = HoldCrcs(need, holds);
       if (got == CrcStore::Got::kFailed) {
         ok = false;
         crc_failed = true;
@@ -120,7 +120,7 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
       out.emplace_back(g, std::move(recs));
     }
     holds.Release();
-    lock.unlock();
+    mu_.Unlock();
     for (const auto& [g, recs] : out) {
       if (!journal_->WriteGroup(g, recs)) {
         ok = false;
@@ -128,13 +128,13 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
         break;
       }
     }
-    lock.lock();
+    mu_.Lock();
   }
   if (ok && sync) {
-    lock.unlock();
+    mu_.Unlock();
     ok = journal_->Sync();
     err = errno;
-    lock.lock();
+    mu_.Lock();
   }
   if (ok && sync) {
     wb_unsynced_ = false;
@@ -159,12 +159,12 @@ bool BlockCache::WriteRecords(std::unique_lock<std::mutex>& lock, bool sync) {
   return ok;
 }
 
-void BlockCache::WriteMark(std::unique_lock<std::mutex>& lock) {
+void BlockCache::WriteMark() {
   last_mark_ = std::chrono::steady_clock::now();
-  lock.unlock();
+  mu_.Unlock();
   const bool ok = journal_->Mark();
   const int err = errno;
-  lock.lock();
+  mu_.Lock();
   if (!ok) IndexFailed("writing or syncing the cache index's mark", err);
 }
 
@@ -177,30 +177,30 @@ void BlockCache::IndexFailed(const char* what, int err) {
   wb_unsynced_ = false;
 }
 
-void BlockCache::Barrier(std::unique_lock<std::mutex>& lock) {
+void BlockCache::Barrier() {
   if (!writer_.joinable() || stop_ || writer_.get_id() == std::this_thread::get_id()) {
-    Commit(lock);
+    Commit();
     return;
   }
   bool done = false;
-  std::condition_variable done_cv;
+  CondVar done_cv;
   Job job{};
   job.barrier = [this, &done, &done_cv] {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     done = true;
-    done_cv.notify_all();
+    done_cv.SignalAll();
   };
   jobs_.push_back(std::move(job));
-  cv_.notify_all();
-  done_cv.wait(lock, [&done] { return done; });
+  cv_.SignalAll();
+  while (!done) done_cv.Wait(mu_);
 }
 
-void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
+void BlockCache::DiscardBrokenIndex() {
   if (!index_broken_ || index_discarded_ || dirty_slots_ != 0) return;
-  lock.unlock();
+  mu_.Unlock();
   const bool ok = journal_->Discard();
   const int err = errno;
-  lock.lock();
+  mu_.Lock();
   if (ok) {
     index_discarded_ = true;
     // (An empty index holds no older claims: held slots go back.)
@@ -214,12 +214,12 @@ void BlockCache::DiscardBrokenIndex(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
+bool BlockCache::Commit() {
   // Old slots whose block's newest copy is gone already (a truncate or a
   // drop freed it) are freed in this commit's records, not after them: a
   // crash must not keep the old claim alone once the commit has answered
   // (rule 2a).
-  std::erase_if(wb_retire_, [this](const Retire& r) {
+  std::erase_if(wb_retire_, [this](const Retire& r) REQUIRES(mu_) {
     if (slots_[r.slot].gen != r.gen || Lookup(slots_[r.slot].file, slots_[r.slot].block) != kNoSlot) return false;
     RetireFree(r.slot);
     policy_->Unpin(r.slot);
@@ -230,7 +230,7 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
   // One sync of the data file: the write-back data and the records that
   // declare it. (WriteRecords fails, writing nothing, once the index is
   // broken.)
-  bool ok = WriteRecords(lock, /*sync=*/true);
+  bool ok = WriteRecords(/*sync=*/true);
   bool newest_gone = false;
   for (const Retire& r : wb_retire_) {
     // After the new records are durable: a crash keeps one or both claims,
@@ -255,16 +255,16 @@ bool BlockCache::Commit(std::unique_lock<std::mutex>& lock) {
     policy_->Unpin(r.slot);
   }
   wb_retire_.clear();
-  if (newest_gone) ok = WriteRecords(lock, /*sync=*/true) && ok;
+  if (newest_gone) ok = WriteRecords(/*sync=*/true) && ok;
   commit_asked_ = false;
   commits_++;
   auto waiters = std::move(durable_waiters_);
   durable_waiters_.clear();
-  idle_cv_.notify_all();
+  idle_cv_.SignalAll();
   if (!waiters.empty()) {
-    lock.unlock();
+    mu_.Unlock();
     for (auto& w : waiters) w(ok);
-    lock.lock();
+    mu_.Lock();
   }
   return ok;
 }

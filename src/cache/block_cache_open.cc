@@ -156,10 +156,10 @@ Result<bool> BlockCache::Init() {
   auto index = Index::Open(disk_, dir, g, data_.get());
   if (!index) return Error::Errno(index.error().err, "cache index " + index.error().what);
   journal_ = std::move(*index);
-  {
-    std::lock_guard lock(mu_);
-    group_batch_.assign((nslots_ + journal_->per_page() - 1) / journal_->per_page(), 0);
-  }
+  // Nothing else runs yet (the writer and reader start at the end); the
+  // lock is held for the analysis, and for the checksum store's protocol.
+  MutexLock state_lock(mu_);
+  group_batch_.assign((nslots_ + journal_->per_page() - 1) / journal_->per_page(), 0);
   if (auto id = ReadWholeFile(disk_, dir + "/id"); id && id->size() == 33 && id->back() == '\n') {
     id_ = id->substr(0, 32);
   } else {
@@ -186,7 +186,7 @@ Result<bool> BlockCache::Init() {
   // The policy asks for the key of a slot it evicts (under mu_, while the
   // slot still holds its block) rather than keeping one per slot.
   policy_ = std::make_unique<TwoQueue>(nslots_, opts_.admit_second,
-                                       [this](uint32_t s) NO_THREAD_SAFETY_ANALYSIS {
+                                       [this](uint32_t s) REQUIRES(mu_) {
                                          const Slot& slot = slots_[s];
                                          return slot.file == kNoFile ? 0 : PolicyKey(Fh(slot), slot.block);
                                        });
@@ -198,8 +198,7 @@ Result<bool> BlockCache::Init() {
     }
     // Claims that lost to newer ones are freed durably before anything
     // else happens (a later crash must not find the older claim alone).
-    std::unique_lock lock(mu_);
-    if (!WriteRecords(lock, /*sync=*/true)) return Sys("writing the cache index in " + dir);
+    if (!WriteRecords(/*sync=*/true)) return Sys("writing the cache index in " + dir);
     // Then the empty claims that won (rule 2a: had they been freed with
     // the claims they superseded, a crash could keep those alone).
     if (!load_empties_.empty()) {
@@ -209,7 +208,7 @@ Result<bool> BlockCache::Init() {
         Persist(e);
       }
       load_empties_.clear();
-      if (!WriteRecords(lock, /*sync=*/true)) return Sys("writing the cache index in " + dir);
+      if (!WriteRecords(/*sync=*/true)) return Sys("writing the cache index in " + dir);
     }
   }
   if (dirty_slots_ > 0 && opts_.mode != CacheMode::kWriteBack) {
@@ -221,15 +220,18 @@ Result<bool> BlockCache::Init() {
                                            "the server; mount it with cache_mode=writeback to flush it",
                                            dir, pages_dirty * (kPage / 1024)));
   }
+  // (Read before the writer starts, which may change them.)
+  const std::string mode = stats_.mode;
+  const uint64_t kept = policy_->in_use(), dirty = dirty_slots_;
+  state_lock.Unlock();
   writer_ = std::thread([this] { WriterMain(); });
   reader_thread_ = std::thread([reader = reader_] { reader->Main(); });
   Log("cache")->info("cache {} in {}: {} MiB in {} KiB blocks, {} blocks kept from before ({} dirty)",
-                     stats_.mode, dir, capacity_bytes() >> 20, opts_.block >> 10, policy_->in_use(),
-                     dirty_slots_);
+                     mode, dir, capacity_bytes() >> 20, opts_.block >> 10, kept, dirty);
   return true;
 }
 
-Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer starts
+Status BlockCache::LoadIndex() {  // before the writer starts
   const uint32_t ppb = pages();
   // Every claim to a block, loaded or not: when a crash left two slots
   // claiming one block (a copy-on-write move whose old slot was not freed
@@ -243,7 +245,7 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
   std::unordered_map<std::string, Claim> empty_claims;
   std::vector<uint32_t> superseded;
   int crc_err = 0;  // writing the checksums of a paged table failed (crc_store.h)
-  auto st = journal_->Load([&](uint32_t s, Record&& r) {
+  auto st = journal_->Load([&](uint32_t s, Record&& r) REQUIRES(mu_) {
     seq_ = std::max(seq_, r.seq + 1);
     uint32_t other = kNoSlot;
     uint64_t other_seq = 0;
@@ -294,10 +296,10 @@ Status BlockCache::LoadIndex() NO_THREAD_SAFETY_ANALYSIS {  // before the writer
     Valid(slot) = r.valid;
     DirtyBits(slot) = r.dirty;
     {
-      // (Nothing else runs yet: the lock is only the checksum store's protocol.)
-      std::unique_lock lock(mu_);
+      // (Nothing else runs yet: the lock, held by Init(), is only the
+      // checksum store's protocol.)
       CrcStore::Holds holds(*crcs_);
-      if (HoldCrcs(lock, {s}, holds) == CrcStore::Got::kFailed) {
+      if (HoldCrcs({s}, holds) == CrcStore::Got::kFailed) {
         crc_err = crc_err != 0 ? crc_err : (errno != 0 ? errno : EIO);
       } else {
         std::copy_n(r.crc.begin(), std::min<size_t>(r.crc.size(), ppb), MutCrcs(slot));
@@ -373,14 +375,14 @@ BlockCache::~BlockCache() {
   }
   if (writer_.joinable()) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     writer_.join();
   }
   if (journal_) {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     // Blocks of files whose version moved by our own writes are still
     // right: record the new version so that the next mount keeps them.
     for (uint32_t s = 0; s < slots_.size(); ++s) {
@@ -394,9 +396,9 @@ BlockCache::~BlockCache() {
       }
     }
     // (The writer is gone: this thread is the index's only writer now.)
-    Commit(lock);
+    Commit();
     if (!index_broken_ && !journal_->Mark()) IndexFailed("writing or syncing the cache index's mark", errno);
-    DiscardBrokenIndex(lock);  // again: the disk may take it now
+    DiscardBrokenIndex();  // again: the disk may take it now
   }
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
 }

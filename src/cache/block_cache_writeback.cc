@@ -15,14 +15,14 @@ namespace mpnfs::cache {
 
 void BlockCache::WriteBack(WbWrite w, std::function<void(WbOutcome)> done) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (opts_.mode == CacheMode::kWriteBack && health_ == Health::kHealthy && w.len > 0 && !stop_ &&
         !wb_stopped_) {
       Job job{};
       job.wb = std::make_shared<WbWrite>(std::move(w));
       job.done = std::move(done);
       jobs_.push_back(std::move(job));
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
     stats_.wb_arounds++;
@@ -31,8 +31,7 @@ void BlockCache::WriteBack(WbWrite w, std::function<void(WbOutcome)> done) {
 }
 
 bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutcome& out,
-                           const std::unordered_map<uint32_t, uint32_t>& batch_pins,
-                           std::unique_lock<std::mutex>& lock) {
+                           const std::unordered_map<uint32_t, uint32_t>& batch_pins) {
   const uint64_t block = opts_.block;
   const uint64_t end = w.off + w.len;
   // The CRCs of the slots the blocks are in now, held in RAM before step 1
@@ -46,7 +45,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
         if (const uint32_t s = Lookup(fit->second.id, b); s != kNoSlot) need.push_back(s);
       }
     }
-    const auto got = HoldCrcs(lock, need, holds);
+    const auto got = HoldCrcs(need, holds);
     if (got == CrcStore::Got::kFailed) {
       out.kind = WbOutcome::kUnavailable;
       stats_.wb_arounds++;
@@ -204,7 +203,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     plans.push_back(std::move(plan));
   }
   // Step 2 (unlocked): build the new pages.
-  lock.unlock();
+  mu_.Unlock();
   bool io_error = false;
   int err = 0;
   std::vector<uint64_t> bad;  // partial pages whose cached copy is damaged
@@ -254,7 +253,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
     std::memcpy(part.image.data() + (from - img_start), w.data + (from - w.off), to - from);
     for (uint32_t p = lo; p < hi; ++p) part.crc[p - lo] = Crc(part.image.data() + size_t{p - lo} * kPage, kPage);
   }
-  lock.lock();
+  mu_.Lock();
   for (auto [i, p] : damaged) {
     // A damaged page is dropped (a partial one is completed from the
     // server's copy: kNeedPages); an unflushed write it held is lost, and
@@ -305,7 +304,7 @@ void BlockCache::UndoWb(std::vector<WbPart>& parts) {
         fwb.rewriting = PageBits{};
         from.rewriting = false;
         from.inval++;
-        rewrite_cv_.notify_all();
+        rewrite_cv_.SignalAll();
       }
     }
     if (part.pinned_from) policy_->Unpin(part.from);
@@ -313,7 +312,7 @@ void BlockCache::UndoWb(std::vector<WbPart>& parts) {
   parts.clear();
 }
 
-void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>& lock) {
+void BlockCache::WriterWb(std::vector<Job>& batch) {
   struct Item {
     std::vector<WbPart> parts;
     WbOutcome out;
@@ -332,7 +331,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       stats_.wb_arounds++;
       continue;
     }
-    if (!PrepareWb(w, it.parts, it.out, batch_pins, lock)) continue;
+    if (!PrepareWb(w, it.parts, it.out, batch_pins)) continue;
     // The CRCs step 3 reads and sets, held in RAM from before any page is
     // written (reading them back may release the lock: as the writing
     // below does; what it guards is checked after it): a failure to hold
@@ -344,7 +343,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         if (part.pinned_from) need.push_back(part.from);
         need.push_back(part.to);
       }
-      if (HoldCrcs(lock, need, holds) == CrcStore::Got::kFailed) {
+      if (HoldCrcs(need, holds) == CrcStore::Got::kFailed) {
         UndoWb(it.parts);
         it.out.kind = WbOutcome::kUnavailable;
         stats_.wb_arounds++;
@@ -356,7 +355,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       if (part.allocated) batch_pins[part.to]++;
     }
     // Step 2b (unlocked): write the new pages to their slots.
-    lock.unlock();
+    mu_.Unlock();
     bool wrote = true;
     for (const auto& part : it.parts) {
       // The image's pages, but those the partner holds already.
@@ -374,7 +373,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
       }
     }
     const int err = errno;
-    lock.lock();
+    mu_.Lock();
     bool raced = false;
     for (const auto& part : it.parts) {
       raced = raced || (part.pinned_from && slots_[part.from].gen != part.from_gen);
@@ -455,7 +454,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
         to.rewriting = false;
         twb.rewriting = PageBits{};
         stats_.rewrites_in_place++;
-        rewrite_cv_.notify_all();
+        rewrite_cv_.SignalAll();
       }
       SetDirtyPin(part.to);
       NoteChange(f, part.block, part.p0, part.np);
@@ -489,14 +488,14 @@ void BlockCache::WriterWb(std::vector<Job>& batch, std::unique_lock<std::mutex>&
     if (!was_pending) commit_due_ = now + opts_.commit_interval;
     wb_unsynced_ = true;
   }
-  lock.unlock();
+  mu_.Unlock();
   for (size_t i = 0; i < batch.size(); ++i) batch[i].done(std::move(items[i].out));
   batch.clear();
-  lock.lock();
+  mu_.Lock();
 }
 
 bool BlockCache::TakeLost(const std::string& fh) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(fh);
   if (it == files_.end()) return false;
   FileState& f = it->second;
@@ -506,9 +505,9 @@ bool BlockCache::TakeLost(const std::string& fh) {
 }
 
 void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (index_broken_ || !journal_) {
-    lock.unlock();
+    lock.Unlock();
     return done(false);
   }
   // (Exactly: commits_ counts commits ended, their records synced, and a
@@ -517,34 +516,34 @@ void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) 
   if (it != files_.end() && it->second.lost) {
     // Some of the file's writes were lost by the cache disk: the caller
     // flushes to the server and reports them (TakeLost).
-    lock.unlock();
+    lock.Unlock();
     return done(false);
   }
   if (it == files_.end() || it->second.wb_commit <= commits_) {
-    lock.unlock();
+    lock.Unlock();
     return done(true);
   }
   // (A write found lost during the commit fails it too.)
   done = [this, fh, done = std::move(done)](bool ok) {
     bool lost = false;
     {
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       auto f = files_.find(fh);
       lost = f != files_.end() && f->second.lost;
     }
     done(ok && !lost);
   };
   if (!writer_.joinable() || stop_) {
-    const bool ok = Commit(lock);
-    lock.unlock();
+    const bool ok = Commit();
+    lock.Unlock();
     return done(ok);
   }
   durable_waiters_.push_back(std::move(done));
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (dirty_slots_ == 0) return false;
   const uint64_t block = opts_.block;
   for (uint64_t b = off / block; b * block < off + len; ++b) {
@@ -562,7 +561,7 @@ bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
 }
 
 std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh, uint64_t* stamp) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Writer> out;
   auto it = files_.find(fh);
   if (stamp) *stamp = counter_;
@@ -577,7 +576,7 @@ std::vector<BlockCache::Writer> BlockCache::DirtyWriters(const std::string& fh, 
 }
 
 uint64_t BlockCache::SizeFloor(const std::string& fh) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(fh);
   return it == files_.end() ? 0 : it->second.wb_size;
 }
@@ -619,7 +618,7 @@ std::optional<OverlayResult> BlockCache::PlanOverlay(const std::string& fh, uint
   len = have;
   const uint64_t block = opts_.block;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto fit = files_.find(fh);
     if (fit == files_.end()) return OverlayResult{};
     FileState& f = fit->second;
@@ -675,11 +674,11 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
   // page is invalid and its check fails and the read goes again (kRetry).
   std::vector<uint32_t> crc(pieces.size());
   if (!pieces.empty()) {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     CrcStore::Holds holds(*crcs_);
     std::vector<uint32_t> need;
     for (const Piece& pc : pieces) need.push_back(pc.slot);
-    if (HoldCrcs(lock, need, holds) == CrcStore::Got::kFailed) {
+    if (HoldCrcs(need, holds) == CrcStore::Got::kFailed) {
       for (const auto& pc : pieces) policy_->Unpin(pc.slot);
       return OverlayResult{OverlayResult::kError, false};
     }
@@ -702,10 +701,10 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
     const uint64_t from = std::max(off, ps), to = std::min<uint64_t>(off + len, ps + kPage);
     std::memcpy(out->data() + (from - off), page.data() + (from - ps), to - from);
   }
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   CrcStore::Holds holds(*crcs_);
   // (Pinned until the CRC below is compared: the slot keeps its block.)
-  const bool held = bad && HoldCrcs(lock, {bad->slot}, holds) != CrcStore::Got::kFailed;
+  const bool held = bad && HoldCrcs({bad->slot}, holds) != CrcStore::Got::kFailed;
   for (const auto& pc : pieces) policy_->Unpin(pc.slot);
   if (res.kind == OverlayResult::kError) DeviceError("reading the cache", err);
   if (bad && held) {
@@ -719,7 +718,7 @@ OverlayResult BlockCache::RunOverlay(const OverlayPlan& plan, uint64_t off, std:
 }
 
 BlockCache::DirtyLevel BlockCache::Dirty() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   DirtyLevel d;
   d.blocks = dirty_slots_;
   d.slots = nslots_;
@@ -744,7 +743,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
   };
   std::vector<Pick> picks;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     CrcStore::Holds holds(*crcs_);  // (released before the lock)
     std::vector<uint32_t> cand;
     // Slots whose checksums could not be read back: left out of this round
@@ -768,7 +767,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
         cand.push_back(s);
       }
       // File order: by handle, then offset (the server sees ascending writes).
-      std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) {
+      std::sort(cand.begin(), cand.end(), [this](uint32_t a, uint32_t b) REQUIRES(mu_) {
         const Slot &x = slots_[a], &y = slots_[b];
         return x.file != y.file ? Fh(x) < Fh(y) : x.block < y.block;
       });
@@ -781,7 +780,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
         busy = busy || slots_[s].rewriting;
         for (auto w : DirtyBits(slots_[s])) would += uint64_t{static_cast<uint32_t>(__builtin_popcountll(w))} * kPage;
       }
-      if (busy) rewrite_cv_.wait(lock);
+      if (busy) rewrite_cv_.Wait(mu_);
     }
     need.clear();
     uint64_t would = 0;
@@ -803,7 +802,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
     }
     bool again = false;
     for (uint32_t s : need) {
-      const auto got = HoldCrcs(lock, {s}, holds);
+      const auto got = HoldCrcs({s}, holds);
       if (got == CrcStore::Got::kFailed) unreadable.push_back(s);
       again = again || got != CrcStore::Got::kHeld;
     }
@@ -871,12 +870,12 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
       p = e;
     }
   }
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   CrcStore::Holds holds(*crcs_);
   std::vector<uint32_t> need;
   for (const auto& [s, p] : bad) need.push_back(s);
   // (Before the slots are unpinned: they keep their blocks meanwhile.)
-  const bool held = HoldCrcs(lock, need, holds) != CrcStore::Got::kFailed;
+  const bool held = HoldCrcs(need, holds) != CrcStore::Got::kFailed;
   for (const Pick& pk : picks) policy_->Unpin(pk.slot);
   if (io_error) DeviceError("reading dirty data from the cache", err);
   if (failed) *failed = *failed || io_error || !held;
@@ -890,7 +889,7 @@ std::vector<DirtyRun> BlockCache::CollectDirty(uint64_t max_bytes, const std::st
 }
 
 void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   struct Cleaned {
     uint32_t slot;
     uint64_t gen;
@@ -921,8 +920,8 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
   // Until the clean marks are durable the pages still count as dirty for
   // HasDirty(): a write sent around the cache now could be overwritten by a
   // stale dirty page after a crash.
-  Barrier(lock);
-  auto clear = [this](uint32_t s, const PageBits& pages) {
+  Barrier();
+  auto clear = [this](uint32_t s, const PageBits& pages) REQUIRES(mu_) {
     Slot& slot = slots_[s];
     for (size_t w = 0; w < Cleaning(slot).size(); ++w) Cleaning(slot)[w] &= ~pages[w];
     SetDirtyPin(s);
@@ -934,21 +933,21 @@ void BlockCache::Flushed(const std::vector<DirtyRun>& runs) {
       clear(s, c.pages);
     }
   }
-  DiscardBrokenIndex(lock);
+  DiscardBrokenIndex();
 }
 
 void BlockCache::StopWriteBack() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   wb_stopped_ = true;
 }
 
 void BlockCache::ResumeWriteBack() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   wb_stopped_ = false;
 }
 
 void BlockCache::NoteFlushError() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   stats_.flush_errors++;
 }
 

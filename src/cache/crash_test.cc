@@ -50,7 +50,12 @@ using test::CrashDisk;
 constexpr uint32_t kBlock = 64 << 10;
 // Under ASan or TSan a reopen costs about ten times more: the sampled
 // states shrink there (the plain build runs the full counts).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// (GCC defines __SANITIZE_*; clang answers __has_feature.)
+#if !defined(__has_feature)
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;

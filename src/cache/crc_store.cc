@@ -84,7 +84,7 @@ uint32_t* CrcStore::Mut2(uint32_t slot, bool dirty) {
   return SlotIn(f, slot);
 }
 
-CrcStore::Got CrcStore::Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, Holds& h) {
+CrcStore::Got CrcStore::Hold(Mutex& mu, uint32_t slot, Holds& h) {
   if (!paged()) return Got::kHeld;
   bool relocked = false;
   const uint32_t page = FrameOf(slot);
@@ -92,7 +92,7 @@ CrcStore::Got CrcStore::Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, 
     if (const uint32_t fi = frame_of_[page]; fi != kNone) {
       Frame& f = *frames_[fi];
       if (f.state == State::kLoading) {
-        cv_.wait(lock);  // another thread reads it
+        cv_.Wait(mu);  // another thread reads it
         relocked = true;
         continue;
       }
@@ -101,7 +101,7 @@ CrcStore::Got CrcStore::Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, 
       h.frames_.push_back(fi);
       return relocked ? Got::kRelocked : Got::kHeld;
     }
-    const uint32_t v = Victim(lock, &relocked);  // (always a frame)
+    const uint32_t v = Victim(mu, &relocked);  // (always a frame)
     Frame& f = *frames_[v];
     if (frame_of_[page] != kNone) {
       f.state = State::kFree;  // brought in by another thread meanwhile
@@ -115,30 +115,30 @@ CrcStore::Got CrcStore::Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, 
       std::memset(f.data, 0, frame_bytes_);
     } else {
       f.state = State::kLoading;
-      lock.unlock();
+      mu.Unlock();
       const bool ok = file_->ReadAt(f.data, frame_bytes_, uint64_t{page} * frame_bytes_);
       const int err = errno;
-      lock.lock();
+      mu.Lock();
       relocked = true;
       if (!ok) {
         frame_of_[page] = kNone;
         f.page = kNone;
         f.state = State::kFree;
-        cv_.notify_all();
+        cv_.SignalAll();
         errno = err;
         return Got::kFailed;
       }
       counters_.reads++;
     }
     f.state = State::kReady;
-    cv_.notify_all();
+    cv_.SignalAll();
     f.pins++;
     h.frames_.push_back(v);
     return relocked ? Got::kRelocked : Got::kHeld;
   }
 }
 
-uint32_t CrcStore::Victim(std::unique_lock<std::mutex>& lock, bool* relocked) {
+uint32_t CrcStore::Victim(Mutex& mu, bool* relocked) {
   auto fresh = [this] {
     if (slab_left_ == 0) {
       const uint32_t n = frames_.size() < max_frames_
@@ -187,10 +187,10 @@ uint32_t CrcStore::Victim(std::unique_lock<std::mutex>& lock, bool* relocked) {
       const uint32_t page = f.page;
       f.dirty = false;
       f.state = State::kWriting;
-      lock.unlock();
+      mu.Unlock();
       const bool ok = file_->WriteAt(copy.data(), frame_bytes_, uint64_t{page} * frame_bytes_);
       const int err = errno;
-      lock.lock();
+      mu.Lock();
       *relocked = true;
       f.state = State::kReady;
       if (!ok) {

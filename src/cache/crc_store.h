@@ -37,7 +37,7 @@
 // write per frame, through the page cache.
 //
 // Lock and threads. All state is under the owner's mutex (BlockCache::mu_),
-// which Hold() takes as a unique_lock: it may release it for the file's
+// which Hold() is passed, held: it may release it for the file's
 // I/O and to wait for another thread's read of the same frame, and retakes
 // it before returning. So Hold() must not be called from an engine event
 // loop; in the all-in-RAM layout it never releases the lock. Frames held
@@ -51,15 +51,15 @@
 // fails them takes the cache out of service soon: block_cache.h).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cache/aligned.h"
 #include "cache/disk.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "mpnfs/result.h"
 
 namespace mpnfs::cache {
@@ -110,7 +110,7 @@ class CrcStore {
     kFailed,    // a read or write of the file failed (errno); the lock may have been released
   };
   // Makes `slot`'s CRCs resident and holds them for h's life.
-  Got Hold(std::unique_lock<std::mutex>& lock, uint32_t slot, Holds& h);
+  Got Hold(Mutex& mu, uint32_t slot, Holds& h) REQUIRES(mu);
   // The frame that holds `slot`'s CRCs (slots of one frame share it).
   uint32_t FrameOf(uint32_t slot) const { return slot / slots_per_frame_; }
   // Whether `slot`'s CRCs are in RAM now.
@@ -148,7 +148,7 @@ class CrcStore {
   // A frame to load a page into, taken out of the CLOCK (state kLoading,
   // page unset); writes a dirty victim back first, with the lock released
   // (one that fails stays, stuck); a new frame when none can be taken.
-  uint32_t Victim(std::unique_lock<std::mutex>& lock, bool* relocked);
+  uint32_t Victim(Mutex& mu, bool* relocked) REQUIRES(mu);
   uint32_t* Mut2(uint32_t slot, bool dirty);
 
   // All-in-RAM layout.
@@ -168,7 +168,7 @@ class CrcStore {
   char* slab_next_ = nullptr;
   uint32_t slab_left_ = 0;
   uint32_t hand_ = 0;
-  std::condition_variable cv_;  // a frame finished loading
+  CondVar cv_;  // a frame finished loading
   Counters counters_;
 };
 

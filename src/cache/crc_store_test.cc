@@ -6,10 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace mpnfs::cache {
 namespace {
@@ -82,17 +83,17 @@ class CrcStoreTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
   // Sets slot's CRCs to a pattern of `v`.
-  static CrcStore::Got Set(CrcStore& c, std::unique_lock<std::mutex>& lock, uint32_t slot, uint32_t v) {
+  static CrcStore::Got Set(CrcStore& c, Mutex& mu, uint32_t slot, uint32_t v) REQUIRES(mu) {
     CrcStore::Holds h(c);
-    auto got = c.Hold(lock, slot, h);
+    auto got = c.Hold(mu, slot, h);
     if (got == CrcStore::Got::kFailed) return got;
     for (uint32_t p = 0; p < 16; ++p) c.Mut(slot)[p] = v * 100 + p;
     return got;
   }
   // Whether slot's CRCs are the pattern of `v`.
-  static bool Is(CrcStore& c, std::unique_lock<std::mutex>& lock, uint32_t slot, uint32_t v) {
+  static bool Is(CrcStore& c, Mutex& mu, uint32_t slot, uint32_t v) REQUIRES(mu) {
     CrcStore::Holds h(c);
-    if (c.Hold(lock, slot, h) == CrcStore::Got::kFailed) return false;
+    if (c.Hold(mu, slot, h) == CrcStore::Got::kFailed) return false;
     for (uint32_t p = 0; p < 16; ++p) {
       if (c.Get(slot)[p] != v * 100 + p) return false;
     }
@@ -101,7 +102,7 @@ class CrcStoreTest : public ::testing::Test {
 
   std::string dir_;
   FlakyDisk disk_;
-  std::mutex mu_;
+  Mutex mu_;
 };
 
 TEST_F(CrcStoreTest, ATableThatFitsItsBudgetStaysInRamWithNoFile) {
@@ -109,9 +110,9 @@ TEST_F(CrcStoreTest, ATableThatFitsItsBudgetStaysInRamWithNoFile) {
   ASSERT_TRUE(c);
   EXPECT_FALSE(c->paged());
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/crcs"));
-  std::unique_lock lock(mu_);
-  for (uint32_t s = 0; s < 8; ++s) EXPECT_EQ(Set(*c, lock, s, s + 1), CrcStore::Got::kHeld);
-  for (uint32_t s = 0; s < 8; ++s) EXPECT_TRUE(Is(*c, lock, s, s + 1));
+  MutexLock lock(mu_);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_EQ(Set(*c, mu_, s, s + 1), CrcStore::Got::kHeld);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_TRUE(Is(*c, mu_, s, s + 1));
   EXPECT_EQ(disk_.reads + disk_.writes, 0);
 }
 
@@ -131,9 +132,9 @@ TEST_F(CrcStoreTest, ALargerTableLivesInItsFileWithOnlyTheBudgetInRam) {
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->paged());
   EXPECT_EQ(std::filesystem::file_size(dir_ + "/crcs"), 64u * 64);
-  std::unique_lock lock(mu_);
-  for (uint32_t s = 0; s < 64; ++s) ASSERT_NE(Set(*c, lock, s, s + 7), CrcStore::Got::kFailed);
-  for (uint32_t s = 0; s < 64; ++s) EXPECT_TRUE(Is(*c, lock, s, s + 7)) << s;
+  MutexLock lock(mu_);
+  for (uint32_t s = 0; s < 64; ++s) ASSERT_NE(Set(*c, mu_, s, s + 7), CrcStore::Got::kFailed);
+  for (uint32_t s = 0; s < 64; ++s) EXPECT_TRUE(Is(*c, mu_, s, s + 7)) << s;
   auto n = c->counters();
   EXPECT_EQ(n.frames, 4u);
   EXPECT_EQ(n.ram_bytes, 4u * 64);
@@ -146,16 +147,16 @@ TEST_F(CrcStoreTest, AFrameNeverWrittenBackReadsAsZerosWithoutIo) {
   // (The file's old content, from an earlier mount, is never trusted.)
   {
     auto old = Open(16, 2);
-    std::unique_lock lock(mu_);
-    for (uint32_t s = 0; s < 16; ++s) Set(*old, lock, s, 9);
-    for (uint32_t s = 0; s < 16; ++s) EXPECT_TRUE(Is(*old, lock, s, 9));
+    MutexLock lock(mu_);
+    for (uint32_t s = 0; s < 16; ++s) Set(*old, mu_, s, 9);
+    for (uint32_t s = 0; s < 16; ++s) EXPECT_TRUE(Is(*old, mu_, s, 9));
   }
   disk_.reads = 0;
   auto c = Open(16, 2);
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (uint32_t s = 0; s < 16; ++s) {
     CrcStore::Holds h(*c);
-    ASSERT_NE(c->Hold(lock, s, h), CrcStore::Got::kFailed);
+    ASSERT_NE(c->Hold(mu_, s, h), CrcStore::Got::kFailed);
     for (uint32_t p = 0; p < 16; ++p) EXPECT_EQ(c->Get(s)[p], 0u);
   }
   EXPECT_EQ(disk_.reads, 0);
@@ -163,10 +164,10 @@ TEST_F(CrcStoreTest, AFrameNeverWrittenBackReadsAsZerosWithoutIo) {
 
 TEST_F(CrcStoreTest, HeldFramesStayAndMoreAreMadeRatherThanWaiting) {
   auto c = Open(16, 2);
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   CrcStore::Holds h(*c);
   for (uint32_t s = 0; s < 6; ++s) {
-    ASSERT_NE(c->Hold(lock, s, h), CrcStore::Got::kFailed);
+    ASSERT_NE(c->Hold(mu_, s, h), CrcStore::Got::kFailed);
     for (uint32_t p = 0; p < 16; ++p) c->Mut(s)[p] = s;
   }
   for (uint32_t s = 0; s < 6; ++s) {
@@ -176,26 +177,26 @@ TEST_F(CrcStoreTest, HeldFramesStayAndMoreAreMadeRatherThanWaiting) {
   EXPECT_EQ(c->counters().frames, 6u);  // beyond the budget of 2 while held
   h.Release();
   // Released: later loads evict them again, and the frame count stays.
-  for (uint32_t s = 6; s < 16; ++s) ASSERT_NE(Set(*c, lock, s, s), CrcStore::Got::kFailed);
+  for (uint32_t s = 6; s < 16; ++s) ASSERT_NE(Set(*c, mu_, s, s), CrcStore::Got::kFailed);
   EXPECT_EQ(c->counters().frames, 6u);
   for (uint32_t s = 0; s < 6; ++s) {
     CrcStore::Holds k(*c);
-    ASSERT_NE(c->Hold(lock, s, k), CrcStore::Got::kFailed);
+    ASSERT_NE(c->Hold(mu_, s, k), CrcStore::Got::kFailed);
     EXPECT_EQ(c->Get(s)[3], s);
   }
 }
 
 TEST_F(CrcStoreTest, AFailedWriteBackKeepsTheFrameAndItsChecksumsAndFailsNoOneElse) {
   auto c = Open(16, 2);
-  std::unique_lock lock(mu_);
-  ASSERT_NE(Set(*c, lock, 0, 1), CrcStore::Got::kFailed);
-  ASSERT_NE(Set(*c, lock, 1, 2), CrcStore::Got::kFailed);
+  MutexLock lock(mu_);
+  ASSERT_NE(Set(*c, mu_, 0, 1), CrcStore::Got::kFailed);
+  ASSERT_NE(Set(*c, mu_, 1, 2), CrcStore::Got::kFailed);
   disk_.fail_writes = true;
   // Both frames are changed: making room for a third tries to write them
   // back; that fails, and the third gets a frame of its own instead.
   {
     CrcStore::Holds h(*c);
-    EXPECT_NE(c->Hold(lock, 2, h), CrcStore::Got::kFailed);
+    EXPECT_NE(c->Hold(mu_, 2, h), CrcStore::Got::kFailed);
     for (uint32_t p = 0; p < 16; ++p) c->Mut(2)[p] = 300 + p;
   }
   EXPECT_GE(c->counters().write_errors, 1u);
@@ -203,36 +204,36 @@ TEST_F(CrcStoreTest, AFailedWriteBackKeepsTheFrameAndItsChecksumsAndFailsNoOneEl
   EXPECT_TRUE(c->Resident(0) && c->Resident(1));
   EXPECT_EQ(c->counters().frames, 3u);
   disk_.fail_writes = false;
-  EXPECT_TRUE(Is(*c, lock, 2, 3));
-  EXPECT_TRUE(Is(*c, lock, 0, 1));
-  EXPECT_TRUE(Is(*c, lock, 1, 2));
-  for (uint32_t s = 2; s < 16; ++s) ASSERT_NE(Set(*c, lock, s, 3), CrcStore::Got::kFailed);
-  EXPECT_TRUE(Is(*c, lock, 0, 1));
-  EXPECT_TRUE(Is(*c, lock, 1, 2));
+  EXPECT_TRUE(Is(*c, mu_, 2, 3));
+  EXPECT_TRUE(Is(*c, mu_, 0, 1));
+  EXPECT_TRUE(Is(*c, mu_, 1, 2));
+  for (uint32_t s = 2; s < 16; ++s) ASSERT_NE(Set(*c, mu_, s, 3), CrcStore::Got::kFailed);
+  EXPECT_TRUE(Is(*c, mu_, 0, 1));
+  EXPECT_TRUE(Is(*c, mu_, 1, 2));
 }
 
 TEST_F(CrcStoreTest, AFailedReadBackIsReportedAndLeavesNothingLoaded) {
   auto c = Open(16, 2);
-  std::unique_lock lock(mu_);
-  for (uint32_t s = 0; s < 16; ++s) ASSERT_NE(Set(*c, lock, s, 4), CrcStore::Got::kFailed);
+  MutexLock lock(mu_);
+  for (uint32_t s = 0; s < 16; ++s) ASSERT_NE(Set(*c, mu_, s, 4), CrcStore::Got::kFailed);
   disk_.fail_reads = true;
   CrcStore::Holds h(*c);
   errno = 0;
-  EXPECT_EQ(c->Hold(lock, 0, h), CrcStore::Got::kFailed);
+  EXPECT_EQ(c->Hold(mu_, 0, h), CrcStore::Got::kFailed);
   EXPECT_EQ(errno, EIO);
   EXPECT_FALSE(c->Resident(0));
   disk_.fail_reads = false;
-  EXPECT_TRUE(Is(*c, lock, 0, 4));
+  EXPECT_TRUE(Is(*c, mu_, 0, 4));
 }
 
 // Takes mu within 10 s or says it could not (the lock is held across I/O).
-bool LockFree(std::mutex& mu) {
+bool LockFree(Mutex& mu) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!mu.try_lock()) {
+  while (!mu.TryLock()) {
     if (std::chrono::steady_clock::now() > until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  mu.unlock();
+  mu.Unlock();
   return true;
 }
 
@@ -244,8 +245,8 @@ void WaitFor(const std::atomic<int>& n, int want) {
 TEST_F(CrcStoreTest, ThreadsWantingOneFrameReadItOnceAndWaitWithTheLockReleased) {
   auto c = Open(16, 2);
   {
-    std::unique_lock lock(mu_);
-    for (uint32_t s = 0; s < 16; ++s) ASSERT_NE(Set(*c, lock, s, 5), CrcStore::Got::kFailed);
+    MutexLock lock(mu_);
+    for (uint32_t s = 0; s < 16; ++s) ASSERT_NE(Set(*c, mu_, s, 5), CrcStore::Got::kFailed);
   }
   ASSERT_FALSE(c->Resident(0));
   disk_.reads = 0;
@@ -254,11 +255,11 @@ TEST_F(CrcStoreTest, ThreadsWantingOneFrameReadItOnceAndWaitWithTheLockReleased)
   std::vector<std::thread> ts;
   for (int i = 0; i < 3; ++i) {
     ts.emplace_back([&] {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       CrcStore::Holds h(*c);
       // (kRelocked for those that came during the read; a thread that came
       // after it finds the frame in RAM: kHeld.)
-      if (c->Hold(lock, 0, h) != CrcStore::Got::kFailed && c->Get(0)[1] == 501) good++;
+      if (c->Hold(mu_, 0, h) != CrcStore::Got::kFailed && c->Get(0)[1] == 501) good++;
     });
   }
   WaitFor(disk_.reads, 1);
@@ -276,32 +277,32 @@ TEST_F(CrcStoreTest, ThreadsWantingOneFrameReadItOnceAndWaitWithTheLockReleased)
 // keeps the change: it is not evicted, and later evictions write it again.
 TEST_F(CrcStoreTest, AChangeDuringAWriteBackIsNotLost) {
   auto c = Open(16, 2);
-  std::unique_lock lock(mu_);
-  ASSERT_NE(Set(*c, lock, 0, 1), CrcStore::Got::kFailed);
-  ASSERT_NE(Set(*c, lock, 1, 2), CrcStore::Got::kFailed);
+  MutexLock lock(mu_);
+  ASSERT_NE(Set(*c, mu_, 0, 1), CrcStore::Got::kFailed);
+  ASSERT_NE(Set(*c, mu_, 1, 2), CrcStore::Got::kFailed);
   disk_.writes = 0;
   disk_.writes_closed = true;
-  lock.unlock();
+  lock.Unlock();
   std::thread t([&] {
-    std::unique_lock l(mu_);
+    MutexLock l(mu_);
     CrcStore::Holds h(*c);
-    EXPECT_NE(c->Hold(l, 2, h), CrcStore::Got::kFailed);  // evicts 0 or 1: a write-back
+    EXPECT_NE(c->Hold(mu_, 2, h), CrcStore::Got::kFailed);  // evicts 0 or 1: a write-back
   });
   WaitFor(disk_.writes, 1);
   ASSERT_EQ(disk_.writes, 1);
-  lock.lock();
+  lock.Lock();
   // Both frames still resident (one of them being written), usable, changeable.
   ASSERT_TRUE(c->Resident(0) && c->Resident(1));
-  EXPECT_EQ(Set(*c, lock, 0, 8), CrcStore::Got::kHeld);
-  EXPECT_EQ(Set(*c, lock, 1, 9), CrcStore::Got::kHeld);
-  lock.unlock();
+  EXPECT_EQ(Set(*c, mu_, 0, 8), CrcStore::Got::kHeld);
+  EXPECT_EQ(Set(*c, mu_, 1, 9), CrcStore::Got::kHeld);
+  lock.Unlock();
   disk_.writes_closed = false;
   t.join();
-  lock.lock();
-  for (uint32_t s = 2; s < 16; ++s) ASSERT_NE(Set(*c, lock, s, 3), CrcStore::Got::kFailed);
+  lock.Lock();
+  for (uint32_t s = 2; s < 16; ++s) ASSERT_NE(Set(*c, mu_, s, 3), CrcStore::Got::kFailed);
   EXPECT_FALSE(c->Resident(0) && c->Resident(1));
-  EXPECT_TRUE(Is(*c, lock, 0, 8));
-  EXPECT_TRUE(Is(*c, lock, 1, 9));
+  EXPECT_TRUE(Is(*c, mu_, 0, 8));
+  EXPECT_TRUE(Is(*c, mu_, 1, 9));
 }
 
 // Random changes and checks over a table 8 times its budget, against a
@@ -312,14 +313,14 @@ TEST_F(CrcStoreTest, RandomChangesReadBackAsWritten) {
     ASSERT_TRUE(c && c->paged());
     std::vector<uint32_t> model(64 * 16, 0);
     std::mt19937 rng(seed);
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     for (int i = 0; i < 5000; ++i) {
       CrcStore::Holds h(*c);
       const int n = 1 + static_cast<int>(rng() % 4);
       std::vector<uint32_t> got;
       for (int k = 0; k < n; ++k) {
         const uint32_t s = rng() % 64;
-        ASSERT_NE(c->Hold(lock, s, h), CrcStore::Got::kFailed);
+        ASSERT_NE(c->Hold(mu_, s, h), CrcStore::Got::kFailed);
         got.push_back(s);
       }
       for (uint32_t s : got) {

@@ -6,15 +6,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <sstream>
 
 #include "cli/control.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "engine/engine.h"
 #include "nfs/nfs3.h"
 #include "nfs/wait.h"
@@ -280,12 +279,12 @@ struct StepResult {
 // Shared with the callbacks. RunStep waits for every call it issued, but a
 // callback may still be unlocking the mutex when RunStep returns: shared.
 struct StepState {
-  std::mutex mu;
-  std::condition_variable cv;
-  int inflight = 0;
-  uint64_t ops = 0, bytes = 0;
-  std::vector<uint32_t> lat_us;
-  std::optional<Error> error;
+  Mutex mu;
+  CondVar cv;
+  int inflight GUARDED_BY(mu) = 0;
+  uint64_t ops GUARDED_BY(mu) = 0, bytes GUARDED_BY(mu) = 0;
+  std::vector<uint32_t> lat_us GUARDED_BY(mu);
+  std::optional<Error> error GUARDED_BY(mu);
 };
 
 Result<StepResult> RunStep(const Step& s, const std::function<bool(const std::string&)>& progress,
@@ -298,7 +297,7 @@ Result<StepResult> RunStep(const Step& s, const std::function<bool(const std::st
   bool stopped = false, finished = false;
   auto done = [st](uint64_t n, Clock::time_point issued, std::optional<Error> err) {
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - issued).count();
-    std::lock_guard lock(st->mu);
+    MutexLock lock(st->mu);
     --st->inflight;
     if (err) {
       if (!st->error) st->error = std::move(err);
@@ -307,9 +306,9 @@ Result<StepResult> RunStep(const Step& s, const std::function<bool(const std::st
       st->bytes += n;
       st->lat_us.push_back(static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX)));
     }
-    st->cv.notify_all();
+    st->cv.SignalAll();
   };
-  std::unique_lock lock(st->mu);
+  MutexLock lock(st->mu);
   for (;;) {
     const auto now = Clock::now();
     if (now >= end || st->error || stopped || (finished && st->inflight == 0)) break;
@@ -318,14 +317,14 @@ Result<StepResult> RunStep(const Step& s, const std::function<bool(const std::st
       const std::string line =
           s.random ? fmt::format("progress {} depth={} iops={:.0f}", s.label, s.depth, st->ops / el)
                    : fmt::format("progress {} mbps={:.1f}", s.label, st->bytes / el / 1e6);
-      lock.unlock();
+      lock.Unlock();
       stopped = !progress(line);
-      lock.lock();
+      lock.Lock();
       next_report = now + std::chrono::milliseconds(500);
       continue;
     }
     if (finished || st->inflight >= s.depth) {
-      st->cv.wait_until(lock, std::min(end, next_report));
+      st->cv.WaitUntil(st->mu, std::min(end, next_report));
       continue;
     }
     uint64_t off;
@@ -343,7 +342,7 @@ Result<StepResult> RunStep(const Step& s, const std::function<bool(const std::st
       *s.cursor += s.io;
     }
     ++st->inflight;
-    lock.unlock();
+    lock.Unlock();
     const auto issued = Clock::now();
     const uint32_t io = s.io;
     if (s.write) {
@@ -356,23 +355,27 @@ Result<StepResult> RunStep(const Step& s, const std::function<bool(const std::st
         done(r ? r->len : 0, issued, r ? std::nullopt : std::optional<Error>(r.error()));
       });
     }
-    lock.lock();
+    lock.Lock();
   }
-  st->cv.wait(lock, [&] { return st->inflight == 0; });
-  lock.unlock();
-  if (s.write && !stopped && !st->error) {
+  while (st->inflight != 0) st->cv.Wait(st->mu);
+  // Every call has ended: what they left, taken under the lock.
+  std::optional<Error> error = std::move(st->error);
+  const uint64_t ops = st->ops, bytes = st->bytes;
+  std::vector<uint32_t> lat_us = std::move(st->lat_us);
+  lock.Unlock();
+  if (s.write && !stopped && !error) {
     auto c = nfs::Wait<nfs::CommitReply>([&](nfs::Cb<nfs::CommitReply> cb) {
       s.client->Commit(s.fh, engine::Cred{}, std::move(cb));
     });
     if (!c) return c.error();
   }
   if (stopped) return Error::Errno(ECANCELED, "calibrate stopped: the client went away");
-  if (st->error) return *st->error;
+  if (error) return *error;
   StepResult r;
   r.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.ops = st->ops;
-  r.bytes = st->bytes;
-  r.lat_us = std::move(st->lat_us);
+  r.ops = ops;
+  r.bytes = bytes;
+  r.lat_us = std::move(lat_us);
   return r;
 }
 

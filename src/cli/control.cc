@@ -279,7 +279,7 @@ ControlSocket::~ControlSocket() {
   }
   if (thread_.joinable()) thread_.join();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     // Handlers see their client gone and return.
     for (auto& w : workers_) shutdown(w.fd, SHUT_RDWR);
@@ -295,14 +295,14 @@ bool ControlSocket::Quiesce(std::chrono::milliseconds grace) {
   if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // wakes accept()
   if (thread_.joinable()) thread_.join();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     for (auto& w : workers_) shutdown(w.fd, SHUT_RDWR);
   }
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (true) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.done; })) {
         return true;
       }
@@ -315,7 +315,7 @@ bool ControlSocket::Quiesce(std::chrono::milliseconds grace) {
 void ControlSocket::Reap(bool all) {
   std::list<Worker> finished;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = workers_.begin(); it != workers_.end();) {
       auto next = std::next(it);
       if (all || it->done) finished.splice(finished.end(), workers_, it);
@@ -364,7 +364,7 @@ void ControlSocket::Serve() {
     // Who is asking, before counting: root is never refused because of
     // connections other users hold.
     const bool privileged = privileged_peer(c);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     size_t unprivileged = 0;
     for (const auto& w : workers_) unprivileged += w.privileged ? 0 : 1;
     if (workers_.size() >= static_cast<size_t>(kMaxConnections) ||
@@ -379,7 +379,7 @@ void ControlSocket::Serve() {
     Worker* w = &workers_.back();
     w->thread = std::thread([this, w] {
       ServeOne(w->fd, w->privileged);
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       w->done = true;
     });
   }

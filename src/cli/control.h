@@ -28,12 +28,12 @@
 #include <chrono>
 #include <functional>
 #include <list>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "cache/block_cache.h"
+#include "common/mutex.h"
 #include "engine/engine.h"
 #include "mpnfs/result.h"
 
@@ -138,9 +138,9 @@ class ControlSocket {
   Handler handler_;
   int fd_ = -1;
   std::thread thread_;
-  std::mutex mu_;
-  std::list<Worker> workers_;  // guarded by mu_ (the threads themselves: by Reap)
-  bool stopping_ = false;      // guarded by mu_
+  Mutex mu_;
+  std::list<Worker> workers_ GUARDED_BY(mu_);  // (the threads themselves: by Reap)
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace mpnfs::cli

@@ -16,9 +16,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +32,7 @@
 #include "cli/help.h"
 #include "cli/path_control.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "engine/engine.h"
 #include "nfs/local_bind.h"
 #include "fs/filesystem.h"
@@ -67,30 +66,34 @@ cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
 Result<Ok> FlushWithProgress(fs::Filesystem& filesystem, cache::BlockCache& c,
                              std::chrono::milliseconds every,
                              const std::function<bool(const cli::FlushMeter&)>& report) {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   bool done = false;
   Result<Ok> result = Ok{};
   std::thread flush([&] {
     auto r = filesystem.FlushCache();
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     result = std::move(r);
     done = true;
-    cv.notify_all();
+    cv.SignalAll();
   });
   cli::FlushMeter meter;
   const auto t0 = std::chrono::steady_clock::now();
   bool reporting = true;
-  std::unique_lock lock(mu);
-  while (!cv.wait_for(lock, every, [&] { return done; })) {
+  MutexLock lock(mu);
+  for (;;) {
+    const auto until = std::chrono::steady_clock::now() + every;
+    while (!done && cv.WaitUntil(mu, until)) {
+    }
+    if (done) break;
     if (!reporting) continue;
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     meter.Sample(t, c.Stats().dirty_bytes);
-    lock.unlock();
+    lock.Unlock();
     reporting = report(meter);
-    lock.lock();
+    lock.Lock();
   }
-  lock.unlock();
+  lock.Unlock();
   flush.join();
   return result;
 }
@@ -143,8 +146,8 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
   // Commands run concurrently (cli/control.h); the cache operations one at
   // a time, each on the cache attached when its turn comes (not one a
   // `cache detach` ahead of it has just let go).
-  static std::mutex cache_ops;
-  std::lock_guard cache_lock(cache_ops);
+  static Mutex cache_ops;
+  MutexLock cache_lock(cache_ops);
   auto cache = filesystem.cache();
   if (!cache) {
     out.Line("error: this mount has no SSD cache");

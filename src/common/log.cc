@@ -5,7 +5,7 @@
 #include <spdlog/sinks/syslog_sink.h>
 #include <syslog.h>
 
-#include <mutex>
+#include "common/mutex.h"
 
 namespace mpnfs {
 namespace {
@@ -13,11 +13,11 @@ namespace {
 // Loggers all write to one dist_sink whose target is swapped by InitLogging,
 // so loggers created before daemonising follow the switch to syslog.
 struct LogState {
-  std::mutex mu;
+  Mutex mu;
   std::shared_ptr<spdlog::sinks::dist_sink_mt> sink =
       std::make_shared<spdlog::sinks::dist_sink_mt>(
           std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::stderr_sink_mt>()});
-  spdlog::level::level_enum level = spdlog::level::info;
+  spdlog::level::level_enum level GUARDED_BY(mu) = spdlog::level::info;
 };
 
 LogState& State() {
@@ -35,7 +35,7 @@ int64_t NowMs() {
 
 void InitLogging(LogSink sink, spdlog::level::level_enum level) {
   LogState& s = State();
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   if (sink == LogSink::kSyslog) {
     s.sink->set_sinks({std::make_shared<spdlog::sinks::syslog_sink_mt>("mpnfs", LOG_PID,
                                                                          LOG_DAEMON, false)});
@@ -48,7 +48,7 @@ void InitLogging(LogSink sink, spdlog::level::level_enum level) {
 
 std::shared_ptr<spdlog::logger> Log(const std::string& layer) {
   LogState& s = State();
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   if (auto l = spdlog::get(layer)) return l;
   auto l = std::make_shared<spdlog::logger>(layer, s.sink);
   l->set_level(s.level);

@@ -46,7 +46,7 @@ void Connection::SetState(State to, std::string reason) {
   state_ = to;
   state_pub_ = to == State::kDown ? 0 : to == State::kConnecting ? 1 : to == State::kUp ? 2 : 3;
   const auto now = std::chrono::system_clock::now();
-  std::lock_guard lock(history_mu_);
+  MutexLock lock(history_mu_);
   ++transitions_;
   if (!history_.empty()) {
     StateChange& last = history_.back();
@@ -101,7 +101,7 @@ ConnectionStats Connection::Snapshot() const {
     s.write_stability[k].ops = stats_.write_ops[k].load(std::memory_order_relaxed);
     s.write_stability[k].bytes = stats_.write_bytes[k].load(std::memory_order_relaxed);
   }
-  std::lock_guard lock(history_mu_);
+  MutexLock lock(history_mu_);
   s.transitions = transitions_;
   s.history.assign(history_.begin(), history_.end());
   return s;
@@ -120,7 +120,7 @@ void Connection::Connect() {
     // A retry after failed attempts: counted, not recorded (the failures are).
     state_ = State::kConnecting;
     state_pub_ = 1;
-    std::lock_guard lock(history_mu_);
+    MutexLock lock(history_mu_);
     ++transitions_;
   }
   // A path that was up before is being re-probed: give up on an attempt

@@ -40,11 +40,11 @@
 #include <deque>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "engine/backoff.h"
 #include "engine/latency.h"
@@ -236,7 +236,7 @@ class Connection : public TransportSink {
   std::atomic<bool> disabled_{false};
   std::atomic<bool> removed_{false};
   bool closed_for_good_ = false;  // loop thread: removed and closed
-  mutable std::mutex history_mu_;
+  mutable Mutex history_mu_;
   std::deque<StateChange> history_ GUARDED_BY(history_mu_);
   uint64_t transitions_ GUARDED_BY(history_mu_) = 0;
 };

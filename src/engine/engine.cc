@@ -40,7 +40,7 @@ void Engine::Start() {
   }
   if (idle_cap <= Clock::duration::zero()) idle_cap = Clock::duration::max();
   for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap));
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   for (auto ep : opts_.paths) {
     ep.weight = std::clamp(ep.weight, 1, kMaxWeight);  // Scan divides by it
     paths_.push_back(PathEntry{ep, {}, false, false});
@@ -71,7 +71,7 @@ void Engine::Stop() {
     // Under admin_mu_: a path operation sees either a running engine whose
     // loops take its tasks before they stop, or a stopped one. Not held
     // while the loops stop (a loop thread takes it in Retire()).
-    std::lock_guard lock(admin_mu_);
+    MutexLock lock(admin_mu_);
     if (stopped_) return;
     stopped_ = true;
   }
@@ -353,7 +353,7 @@ void Engine::SetDisabled(PathEntry& p, bool disabled, bool removed) {
 }
 
 std::vector<PathInfo> Engine::Paths() const {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   std::vector<PathInfo> out;
   for (const auto& p : paths_) {
     PathInfo info;
@@ -390,7 +390,7 @@ std::vector<PathInfo> Engine::Paths() const {
 }
 
 Result<std::string> Engine::DisablePath(const std::string& addr) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   auto p = FindActive(addr);
   if (!p) return p.error();
   PathEntry& path = **p;
@@ -408,7 +408,7 @@ Result<std::string> Engine::DisablePath(const std::string& addr) {
 }
 
 Result<std::string> Engine::EnablePath(const std::string& addr) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   auto p = FindActive(addr);
   if (!p) return p.error();
   PathEntry& path = **p;
@@ -465,7 +465,7 @@ Status Engine::StartConnections(PathEntry& p) {
 }
 
 Result<std::string> Engine::AddPath(const Endpoint& ep) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   if (!started_ || stopped_) return Error::Errno(ESHUTDOWN, "the engine is not running");
   for (const auto& p : paths_) {
     if (p.ep.host == ep.host && p.ep.port == ep.port) {
@@ -488,14 +488,14 @@ Result<std::string> Engine::AddPath(const Endpoint& ep) {
 }
 
 Result<std::string> Engine::SetWeight(const std::string& addr, int weight) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   auto p = FindActive(addr);
   if (!p) return p.error();
   return SetWeightLocked(**p, weight);
 }
 
 Result<std::string> Engine::SetWeights(const std::vector<std::pair<std::string, int>>& weights) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   std::vector<std::string> want, have;
   for (const auto& [name, w] : weights) want.push_back(name);
   for (const auto& p : paths_) have.push_back(Name(p.ep));
@@ -517,7 +517,7 @@ std::string Engine::SetWeightLocked(PathEntry& path, int weight) {
 }
 
 Result<std::string> Engine::RemovePath(const std::string& addr) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   auto p = Find(addr);
   if (!p) return p.error();
   PathEntry& path = **p;
@@ -538,7 +538,7 @@ Result<std::string> Engine::RemovePath(const std::string& addr) {
 }
 
 void Engine::Retire(Connection* c) {
-  std::lock_guard lock(admin_mu_);
+  MutexLock lock(admin_mu_);
   const size_t n = nslots_.load(std::memory_order_relaxed);
   for (size_t i = 0; i < n; ++i) {
     if (slots_[i].load(std::memory_order_relaxed) == c) slots_[i].store(nullptr, std::memory_order_release);

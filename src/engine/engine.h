@@ -103,11 +103,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "engine/cred.h"
 #include "engine/latency.h"
@@ -366,7 +366,7 @@ class Engine {
   // (a freed slot, reused by a later add).
   std::unique_ptr<std::atomic<Connection*>[]> slots_;
   std::atomic<size_t> nslots_{0};
-  mutable std::mutex admin_mu_;
+  mutable Mutex admin_mu_;
   std::vector<std::unique_ptr<Connection>> owned_ GUARDED_BY(admin_mu_);  // all ever made
   std::vector<PathEntry> paths_ GUARDED_BY(admin_mu_);
   int next_index_ GUARDED_BY(admin_mu_) = 0;  // names connections host:port#index

@@ -36,7 +36,7 @@ void Loop::Start() {
 void Loop::Stop() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   Wake();
@@ -52,7 +52,7 @@ void Loop::Wake() {
 bool Loop::Post(Connection* c, std::shared_ptr<Request> r) {
   bool wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) return false;
     mail_.push_back(Delivery{c, std::move(r)});
     wake = !woken_ && !OnLoopThread();
@@ -65,7 +65,7 @@ bool Loop::Post(Connection* c, std::shared_ptr<Request> r) {
 bool Loop::Run(std::function<void()> fn) {
   bool wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) return false;
     tasks_.push_back(std::move(fn));
     wake = !woken_ && !OnLoopThread();
@@ -78,7 +78,7 @@ bool Loop::Run(std::function<void()> fn) {
 bool Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
   bool wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) return false;
     const bool earliest = timers_.empty() || when < timers_.begin()->first;
     timers_.emplace(when, std::move(fn));
@@ -91,14 +91,14 @@ bool Loop::RunAt(Clock::time_point when, std::function<void()> fn) {
 
 bool Loop::EnterDirect() {
   if (OnLoopThread() || InDirectSection() || awake_.load(std::memory_order_relaxed)) return false;
-  if (!run_mu_.try_lock()) return false;
+  if (!run_mu_.TryLock()) return false;
   bool ok = running_;
   if (ok) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ok = !stop_ && mail_.empty() && tasks_.empty();
   }
   if (!ok) {
-    run_mu_.unlock();
+    run_mu_.Unlock();
     return false;
   }
   holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
@@ -111,14 +111,14 @@ void Loop::LeaveDirect() {
   holder_.store(std::thread::id{}, std::memory_order_relaxed);
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const bool early = due.time_since_epoch().count() < sleep_until_.load(std::memory_order_relaxed);
     if ((early || !mail_.empty() || !tasks_.empty()) && !woken_) {
       woken_ = true;
       wake = true;
     }
   }
-  run_mu_.unlock();
+  run_mu_.Unlock();
   direct_.fetch_add(1, std::memory_order_relaxed);
   if (wake) Wake();
 }
@@ -160,7 +160,7 @@ void Loop::DrainMailbox() {
   std::vector<Delivery> mail;
   std::vector<std::function<void()>> tasks;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     mail.swap(mail_);
     tasks.swap(tasks_);
     woken_ = false;
@@ -196,14 +196,14 @@ void Loop::Step(epoll_event* evs, int n) {
 void Loop::Main() {
   epoll_event evs[64];
   loop_tid_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-  std::unique_lock run(run_mu_);
+  MutexLock run(run_mu_);
   running_ = true;
   for (;;) {
     int timeout_ms = -1;
     bool stop;
     auto next = Clock::time_point::max();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stop = stop_;
       if (!mail_.empty() || !tasks_.empty()) timeout_ms = 0;
       if (!timers_.empty()) next = timers_.begin()->first;
@@ -227,11 +227,11 @@ void Loop::Main() {
     }
     sleep_until_.store(next.time_since_epoch().count(), std::memory_order_relaxed);
     awake_.store(false, std::memory_order_relaxed);
-    run.unlock();
+    run.Unlock();
     int n = epoll_wait(epfd_, evs, 64, timeout_ms);
     awake_.store(true, std::memory_order_relaxed);
     wakeups_.fetch_add(1, std::memory_order_relaxed);
-    run.lock();
+    run.Lock();
     Step(evs, n);
   }
   DrainMailbox();
@@ -240,7 +240,7 @@ void Loop::Main() {
   // with kShutdown rather than never.
   std::multimap<Clock::time_point, std::function<void()>> timers;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     timers.swap(timers_);
   }
   for (auto& [when, fn] : timers) fn();
@@ -248,7 +248,7 @@ void Loop::Main() {
   // posted from now on is refused (Post and Run say so), never lost here.
   while (true) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (mail_.empty() && tasks_.empty() && timers_.empty()) {
         ended_ = true;
         running_ = false;
@@ -258,7 +258,7 @@ void Loop::Main() {
     DrainMailbox();
     std::multimap<Clock::time_point, std::function<void()>> late;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       late.swap(timers_);
     }
     for (auto& [when, fn] : late) fn();

@@ -30,9 +30,10 @@
 // A reply read within a section completes there (see connection.h: not
 // with RpcTransport, whose section only writes).
 //
-// Lock order: run_mu_ before mu_; Loop::mu_ is a leaf lock (nothing is
-// called while holding it). run_mu_ of one loop is only ever try-locked by a
-// thread holding another loop's run_mu_, never waited for.
+// Lock order (all of the program's: common/mutex.h): run_mu_ before mu_;
+// Loop::mu_ is a leaf lock (nothing is called while holding it). run_mu_ of
+// one loop is only ever try-locked by a thread holding another loop's
+// run_mu_, never waited for.
 #pragma once
 
 #include <sys/epoll.h>
@@ -41,10 +42,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "engine/request.h"
 
@@ -94,9 +95,10 @@ class Loop {
   template <typename Fn>
   bool TryRunHere(Fn&& fn) {
     if (!EnterDirect()) return false;
-    struct Leave {
+    struct SCOPED_CAPABILITY Leave {  // adopts the run_mu_ EnterDirect took
       Loop* loop;
-      ~Leave() { loop->LeaveDirect(); }
+      explicit Leave(Loop* l) REQUIRES(l->run_mu_) : loop(l) {}
+      ~Leave() RELEASE() { loop->LeaveDirect(); }
     } leave{this};
     fn();
     return true;
@@ -105,6 +107,8 @@ class Loop {
   uint64_t direct_sections() const { return direct_.load(std::memory_order_relaxed); }
   // Times the loop woke from epoll_wait since Start (for tests).
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  // Its place among the engine's loops.
+  int index() const { return index_; }
 
  private:
   struct Delivery {
@@ -113,10 +117,10 @@ class Loop {
   };
 
   void Main();
-  void Step(epoll_event* evs, int n);  // REQUIRES: run_mu_
-  bool EnterDirect();
-  void LeaveDirect();
-  Clock::time_point NextDue() const;  // REQUIRES: run_mu_
+  void Step(epoll_event* evs, int n) REQUIRES(run_mu_);
+  bool EnterDirect() TRY_ACQUIRE(true, run_mu_);
+  void LeaveDirect() RELEASE(run_mu_);
+  Clock::time_point NextDue() const REQUIRES(run_mu_);
   void Wake();
   void SyncPoll(Connection* c);
   void DrainMailbox();
@@ -129,8 +133,8 @@ class Loop {
   std::vector<Connection*> conns_;
 
   // Held by the loop thread except in epoll_wait, or by a direct section.
-  std::mutex run_mu_;
-  bool running_ = false;  // under run_mu_: Main() is in its loop
+  Mutex run_mu_;
+  bool running_ GUARDED_BY(run_mu_) = false;  // Main() is in its loop
   // When the sleeping loop will wake by itself (published under run_mu_).
   std::atomic<Clock::rep> sleep_until_{Clock::time_point::max().time_since_epoch().count()};
   std::atomic<uint64_t> direct_{0};
@@ -142,7 +146,7 @@ class Loop {
   // is not made to wait behind submitters).
   std::atomic<bool> awake_{true};
 
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<Delivery> mail_ GUARDED_BY(mu_);
   std::vector<std::function<void()>> tasks_ GUARDED_BY(mu_);
   std::multimap<Clock::time_point, std::function<void()>> timers_ GUARDED_BY(mu_);

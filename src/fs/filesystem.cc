@@ -83,7 +83,7 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
         nfs_, cache, opts_.wsize, root, [this](const std::string& fh, uint64_t off, uint64_t len) {
           auto inode = inodes_.Find(fh);
           if (!inode) return;  // not known here: nothing kept to resend
-          std::lock_guard lock(inode->mu);
+          MutexLock lock(inode->mu);
           if (inode->MayResend()) {
             inode->newer_log.push_back(Inode::Newer{inode->order.Reserve(), off, len});
           }
@@ -158,7 +158,7 @@ double Filesystem::AttrTimeout(const InodeP& inode, const nfs::Attr& a) {
   const bool dir = a.type == nfs::Ftype::kDir;
   const double lo = dir ? opts_.acdirmin : opts_.acregmin;
   const double hi = dir ? opts_.acdirmax : opts_.acregmax;
-  std::lock_guard lock(inode->mu);
+  MutexLock lock(inode->mu);
   if (inode->ac_timeout <= 0 || !(a.ctime == inode->ac_last_ctime)) {
     inode->ac_timeout = lo;
   } else {
@@ -171,7 +171,7 @@ double Filesystem::AttrTimeout(const InodeP& inode, const nfs::Attr& a) {
 void Filesystem::NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a) {
   if (!a || a->type != nfs::Ftype::kDir) return;
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lock(postop_mu_);
+  MutexLock lock(postop_mu_);
   auto it = dir_postop_.find(ino);
   if (it != dir_postop_.end()) {
     // Replies may arrive out of order: the newest state wins. Two states
@@ -199,19 +199,19 @@ void Filesystem::NoteDirAttr(uint64_t ino, const std::optional<nfs::Attr>& a) {
 }
 
 void Filesystem::ForgetAllDirAttrs() {
-  std::lock_guard lock(postop_mu_);
+  MutexLock lock(postop_mu_);
   dir_postop_.clear();
 }
 
 void Filesystem::ForgetDirAttr(uint64_t ino) {
-  std::lock_guard lock(postop_mu_);
+  MutexLock lock(postop_mu_);
   dir_postop_.erase(ino);
 }
 
 std::optional<std::pair<nfs::Attr, double>> Filesystem::FreshDirAttr(uint64_t ino) {
   const double trust = std::min(kDirPostOpTrust, opts_.acdirmin);
   if (trust <= 0) return std::nullopt;
-  std::lock_guard lock(postop_mu_);
+  MutexLock lock(postop_mu_);
   auto it = dir_postop_.find(ino);
   if (it == dir_postop_.end()) return std::nullopt;
   const double age =
@@ -227,7 +227,7 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a, std::optio
   AttrOut out;
   out.st = ToStat(a, opts_.wsize);
   {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     inode->mode = a.mode;
     if (inode->kernel_attr_known && (a.size != inode->kernel_size || !(a.mtime == inode->kernel_mtime))) {
       inode->kernel_attr_uncertain = true;
@@ -303,9 +303,9 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   {
     // Like the Linux client, let this client's write-behind land first, so
     // that size, mtime and ctime include what was acknowledged.
-    std::unique_lock lock(inode->mu);
+    MutexLock lock(inode->mu);
     if (inode->WriteBehindPending()) {
-      lock.unlock();
+      lock.Unlock();
       return WhenDrained(inode, [this, c, ino, cb = std::move(cb)]() mutable {
         Getattr(c, ino, std::move(cb));
       });
@@ -318,7 +318,7 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
     NoteDirAttr(inode->ino(), *r);
     {
       // A GETATTR sent after every write of ours completed is authoritative.
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       // Not while kept data may still be resent: a restart may have taken
       // it from the server's size for now.
       if (inode->writes_inflight == 0 && seq > inode->last_write_done_seq &&
@@ -352,7 +352,7 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
       SendSetattr(c, inode, sa, s, std::move(cb));
     };
     {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       now = inode->order.AdmitTail(*sa.size, send, &seq);
     }
     if (now) send(seq);
@@ -365,10 +365,10 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
                              WriteOrder::Seq tseq, Cb<AttrOut> cb) {
   if (tseq) {
     // Finish the truncate's place in the order once answered, whatever the answer.
-    cb = [this, inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
+    cb = [inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
       std::vector<std::function<void()>> run;
       {
-        std::lock_guard lock(inode->mu);
+        MutexLock lock(inode->mu);
         run = inode->order.Finish(tseq);
         inode->PruneResendLogs();
       }
@@ -426,7 +426,7 @@ void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::
     }
     if (!r) return cb(r.error());
     if (sa.size) {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       inode->size_hwm = 0;
       inode->have_open_attr = false;
       if (inode->MayResend()) inode->truncations.emplace_back(tseq, *sa.size);
@@ -522,7 +522,7 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                 if (!inode) return done(InodeP{});
                 bool open;
                 {
-                  std::lock_guard lock(inode->mu);
+                  MutexLock lock(inode->mu);
                   open = inode->opens > 0 && !inode->silly;
                 }
                 if (!open) return done(InodeP{});
@@ -535,7 +535,7 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                               NoteDirAttr(dir->ino(), rr->from.after);
                               bool closed;
                               {
-                                std::lock_guard lock(inode->mu);
+                                MutexLock lock(inode->mu);
                                 closed = inode->opens == 0;  // the last close came meanwhile
                                 if (!closed) inode->silly = Inode::Silly{dir->fh(), hidden, c};
                               }
@@ -642,7 +642,7 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
                     // gets its name back.
                     std::optional<Inode::Silly> silly;
                     {
-                      std::lock_guard lock(hidden->mu);
+                      MutexLock lock(hidden->mu);
                       silly.swap(hidden->silly);
                     }
                     if (silly) {
@@ -762,20 +762,14 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                 bool stale_attrs = false;
                 if (r->attr) Observe(inode, *r->attr);  // close-to-open for the SSD cache
                 if ((flags & O_TRUNC) && r->attr && r->attr->type == nfs::Ftype::kReg) {
-                  // Truncate now, as a local filesystem does at open: size 0,
-                  // mtime and ctime updated (even if it was empty), the SSD
-                  // cache's copy dropped. Then open without it.
-                  nfs::SetAttr sa;
-                  sa.size = 0;
-                  sa.mtime_how = nfs::SetAttr::TimeHow::kServer;
-                  return Setattr(c, inode->ino(), sa,
-                                 [this, c, inode, flags, cb](Result<AttrOut> t) {
-                                   if (!t) return cb(t.error());
-                                   Open(c, inode->ino(), flags & ~O_TRUNC, cb);
-                                 });
+                  // Truncate now, then open without it.
+                  return TruncateAtOpen(c, inode->ino(), [this, c, inode, flags, cb](Result<AttrOut> t) {
+                    if (!t) return cb(t.error());
+                    Open(c, inode->ino(), flags & ~O_TRUNC, cb);
+                  });
                 }
                 {
-                  std::lock_guard lock(inode->mu);
+                  MutexLock lock(inode->mu);
                   if (opts_.kernel_cache) {
                     out.keep_cache = true;  // changed only through this mount
                   } else if (opts_.cto && r->attr) {
@@ -828,7 +822,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     auto inode = inodes_.Get(r->ino);
     if (!inode) return cb(Stale());
     {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       inode->open_mtime = {static_cast<uint32_t>(r->st.st_mtim.tv_sec),
                            static_cast<uint32_t>(r->st.st_mtim.tv_nsec)};
       inode->open_size = static_cast<uint64_t>(r->st.st_size);
@@ -839,7 +833,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     o.keep_cache = false;
     o.file = NewOpenFile(inode, flags, c);
     {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(o.file->inode->mu);  // (inode's: OpenFile::fresh is guarded by it)
       o.file->fresh = true;
     }
     cb(std::make_pair(*r, o));
@@ -867,27 +861,42 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
                 });
     return;
   }
-  // An existing file is truncated after the CREATE, through Setattr: after
-  // this mount's writes to it still on their way (a size in the CREATE could
-  // be overtaken by them), with the SSD cache's copy dropped and the
-  // truncate recorded for resends.
-  nfs_.Create((*dir)->fh(), name, nfs::CreateMode::kUnchecked, sa, 0, c,
-              [this, c, parent, name, flags, finish](Result<nfs::NewObject> r) mutable {
-                FinishNewObject(c, parent, name, std::move(r),
-                                [this, c, flags, finish](Result<EntryOut> e) mutable {
-                                  if (!e || !(flags & O_TRUNC) || e->st.st_size == 0) {
-                                    return finish(std::move(e));
-                                  }
-                                  nfs::SetAttr t;
-                                  t.size = 0;
-                                  t.mtime_how = nfs::SetAttr::TimeHow::kServer;
-                                  Setattr(c, e->ino, t, [e = *e, finish](Result<AttrOut> a) mutable {
-                                    if (!a) return finish(a.error());
-                                    e.st = a->st;
-                                    finish(e);
-                                  });
-                                });
+  // O_TRUNC: a GUARDED CREATE tells whether the file existed (EEXIST); one
+  // that did is opened as it is (UNCHECKED) and truncated as Open truncates
+  // it. A new file needs nothing more.
+  auto created = [this, c, parent, name, finish](bool existed, Result<nfs::NewObject> r) mutable {
+    FinishNewObject(c, parent, name, std::move(r), [this, c, existed, finish](Result<EntryOut> e) mutable {
+      if (!e || !existed) return finish(std::move(e));
+      TruncateAtOpen(c, e->ino, [e = *e, finish](Result<AttrOut> a) mutable {
+        if (!a) return finish(a.error());
+        e.st = a->st;
+        finish(e);
+      });
+    });
+  };
+  const nfs::Fh dirfh = (*dir)->fh();
+  if (!(flags & O_TRUNC)) {
+    return nfs_.Create(dirfh, name, nfs::CreateMode::kUnchecked, sa, 0, c,
+                       [created](Result<nfs::NewObject> r) mutable { created(false, std::move(r)); });
+  }
+  nfs_.Create(dirfh, name, nfs::CreateMode::kGuarded, sa, 0, c,
+              [this, dirfh, name, sa, c, created](Result<nfs::NewObject> r) mutable {
+                if (r || r.error().err != EEXIST) return created(false, std::move(r));
+                nfs_.Create(dirfh, name, nfs::CreateMode::kUnchecked, sa, 0, c,
+                            [created](Result<nfs::NewObject> r2) mutable { created(true, std::move(r2)); });
               });
+}
+
+void Filesystem::TruncateAtOpen(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
+  // As a local filesystem does at open(O_TRUNC) of a regular file that
+  // existed: size 0, mtime and ctime updated even if it was empty. Through
+  // Setattr: after this mount's writes to it still on their way (a size in
+  // a CREATE could be overtaken by them), with the SSD cache's copy dropped
+  // and the truncate recorded for resends.
+  nfs::SetAttr sa;
+  sa.size = 0;
+  sa.mtime_how = nfs::SetAttr::TimeHow::kServer;
+  Setattr(c, ino, sa, std::move(cb));
 }
 
 void Filesystem::Read(const Cred& c, OpenFile* f, size_t size, uint64_t off,
@@ -901,10 +910,10 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
   const InodeP inode = f->inode;
   if (size == 0) return cb(std::string_view());
   {
-    std::unique_lock lock(inode->mu);
+    MutexLock lock(inode->mu);
     if (inode->WriteBehindPending()) {
       // A read must see this client's write-behind data: wait for it to land.
-      lock.unlock();
+      lock.Unlock();
       return WhenDrained(inode, [this, c, f, size, off, attempt, cb = std::move(cb)]() mutable {
         // (Now on an engine event loop, which must not read the cache
         // disk: the data comes from the server.)
@@ -1019,7 +1028,7 @@ void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inod
             [this, op, inode, c, off, buf_off, len](Result<nfs::ReadReply> r) {
               size_t rest = 0;  // short read before EOF: this many bytes still to fetch
               {
-                std::lock_guard lock(op->mu);
+                MutexLock lock(op->mu);
                 if (!r) {
                   if (!op->err) op->err = r.error();
                 } else {
@@ -1043,7 +1052,7 @@ void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inod
 OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c) {
   uint64_t seen;
   {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     inode->opens++;
     seen = inode->err_seq;  // errors before this open are not its to report
   }
@@ -1055,7 +1064,7 @@ void Filesystem::Release(OpenFile* f) {
   bool pending;
   std::optional<Inode::Silly> silly;
   {
-    std::lock_guard lock(f->inode->mu);
+    MutexLock lock(f->inode->mu);
     pending = !f->inode->uncommitted.empty();
     if (--f->inode->opens == 0) silly.swap(f->inode->silly);
     if (silly) {
@@ -1105,7 +1114,7 @@ void Filesystem::LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t 
     if (!r) return cb(r.error());
     uint64_t last = 0;
     {
-      std::lock_guard lock(d->mu);
+      MutexLock lock(d->mu);
       for (auto& e : r->entries) {
         last = e.cookie;
         d->entries.push_back(std::move(e));
@@ -1118,7 +1127,12 @@ void Filesystem::LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t 
     LoadDir(c, d, last, r->verf, std::move(cb));
   };
   const uint32_t count = std::max<uint32_t>(opts_.dtpref, 32768);
-  if (d->plus) {
+  bool plus;
+  {
+    MutexLock lock(d->mu);
+    plus = d->plus;
+  }
+  if (plus) {
     nfs_.Readdirplus(d->dir->fh(), cookie, verf, count, count * 4, c, std::move(on_page));
   } else {
     nfs_.Readdir(d->dir->fh(), cookie, verf, count, c, std::move(on_page));
@@ -1128,15 +1142,15 @@ void Filesystem::LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t 
 void Filesystem::Readdir(const Cred& c, DirHandle* d, uint64_t off, bool plus,
                          Cb<DirHandle*> cb) {
   {
-    std::unique_lock lock(d->mu);
+    MutexLock lock(d->mu);
     if (d->loaded && off != 0 && (d->plus || !plus)) {
-      lock.unlock();
+      lock.Unlock();
       return cb(d);
     }
-    lock.unlock();
+    lock.Unlock();
     // A listing from the start shows no hidden name whose last close came.
     hidden_.Settle(d->dir->fh());
-    lock.lock();
+    lock.Lock();
     d->entries.clear();
     d->loaded = false;
     d->plus = plus;

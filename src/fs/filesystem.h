@@ -54,7 +54,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -62,6 +61,7 @@
 
 #include "cache/block_cache.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "fs/flusher.h"
 #include "fs/gone_check.h"
@@ -109,10 +109,10 @@ struct OpenOut {
 
 struct DirHandle {
   std::shared_ptr<Inode> dir;
-  std::mutex mu;
-  bool loaded = false;
-  bool plus = false;
-  std::vector<nfs::DirEntry> entries;  // the listing taken at offset 0
+  Mutex mu;
+  bool loaded GUARDED_BY(mu) = false;
+  bool plus GUARDED_BY(mu) = false;
+  std::vector<nfs::DirEntry> entries GUARDED_BY(mu);  // the listing taken at offset 0
 };
 
 // A kept UNSTABLE write (see "Writes" above).
@@ -221,7 +221,7 @@ class Filesystem {
   using InodeP = std::shared_ptr<Inode>;
   struct ReadOp {  // a read split into several READ calls
     std::unique_ptr<char[]> buf;
-    std::mutex mu;
+    Mutex mu;
     size_t remaining = 0;
     size_t valid = 0;  // bytes valid from the start (shortened at EOF)
     std::optional<Error> err;
@@ -235,6 +235,8 @@ class Filesystem {
   void ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t off,
                    std::function<void(Result<std::string_view>)> cb, int attempt,
                    bool lookup = true);
+  // open(O_TRUNC) of regular file `ino` that existed (Open and Create).
+  void TruncateAtOpen(const Cred& c, uint64_t ino, Cb<AttrOut> cb);
   // Runs `done` once the file's earlier writes can no longer undo `sa`
   // (write.cc); an error if the write-back cache could not flush them.
   void BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
@@ -349,7 +351,7 @@ class Filesystem {
     nfs::Attr attr;
     std::chrono::steady_clock::time_point at;
   };
-  std::mutex postop_mu_;
+  Mutex postop_mu_;
   std::unordered_map<uint64_t, PostOp> dir_postop_ GUARDED_BY(postop_mu_);
   std::atomic<int64_t> open_files_{0};  // in this mount; 0: unlink needs no check
   const uint32_t mount_id_;             // random: hidden names differ between mounts

@@ -127,6 +127,7 @@ class FilesystemTest : public ::testing::Test {
     auto r = Wait<DirHandle*>([&](auto cb) { fs_->Readdir(cred_, *d, 0, plus, cb); });
     std::vector<std::string> names;
     if (r) {
+      MutexLock lock((*d)->mu);
       for (const auto& e : (*d)->entries) {
         names.push_back(e.name);
         if (plus && e.name != "." && e.name != "..") {
@@ -1232,6 +1233,36 @@ TEST_F(FilesystemTest, TimesSetRightAfterWritesAreNotUndoneByThemOrTheirResend) 
   EXPECT_TRUE(nfs_.Attributes(fh)->mtime == (nfs::Time{1000000000, 5})) << "a resend landed after the SETATTR";
 }
 
+// open(O_CREAT|O_TRUNC) of a file that exists truncates it as open(O_TRUNC)
+// does, mtime and ctime updated even if it was empty; of a new file it
+// sends nothing more than the CREATE.
+TEST_F(FilesystemTest, CreateWithOTruncTruncatesAnExistingFileAsOpenDoes) {
+  auto c = Create(kRoot, "e", O_CREAT | O_WRONLY);
+  ASSERT_TRUE(c.ok());
+  Close(c->second.file);
+  const nfs::Fh fh = *nfs_.FhOf("e");
+  const nfs::Time empty_mtime = nfs_.Attributes(fh)->mtime;
+  const size_t setattrs = nfs_.stats().Calls(Proc::kSetattr);
+  auto again = Create(kRoot, "e", O_CREAT | O_WRONLY | O_TRUNC);
+  ASSERT_TRUE(again.ok()) << again.error().what;
+  Close(again->second.file);
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kSetattr), setattrs + 1);
+  EXPECT_TRUE(empty_mtime < nfs_.Attributes(fh)->mtime) << "an empty file's mtime kept";
+  OpenFile* f = CreateWith("full", "some data");
+  ASSERT_NE(f, nullptr);
+  Close(f);
+  auto t = Create(kRoot, "full", O_CREAT | O_WRONLY | O_TRUNC);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->first.st.st_size, 0);
+  Close(t->second.file);
+  EXPECT_EQ(ContentsOf("full"), "");
+  const size_t before = nfs_.stats().Calls(Proc::kSetattr);
+  auto fresh = Create(kRoot, "new", O_CREAT | O_WRONLY | O_TRUNC);
+  ASSERT_TRUE(fresh.ok());
+  Close(fresh->second.file);
+  EXPECT_EQ(nfs_.stats().Calls(Proc::kSetattr), before) << "a new file was truncated";
+}
+
 // A write that makes the server clear setuid/setgid is not written behind:
 // its reply tells the kernel the new mode before the write returns (stat(1)
 // asks the kernel for the mode alone, which it answers from its cache).
@@ -1307,7 +1338,7 @@ TEST_F(FilesystemTest, ResendLogsDoNotGrowWithoutKeptData) {
   }
   ASSERT_TRUE(nfs_.Quiesce());
   {
-    std::lock_guard lock(f->inode->mu);
+    MutexLock lock(f->inode->mu);
     EXPECT_TRUE(f->inode->newer_log.empty()) << f->inode->newer_log.size() << " entries";
     EXPECT_TRUE(f->inode->truncations.empty()) << f->inode->truncations.size() << " entries";
   }

@@ -35,10 +35,10 @@ struct Call {
 }  // namespace
 
 struct Flusher::RoundState {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::vector<Call> calls;  // guarded by mu once sent
-  size_t left = 0;          // calls not answered yet
+  size_t left GUARDED_BY(mu) = 0;  // calls not answered yet
   std::map<std::string, Result<nfs::CommitReply>> commits;
   std::map<std::string, GoneCheck::Answer> gone;  // files answered ESTALE: asked
 };
@@ -55,10 +55,10 @@ Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uin
 
 Flusher::~Flusher() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
   // Requests never served (stopped first): say so.
   for (auto& r : requests_) r.done(Error::Errno(EIO, "the flusher stopped"));
@@ -66,10 +66,10 @@ Flusher::~Flusher() {
 
 void Flusher::Flush(const std::string& fh, std::function<void(Result<Ok>)> done) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!stop_) {
       requests_.push_back(Request{fh, std::move(done)});
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
   }
@@ -79,14 +79,14 @@ void Flusher::Flush(const std::string& fh, std::function<void(Result<Ok>)> done)
 void Flusher::Interrupt() {
   std::shared_ptr<RoundState> r;
   {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     interrupted_ = true;
     r = std::move(round_);
   }
   gone_.Cancel();  // (nor any question about a file's writes)
   if (r) {
-    std::lock_guard lock(r->mu);
-    r->cv.notify_all();
+    MutexLock lock(r->mu);
+    r->cv.SignalAll();
   }
 }
 
@@ -140,19 +140,22 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   auto st = std::make_shared<RoundState>();
   st->calls = std::move(calls);
   auto send = [this, &st](auto&& fn) -> bool {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     if (interrupted_) return false;
     round_ = st;
     fn();
     return true;
   };
   auto wait = [this, &st] {
-    std::unique_lock lock(st->mu);
-    st->cv.wait(lock, [&] { return st->left == 0 || interrupted_; });
+    MutexLock lock(st->mu);
+    while (!(st->left == 0 || interrupted_)) st->cv.Wait(st->mu);
     return st->left == 0;
   };
   const bool sent = send([&] {
-    st->left = st->calls.size();
+    {
+      MutexLock lock(st->mu);  // (no call is out yet)
+      st->left = st->calls.size();
+    }
     for (size_t i = 0; i < st->calls.size(); ++i) {
       Call& c = st->calls[i];
       const size_t len = c.len;
@@ -173,7 +176,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
                    if (r && r->wcc.before) before = Version(*r->wcc.before);
                    if (r && r->wcc.after) after = Version(*r->wcc.after);
                    cache->WriteDone(c.fh, token, c.off, c.buf->data(), len, whole, false, before, after);
-                   std::lock_guard lock(st->mu);
+                   MutexLock lock(st->mu);
                    if (!r) {
                      c.err = r.error();
                    } else if (!whole) {
@@ -183,7 +186,7 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
                      c.stable = r->stable;
                      if (!r->stable) c.verf = r->verf;
                    }
-                   if (--st->left == 0) st->cv.notify_all();
+                   if (--st->left == 0) st->cv.SignalAll();
                  });
     }
   });
@@ -194,12 +197,15 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     if (c.ok && !c.stable) files.emplace(c.fh, c.cred);
   }
   const bool committing = send([&] {
-    st->left = files.size();
+    {
+      MutexLock lock(st->mu);  // (no call is out yet)
+      st->left = files.size();
+    }
     for (const auto& [f, cred] : files) {
       nfs_.Commit(f, cred, [st, f = f](Result<nfs::CommitReply> r) {
-        std::lock_guard lock(st->mu);
+        MutexLock lock(st->mu);
         st->commits.emplace(f, std::move(r));
-        if (--st->left == 0) st->cv.notify_all();
+        if (--st->left == 0) st->cv.SignalAll();
       });
     }
   });
@@ -248,12 +254,15 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
       ask.emplace_back(f, std::move(creds));
     }
     const bool asking = send([&] {
-      st->left = ask.size();
+      {
+        MutexLock lock(st->mu);  // (no call is out yet)
+        st->left = ask.size();
+      }
       for (auto& [f, creds] : ask) {
         gone_.Ask(f, std::move(creds), [st, f = f](GoneCheck::Answer a) {
-          std::lock_guard lock(st->mu);
+          MutexLock lock(st->mu);
           st->gone.emplace(f, a);
-          if (--st->left == 0) st->cv.notify_all();
+          if (--st->left == 0) st->cv.SignalAll();
         });
       }
     });
@@ -332,19 +341,20 @@ void Flusher::Main() {
   auto retry_at = std::chrono::steady_clock::now();
   bool busy = false;  // the last background round left more to do
   auto last_background = std::chrono::steady_clock::now();
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(busy ? 0 : 200),
-                 [this] { return stop_ || !requests_.empty(); });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(busy ? 0 : 200);
+    while (!(stop_ || !requests_.empty()) && cv_.WaitUntil(mu_, until)) {
+    }
     if (stop_) break;
     if (!requests_.empty()) {
       Request req = std::move(requests_.front());
       requests_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       auto r = Drain(req.fh);
       if (!r) log->warn("flush failed: {}", r.error().what);
       req.done(std::move(r));
-      lock.lock();
+      lock.Lock();
       if (stop_) break;
       // Requests that keep coming must not starve the watermark and age
       // rounds: one goes between them at the idle cadence (not after every
@@ -357,7 +367,7 @@ void Flusher::Main() {
       continue;
     }
     last_background = now;
-    lock.unlock();
+    lock.Unlock();
     // Background: watermarks, then age.
     const auto level = cache_->Dirty();
     const uint64_t pct = level.slots ? level.blocks * 100 / level.slots : 0;
@@ -402,7 +412,7 @@ void Flusher::Main() {
       log->warn("background flush made no progress (dirty data kept; retrying in 1 s)");
       retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     }
-    lock.lock();
+    lock.Lock();
     last_background = std::chrono::steady_clock::now();  // (from its end: a long round counts whole)
     busy = r && pending && *r > 0;  // more may be due: go round again at once
   }

@@ -42,17 +42,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "cache/block_cache.h"
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "fs/gone_check.h"
 #include "mpnfs/result.h"
@@ -111,13 +110,14 @@ class Flusher {
   const uint32_t wsize_;
   const WriteHook before_write_;
   GoneCheck gone_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::deque<Request> requests_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   // Calls are sent under send_mu_, only while not interrupted_; round_ is
-  // the round waiting for its calls (Interrupt() wakes it).
-  std::mutex send_mu_;
+  // the round waiting for its calls (Interrupt() wakes it). send_mu_ comes
+  // before the locks sending takes (common/mutex.h).
+  Mutex send_mu_;
   std::atomic<bool> interrupted_{false};
   std::shared_ptr<RoundState> round_ GUARDED_BY(send_mu_);
   // Background rounds (the flusher thread only): kept files left out until

@@ -4,9 +4,9 @@
 // whole operation. Thread safe.
 #pragma once
 
-#include <mutex>
 #include <optional>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "mpnfs/result.h"
 
@@ -19,19 +19,23 @@ class Gather {
   // Records one part's outcome; true for the part that completes the whole.
   template <class T>
   bool Done(const Result<T>& r) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!r && !err_) err_ = r.error();
     return --remaining_ == 0;
   }
   void AddParts(size_t n) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     remaining_ += n;
   }
-  // REQUIRES: Done() returned true (no part is running any more).
-  const std::optional<Error>& error() const NO_THREAD_SAFETY_ANALYSIS { return err_; }
+  // The first error; final once Done() returned true (no part is running
+  // any more).
+  std::optional<Error> error() const {
+    MutexLock lock(mu_);
+    return err_;
+  }
 
  private:
-  std::mutex mu_;
+  mutable Mutex mu_;  // a leaf
   size_t remaining_ GUARDED_BY(mu_);
   std::optional<Error> err_ GUARDED_BY(mu_);
 };

@@ -4,9 +4,9 @@
 #include <atomic>
 #include <cerrno>
 #include <deque>
-#include <mutex>
 #include <utility>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 
 namespace mpnfs::fs {
@@ -27,7 +27,7 @@ struct GoneCheck::State {
   const nfs::Fh root;
   const size_t max_in_flight;
   std::atomic<bool> cancelled{false};
-  std::mutex mu;
+  Mutex mu;
   std::deque<AskedP> queue GUARDED_BY(mu);
   size_t in_flight GUARDED_BY(mu) = 0;
 };
@@ -84,7 +84,7 @@ class GoneCheckSteps {
     done(answer);
     AskedP next;
     {
-      std::lock_guard lock(st->mu);
+      MutexLock lock(st->mu);
       if (st->queue.empty()) {
         --st->in_flight;
         return;
@@ -111,7 +111,7 @@ void GoneCheck::Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::func
   a->writers = std::move(writers);
   a->done = std::move(done);
   {
-    std::lock_guard lock(st_->mu);
+    MutexLock lock(st_->mu);
     if (st_->in_flight >= st_->max_in_flight) {
       st_->queue.push_back(std::move(a));
       return;

@@ -3,13 +3,13 @@
 namespace mpnfs::fs {
 
 void HiddenNames::Closing(const std::string& dir, uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   State& s = names_[{dir, ino}];
   if (!s.removing) s.since = Clock::now();
 }
 
 void HiddenNames::Removing(const std::string& dir, uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   State& s = names_[{dir, ino}];
   s.removing = true;
   s.since = Clock::now();
@@ -17,18 +17,18 @@ void HiddenNames::Removing(const std::string& dir, uint64_t ino) {
 
 void HiddenNames::Done(const std::string& dir, uint64_t ino) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     names_.erase({dir, ino});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void HiddenNames::Released(uint64_t ino) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::erase_if(names_, [ino](const auto& kv) { return kv.first.second == ino && !kv.second.removing; });
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool HiddenNames::Busy(const std::string& dir, Clock::time_point now, Clock::time_point* until) const {
@@ -47,18 +47,18 @@ bool HiddenNames::Busy(const std::string& dir, Clock::time_point now, Clock::tim
 }
 
 void HiddenNames::Settle(const std::string& dir) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const Clock::time_point deadline = Clock::now() + limit_;
   while (true) {
     const Clock::time_point now = Clock::now();
     Clock::time_point until;
     if (!Busy(dir, now, &until) || now >= deadline) return;
-    cv_.wait_until(lock, std::min(until, deadline));
+    cv_.WaitUntil(mu_, std::min(until, deadline));
   }
 }
 
 size_t HiddenNames::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return names_.size();
 }
 

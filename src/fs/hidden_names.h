@@ -16,17 +16,17 @@
 //
 // Thread safety: all methods are thread safe. Settle() blocks the calling
 // thread (a FUSE worker, never an engine event loop). Its lock is a leaf:
-// the filesystem calls in while it holds an Inode::mu.
+// the filesystem calls in while it holds an Inode::mu (the program's lock
+// order: common/mutex.h).
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 
 namespace mpnfs::fs {
@@ -66,8 +66,8 @@ class HiddenNames {
       REQUIRES(mu_);
 
   const Clock::duration grace_, limit_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   std::map<std::pair<std::string, uint64_t>, State> names_ GUARDED_BY(mu_);
 };
 

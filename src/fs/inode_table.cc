@@ -10,7 +10,7 @@ InodeTable::InodeTable(nfs::Fh root_fh) {
 }
 
 std::shared_ptr<Inode> InodeTable::Find(const nfs::Fh& fh) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_fh_.find(fh);
   if (it == by_fh_.end()) return nullptr;
   auto in = by_ino_.find(it->second);
@@ -18,7 +18,7 @@ std::shared_ptr<Inode> InodeTable::Find(const nfs::Fh& fh) const {
 }
 
 std::shared_ptr<Inode> InodeTable::Intern(const nfs::Fh& fh) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_fh_.find(fh);
   if (it != by_fh_.end()) {
     auto& inode = by_ino_.at(it->second);
@@ -34,13 +34,13 @@ std::shared_ptr<Inode> InodeTable::Intern(const nfs::Fh& fh) {
 }
 
 std::shared_ptr<Inode> InodeTable::Get(uint64_t ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_ino_.find(ino);
   return it == by_ino_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<Inode> InodeTable::Forget(uint64_t ino, uint64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_ino_.find(ino);
   if (it == by_ino_.end()) return nullptr;
   std::shared_ptr<Inode> inode = it->second;
@@ -52,12 +52,12 @@ std::shared_ptr<Inode> InodeTable::Forget(uint64_t ino, uint64_t n) {
 }
 
 size_t InodeTable::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return by_ino_.size();
 }
 
 uint64_t InodeTable::LookupCount(uint64_t ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_ino_.find(ino);
   return it == by_ino_.end() ? 0 : it->second->nlookup_;
 }

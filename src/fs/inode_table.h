@@ -6,8 +6,9 @@
 // (ino 1) is pinned. Numbers are never reused within a mount, so a late
 // request for a forgotten inode gets ESTALE, never another file.
 //
-// Lock order: InodeTable::mu_ before Inode::mu. Forget re-checks the count
-// under mu_, so a concurrent Intern() cannot resurrect a dying inode.
+// Lock order: InodeTable::mu_ before Inode::mu (the program's whole order:
+// common/mutex.h). Forget re-checks the count under mu_, so a concurrent
+// Intern() cannot resurrect a dying inode.
 //
 // Thread safety: all methods are thread safe.
 #pragma once
@@ -18,11 +19,11 @@
 #include <optional>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "engine/cred.h"
 #include "fs/write_order.h"
@@ -42,7 +43,7 @@ class Inode {
   uint64_t ino() const { return ino_; }
   const nfs::Fh& fh() const { return fh_; }
 
-  std::mutex mu;
+  Mutex mu;
   // Close-to-open: attributes seen at the last open (or write) by this client.
   nfs::Time open_mtime GUARDED_BY(mu);
   uint64_t open_size GUARDED_BY(mu) = 0;
@@ -181,7 +182,7 @@ class InodeTable {
   uint64_t LookupCount(uint64_t ino) const;  // for tests
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> by_ino_ GUARDED_BY(mu_);
   std::unordered_map<std::string, uint64_t> by_fh_ GUARDED_BY(mu_);
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;

@@ -41,7 +41,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
         } else {
           const size_t n = std::min<size_t>(r->count, len);
           {
-            std::lock_guard lock(inode->mu);
+            MutexLock lock(inode->mu);
             inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + n);
             if (!r->stable) {
               inode->uncommitted.push_back(
@@ -77,7 +77,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
         }
         std::vector<std::function<void()>> run;
         {
-          std::lock_guard lock(inode->mu);
+          MutexLock lock(inode->mu);
           run = inode->order.Finish(seq);
           inode->PruneResendLogs();
         }
@@ -88,7 +88,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
 
 void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
   {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     if (inode->WriteBehindPending()) {
       inode->drain_waiters.push_back(std::move(fn));
       return;
@@ -98,7 +98,7 @@ void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
 }
 
 std::optional<Error> Filesystem::TakeError(OpenFile* f) {
-  std::lock_guard lock(f->inode->mu);
+  MutexLock lock(f->inode->mu);
   if (f->err_seen == f->inode->err_seq) return std::nullopt;
   f->err_seen = f->inode->err_seq;
   return f->inode->last_error;
@@ -130,7 +130,7 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
     if (!op->Done(r)) return;
     std::vector<std::function<void()>> next;
     {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       inode->writes_inflight--;
       inode->last_write_done_seq = NextSeq();
       if (behind) {
@@ -193,12 +193,12 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   // dropped). The next open drops the kernel's pages (Open, filesystem.cc).
   const bool uncached = opts_.direct_io || (flags & O_DIRECT);
   if (uncached) {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     inode->page_doubts++;
   }
   cb = [inode, uncached, cb = std::move(cb)](Result<size_t> r) {
     if (uncached || !r) {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       inode->page_doubts++;
     }
     cb(std::move(r));
@@ -206,7 +206,7 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
     uint32_t mode;
     {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       mode = inode->mode;
     }
     if (c.uid != 0 && (mode & (S_ISUID | S_ISGID))) {
@@ -278,13 +278,13 @@ void Filesystem::WriteBack(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_
         if (attempt >= 8) break;  // keeps racing: go around the cache
         // Partial pages the cache does not hold: fetch the server's copies.
         auto got = std::make_shared<std::map<uint64_t, std::string>>(std::move(base));
-        auto mu = std::make_shared<std::mutex>();
+        auto mu = std::make_shared<Mutex>();
         auto op = std::make_shared<Gather>(o.need.size());
         for (uint64_t page : o.need) {
           nfs_.Read(inode->fh(), page, 4096, c,
                     [this, c, f, data, off, flags, cb, attempt, got, mu, op, page](Result<nfs::ReadReply> r) mutable {
                       if (r) {
-                        std::lock_guard lock(*mu);
+                        MutexLock lock(*mu);
                         (*got)[page] = std::string(r->data, std::min<size_t>(r->len, 4096));
                       }
                       if (!op->Done(r)) return;
@@ -332,19 +332,20 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   {
     // A small new file's first write goes FILE_SYNC (filesystem.h, "Small
     // new files"): its close then needs no COMMIT.
-    std::lock_guard lock(inode->mu);
+    // (Through f->inode, the same inode: OpenFile::fresh is guarded by it.)
+    MutexLock lock(f->inode->mu);
     // After a write-behind failure the file's writes wait for the server,
     // each returning its own error (Inode::behind_refused).
-    if (inode->behind_refused) behind = false;
+    if (f->inode->behind_refused) behind = false;
     // A write that makes the server clear setuid/setgid (by a user other
     // than root) waits for its reply, which tells the kernel the new mode
     // (SendWrite) before write() returns, as a local filesystem clears the
     // bits when it takes the write.
-    if (c.uid != 0 && (inode->mode & (S_ISUID | S_ISGID))) behind = false;
+    if (c.uid != 0 && (f->inode->mode & (S_ISUID | S_ISGID))) behind = false;
     if (f->fresh) {
       f->fresh = false;
-      if (off == 0 && size <= kSmallFileSync && inode->order.empty() &&
-          inode->uncommitted.empty() && !inode->commit_running) {
+      if (off == 0 && size <= kSmallFileSync && f->inode->order.empty() &&
+          f->inode->uncommitted.empty() && !f->inode->commit_running) {
         stable = true;
       }
     }
@@ -353,7 +354,7 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   std::vector<std::function<void()>> run;
   if (!behind) {
     {
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       AdmitWrite(inode, c, off, std::move(data), false, stable, cache_admit, std::move(cb), &run);
     }
     for (auto& fn : run) fn();
@@ -366,11 +367,12 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // a short count of a split write and lose it). At most `write_behind`
   // bytes per file are outstanding; writes past that wait, in order.
   {
-    std::unique_lock lock(inode->mu);
+    MutexLock lock(inode->mu);
     if (!inode->parked.empty() ||
         (inode->behind_bytes > 0 && inode->behind_bytes + size > opts_.write_behind)) {
       inode->parked.push_back(Inode::Parked{
-          size, [this, inode, c, off, data, cache_admit, cb](std::vector<std::function<void()>>* r) {
+          size, [this, inode, c, off, data, cache_admit, cb](std::vector<std::function<void()>>* r)
+                    REQUIRES(inode->mu) {
             // Runs under inode->mu, from the completion that made room.
             inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + data->size());
             AdmitWrite(inode, c, off, data, true, false, cache_admit, nullptr, r);
@@ -421,7 +423,7 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
 
 void Filesystem::MaybeBackgroundCommit(const InodeP& inode) {
   {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     if (inode->commit_running || inode->uncommitted_bytes < opts_.commit_threshold) return;
   }
   Commit(inode, [this](Result<Ok> r) {
@@ -432,7 +434,7 @@ void Filesystem::MaybeBackgroundCommit(const InodeP& inode) {
 void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void(Result<Ok>)> cb) {
   std::vector<std::function<void(Result<Ok>)>> waiters;
   {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     waiters.swap(inode->commit_waiters);
     inode->commit_running = false;
     inode->PruneResendLogs();
@@ -449,13 +451,13 @@ void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void
 void Filesystem::Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb) {
   std::vector<std::shared_ptr<Buffered>> kept;
   {
-    std::unique_lock lock(inode->mu);
+    MutexLock lock(inode->mu);
     if (inode->commit_running) {
       inode->commit_waiters.push_back(std::move(cb));
       return;
     }
     if (inode->uncommitted.empty()) {
-      lock.unlock();
+      lock.Unlock();
       return cb(Ok{});
     }
     inode->commit_running = true;
@@ -469,7 +471,7 @@ void Filesystem::Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb)
                                        Result<nfs::CommitReply> r) mutable {
     if (!r) {
       {
-        std::lock_guard lock(inode->mu);
+        MutexLock lock(inode->mu);
         for (auto& b : kept) inode->uncommitted_bytes += b->len;
         inode->uncommitted.insert(inode->uncommitted.begin(), kept.begin(), kept.end());
       }
@@ -507,13 +509,13 @@ void Filesystem::Resend(const InodeP& inode, const std::vector<std::shared_ptr<B
     if (!rs->Done(w)) return;
     if (rs->error()) {
       // The data is gone from the server: every open file learns it.
-      std::lock_guard lock(inode->mu);
+      MutexLock lock(inode->mu);
       RecordError(inode, *rs->error());
     }
     EndCommit(inode, rs->error() ? Result<Ok>(*rs->error()) : Result<Ok>(Ok{}), cb);
   };
   {
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     for (const auto& b : lost) {
       std::vector<std::pair<uint64_t, uint64_t>> holes;
       auto newer = [&](const std::vector<std::shared_ptr<Buffered>>& list) {
@@ -581,7 +583,7 @@ void Filesystem::FlushFileForSync(const InodeP& inode, std::function<void(Result
     if (auto cache = cache_.load(); cache && cache->TakeLost(inode->fh())) {
       {
         // (The kernel's pages hold what neither has: the next open drops them.)
-        std::lock_guard lock(inode->mu);
+        MutexLock lock(inode->mu);
         inode->page_doubts++;
       }
       return done(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
@@ -594,26 +596,26 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
   InodeP inode = f->inode;
   WhenDrained(inode, [this, f, inode, cb = std::move(cb)]() mutable {
     if (auto e = TakeError(f)) return cb(*e);
-    Commit(inode, [this, f, inode, cb = std::move(cb)](Result<Ok> r) {
+    Commit(inode, [f, inode, cb = std::move(cb)](Result<Ok> r) {
       std::optional<Error> late;
       {
-        std::lock_guard lock(inode->mu);
+        MutexLock lock(f->inode->mu);
         if (!r) {
           // Reported here: this open file need not hear of it again. Data
           // lost meanwhile (a failed resend) is told rather than a COMMIT
           // failure whose data is kept and retried.
-          if (f->err_seen != inode->err_seq) late = inode->last_error;
-          f->err_seen = inode->err_seq;
-        } else if (f->err_seen != inode->err_seq) {
+          if (f->err_seen != f->inode->err_seq) late = f->inode->last_error;
+          f->err_seen = f->inode->err_seq;
+        } else if (f->err_seen != f->inode->err_seq) {
           // A failure recorded meanwhile: a round this one waited for
           // lost data in a failed resend (the round that then ran for this
           // one had nothing left to commit), or a write-behind failed.
-          f->err_seen = inode->err_seq;
-          late = inode->last_error;
+          f->err_seen = f->inode->err_seq;
+          late = f->inode->last_error;
         } else {
           // Everything written before is on the server's disk and no
           // failure is unheard of here: write-behind may resume.
-          inode->behind_refused = false;
+          f->inode->behind_refused = false;
         }
       }
       if (late) return cb(*late);
@@ -626,7 +628,7 @@ void Filesystem::Flush(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
   {
     // A close of a hidden file's only open: its RELEASE, which removes the
     // hidden name, may follow (fs/hidden_names.h).
-    std::lock_guard lock(f->inode->mu);
+    MutexLock lock(f->inode->mu);
     if (f->inode->silly && f->inode->opens == 1) hidden_.Closing(f->inode->silly->dir, f->inode->ino());
   }
   // A read-only open has written nothing: its close neither commits other

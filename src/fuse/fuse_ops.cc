@@ -273,7 +273,7 @@ bool IsDot(const std::string& n) { return n == "." || n == ".."; }
 size_t FillDir(fuse_req_t req, fs::DirHandle* d, std::vector<char>& buf, off_t off, bool plus,
                std::vector<uint64_t>* interned) {
   size_t used = 0;
-  std::lock_guard lock(d->mu);
+  MutexLock lock(d->mu);
   for (size_t i = static_cast<size_t>(off); i < d->entries.size(); ++i) {
     const nfs::DirEntry& e = d->entries[i];
     const off_t next = static_cast<off_t>(i + 1);
@@ -406,7 +406,7 @@ engine::Cred CredCache::For(fuse_req_t req) {
   const fuse_ctx* c = fuse_req_ctx(req);
   const auto now = std::chrono::steady_clock::now();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = by_pid_.find(c->pid);
     if (it != by_pid_.end() && it->second.expires > now && it->second.cred.uid == c->uid &&
         it->second.cred.gid == c->gid) {
@@ -424,7 +424,7 @@ engine::Cred CredCache::For(fuse_req_t req) {
       cred.groups.push_back(g);
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (by_pid_.size() > 4096) by_pid_.clear();
   by_pid_[c->pid] = Entry{cred, now + std::chrono::seconds(1)};
   return cred;

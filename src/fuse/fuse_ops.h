@@ -15,9 +15,9 @@
 #include <fuse_lowlevel.h>
 
 #include <chrono>
-#include <mutex>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "engine/cred.h"
 #include "fs/filesystem.h"
@@ -43,7 +43,7 @@ class CredCache {
     engine::Cred cred;
     std::chrono::steady_clock::time_point expires;
   };
-  std::mutex mu_;
+  Mutex mu_;
   std::unordered_map<pid_t, Entry> by_pid_ GUARDED_BY(mu_);
 };
 

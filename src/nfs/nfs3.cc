@@ -1,5 +1,7 @@
 #include "nfs/libnfs_api.h"
 #include "nfs/nfs3.h"
+
+#include "nfs/reissue.h"
 #include "nfs/xdr_bounds.h"
 
 
@@ -407,7 +409,8 @@ std::function<void(const CallOutcome&, Res*)> Nfs3::NewObjectDone(
   return [this, op, cb = std::move(cb), dir, name, c, lookup_on_reissued_exist, get_ok](
              const CallOutcome& o, Res* r) mutable {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, op));
-    if (r->status == NFS3ERR_EXIST && o.reissued && lookup_on_reissued_exist) {
+    if (r->status != NFS3_OK && o.reissued && lookup_on_reissued_exist &&
+        OnReissued(ReissueProc::kNewObject, StatusError(r->status, op).err) == Reissued::kWhatIsThere) {
       return NewObjectOrLookup(dir, name, c, std::move(cb));
     }
     if (r->status != NFS3_OK) return cb(StatusError(r->status, op));
@@ -519,7 +522,10 @@ void Nfs3::Remove(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc>
   call->args.object.name = call->name1.data();
   call->done = [cb = std::move(cb)](const CallOutcome& o, REMOVE3res* r) {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "REMOVE"));
-    if (r->status == NFS3ERR_NOENT && o.reissued) return cb(Wcc{});
+    if (r->status != NFS3_OK && o.reissued &&
+        OnReissued(ReissueProc::kRemove, StatusError(r->status, "REMOVE").err) == Reissued::kDone) {
+      return cb(Wcc{});
+    }
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "REMOVE"));
     cb(FromWcc(r->REMOVE3res_u.resok.dir_wcc));
   };
@@ -535,7 +541,10 @@ void Nfs3::Rmdir(const Fh& dir, const std::string& name, const Cred& c, Cb<Wcc> 
   call->args.object.name = call->name1.data();
   call->done = [cb = std::move(cb)](const CallOutcome& o, RMDIR3res* r) {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "RMDIR"));
-    if (r->status == NFS3ERR_NOENT && o.reissued) return cb(Wcc{});
+    if (r->status != NFS3_OK && o.reissued &&
+        OnReissued(ReissueProc::kRmdir, StatusError(r->status, "RMDIR").err) == Reissued::kDone) {
+      return cb(Wcc{});
+    }
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "RMDIR"));
     cb(FromWcc(r->RMDIR3res_u.resok.dir_wcc));
   };
@@ -556,7 +565,10 @@ void Nfs3::Rename(const Fh& from_dir, const std::string& from, const Fh& to_dir,
   call->args.to.name = call->name2.data();
   call->done = [cb = std::move(cb)](const CallOutcome& o, RENAME3res* r) {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "RENAME"));
-    if (r->status == NFS3ERR_NOENT && o.reissued) return cb(RenameReply{});
+    if (r->status != NFS3_OK && o.reissued &&
+        OnReissued(ReissueProc::kRename, StatusError(r->status, "RENAME").err) == Reissued::kDone) {
+      return cb(RenameReply{});
+    }
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "RENAME"));
     const auto& ok = r->RENAME3res_u.resok;
     cb(RenameReply{FromWcc(ok.fromdir_wcc), FromWcc(ok.todir_wcc)});
@@ -574,9 +586,19 @@ void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred
   SetFh(&call->args.file, call->fh1);
   SetFh(&call->args.link.dir, call->fh2);
   call->args.link.name = call->name1.data();
-  call->done = [cb = std::move(cb)](const CallOutcome& o, LINK3res* r) {
+  call->done = [this, cb = std::move(cb), fh, dir, name, c](const CallOutcome& o, LINK3res* r) mutable {
     if (o.status != CallStatus::kOk) return cb(TransportError(o, "LINK"));
-    if (r->status == NFS3ERR_EXIST && o.reissued) return cb(LinkReply{});
+    if (r->status != NFS3_OK && o.reissued &&
+        OnReissued(ReissueProc::kLink, StatusError(r->status, "LINK").err) == Reissued::kSameObject) {
+      // Our first LINK made the name only if it names this file.
+      return Lookup(dir, name, c, [fh, cb = std::move(cb)](Result<LookupReply> l) {
+        if (!l || l->fh != fh) return cb(Error::Errno(EEXIST, "LINK: NFS3ERR_EXIST"));
+        LinkReply lr;
+        lr.attr = std::move(l->attr);
+        lr.dir.after = std::move(l->dir);
+        cb(std::move(lr));
+      });
+    }
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "LINK"));
     const auto& ok = r->LINK3res_u.resok;
     cb(LinkReply{FromPostOp(ok.file_attributes), FromWcc(ok.linkdir_wcc)});

@@ -6,18 +6,9 @@
 // must not block: they run on the thread that drives the connection.
 //
 // Non-idempotent calls sent again after their connection broke (the engine
-// flags them `reissued`) may have executed the first time, and the second
-// execution then fails in a way that is really success. The rules, applied
-// here where the reply is decoded, are those of RFC 1813's implementation notes
-// and of the Linux client:
-//   REMOVE, RMDIR reissued -> ENOENT means our first REMOVE did it: success.
-//   RENAME reissued        -> ENOENT means our first RENAME did it: success.
-//   LINK reissued          -> EEXIST means our first LINK did it: success.
-//   MKDIR, SYMLINK, MKNOD, GUARDED CREATE reissued -> EEXIST: LOOKUP the name
-//                             and return what is there as the new object.
-//   EXCLUSIVE CREATE needs no rule: the server matches the verifier.
-// The residual risk (another client did the same thing in between) is the one
-// every NFSv3 client accepts.
+// flags them `reissued`) may have executed the first time: what their
+// answer then means is the table in nfs/reissue.h, applied here where the
+// reply is decoded.
 //
 // Thread safety: all methods are thread safe.
 #pragma once

@@ -727,5 +727,83 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
   e.Stop();
 }
 
+// A reissued LINK (its connection broke before the answer) answered EEXIST:
+// success only if the name now holds the file being linked (nfs/reissue.h).
+// The server drops the first LINK unanswered, answers the reissued one
+// NFS3ERR_EXIST, then answers the LOOKUP with `there`.
+Result<LinkReply> ReissuedLink(const std::string& there) {
+  Listener l;
+  std::thread server([&] {
+    Seen s;
+    bool dropped = false;
+    for (int conn = 0; conn < 2; ++conn) {
+      const int fd = l.Accept();
+      if (fd < 0) return;
+      while (ReadCall(fd, &s)) {
+        std::vector<char> reply = Success(s.xid);
+        if (s.proc == 15 && !dropped) {
+          dropped = true;  // no answer: the engine reissues it on a new connection
+          break;
+        }
+        const size_t at = reply.size();
+        reply.resize(at + 512);
+        ZDR e;
+        libnfs_zdrmem_create(&e, reply.data() + at, 512, ZDR_ENCODE);
+        if (s.proc == 15) {
+          LINK3res r;
+          std::memset(&r, 0, sizeof r);
+          r.status = NFS3ERR_EXIST;
+          zdr_LINK3res(&e, &r);
+        } else if (s.proc == 3) {
+          LOOKUP3res r;
+          std::memset(&r, 0, sizeof r);
+          r.status = NFS3_OK;
+          r.LOOKUP3res_u.resok.object.data.data_len = static_cast<u_int>(there.size());
+          r.LOOKUP3res_u.resok.object.data.data_val = const_cast<char*>(there.data());
+          zdr_LOOKUP3res(&e, &r);
+        }
+        reply.resize(at + libnfs_zdr_getpos(&e));
+        libnfs_zdr_destroy(&e);
+        WriteAll(fd, Framed(reply));
+      }
+      close(fd);
+    }
+  });
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{server};
+  std::promise<Result<LinkReply>> linked;
+  engine::EngineOptions o;
+  o.paths = {engine::Endpoint{"127.0.0.1", l.port(), "", 1}};
+  o.loops = 1;
+  o.backoff_initial = std::chrono::milliseconds(10);
+  o.resend_fence = std::chrono::milliseconds(10);
+  engine::Engine e(o, [](engine::TransportSink* sink) {
+    return std::make_unique<RpcTransport>(sink, 0);
+  });
+  e.Start();
+  Nfs3 nfs(e);
+  nfs.Link(Fh("file"), Fh("dir"), "name", Cred{}, [&](Result<LinkReply> r) { linked.set_value(std::move(r)); });
+  auto f = linked.get_future();
+  if (f.wait_for(10s) != std::future_status::ready) {
+    e.Stop();
+    return Error::Errno(ETIMEDOUT, "no answer");
+  }
+  auto r = f.get();
+  e.Stop();
+  return r;
+}
+
+TEST(RpcTransportNfs3, AReissuedLinkAnsweredExistIsSuccessOnlyIfTheNameHoldsTheFile) {
+  auto same = ReissuedLink("file");
+  EXPECT_TRUE(same.ok()) << same.error().what;
+  auto other = ReissuedLink("another file");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().err, EEXIST);
+}
+
 }  // namespace
 }  // namespace mpnfs::nfs

@@ -13,7 +13,7 @@ class CrashFile : public cache::File {
   CrashFile(CrashDisk* disk, int inode) : disk_(disk), inode_(inode) {}
 
   bool ReadAt(char* p, size_t n, uint64_t off) override {
-    std::lock_guard lock(disk_->mu_);
+    MutexLock lock(disk_->mu_);
     const std::string& f = disk_->files_[inode_];
     if (off + n > f.size()) {
       errno = EIO;
@@ -45,7 +45,7 @@ class CrashFile : public cache::File {
     return Truncate(size);
   }
   uint64_t Size() override {
-    std::lock_guard lock(disk_->mu_);
+    MutexLock lock(disk_->mu_);
     return disk_->files_[inode_].size();
   }
 
@@ -81,19 +81,19 @@ void ApplyToDir(std::map<std::string, int>& names, const CrashDisk::Op& op) {
 }  // namespace
 
 size_t CrashDisk::Mark() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return log_.size();
 }
 
 void CrashDisk::set_fail(std::function<bool(const Op&)> f) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   fail_ = std::move(f);
 }
 
 bool CrashDisk::Apply(Op op) {
   std::function<bool(const Op&)> fail;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     fail = fail_;
   }
   // (Unlocked: a hook may wait for another thread that uses this disk.)
@@ -101,7 +101,7 @@ bool CrashDisk::Apply(Op op) {
     errno = EIO;
     return false;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   switch (op.kind) {
     case Op::kWrite: ApplyData(files_[op.inode], op.off, op.data); break;
     case Op::kTruncate: files_[op.inode].resize(op.size, '\0'); break;
@@ -117,7 +117,7 @@ bool CrashDisk::Apply(Op op) {
 Result<std::unique_ptr<cache::File>> CrashDisk::Open(const std::string& path, int flags) {
   int inode;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = names_.find(path);
     if (it != names_.end()) {
       inode = it->second;
@@ -140,13 +140,13 @@ Result<std::unique_ptr<cache::File>> CrashDisk::Open(const std::string& path, in
 }
 
 bool CrashDisk::Exists(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return names_.count(path) != 0;
 }
 
 bool CrashDisk::Rename(const std::string& from, const std::string& to) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!names_.count(from)) {
       errno = ENOENT;
       return false;
@@ -160,7 +160,7 @@ bool CrashDisk::Rename(const std::string& from, const std::string& to) {
 
 bool CrashDisk::Remove(const std::string& path) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!names_.count(path)) return true;
   }
   Op op{Op::kRemove};
@@ -171,20 +171,20 @@ bool CrashDisk::Remove(const std::string& path) {
 bool CrashDisk::SyncDir(const std::string& /*dir*/) { return Apply(Op{Op::kSyncDir}); }
 
 uint64_t CrashDisk::Allocated(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = names_.find(path);
   return it == names_.end() ? 0 : files_[it->second].size();
 }
 
 std::optional<std::string> CrashDisk::Content(const std::string& path) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = names_.find(path);
   if (it == names_.end()) return std::nullopt;
   return files_[it->second];
 }
 
 std::unique_ptr<CrashDisk> CrashDisk::CrashState(size_t point, const Chooser& choose) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::map<std::string, int> names = base_names_;
   std::vector<std::string> files = base_files_;
   files.resize(files_.size());
@@ -253,6 +253,7 @@ std::unique_ptr<CrashDisk> CrashDisk::CrashState(size_t point, const Chooser& ch
     }
   }
   auto out = std::make_unique<CrashDisk>();
+  MutexLock out_lock(out->mu_);  // (nobody else has it yet)
   // Keep only named files; inode numbers are renumbered.
   for (const auto& [name, inode] : names) {
     out->base_names_[name] = static_cast<int>(out->base_files_.size());
@@ -264,7 +265,7 @@ std::unique_ptr<CrashDisk> CrashDisk::CrashState(size_t point, const Chooser& ch
 }
 
 void CrashDisk::DumpLog(size_t n) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   static const char* kinds[] = {"create", "write", "truncate", "sync", "rename", "remove", "syncdir"};
   std::map<int, std::string> inode_names;
   for (size_t i = 0; i < n && i < log_.size(); ++i) {

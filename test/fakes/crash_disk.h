@@ -24,12 +24,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cache/disk.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace mpnfs::test {
 
@@ -37,10 +38,10 @@ class CrashDisk : public cache::Disk {
  public:
   struct Op {
     enum Kind { kCreate, kWrite, kTruncate, kSync, kRename, kRemove, kSyncDir } kind;
-    std::string path, to;  // names: kCreate, kRename, kRemove
+    std::string path{}, to{};  // names: kCreate, kRename, kRemove
     int inode = -1;        // kCreate, kWrite, kTruncate, kSync
     uint64_t off = 0, size = 0;
-    std::string data;      // kWrite
+    std::string data{};    // kWrite
   };
   // Picks one of n possibilities (0..n-1).
   using Chooser = std::function<size_t(size_t n)>;
@@ -73,13 +74,13 @@ class CrashDisk : public cache::Disk {
   friend class CrashFile;
   bool Apply(Op op);  // logs and applies to the current view; false if failed
 
-  mutable std::mutex mu_;
-  std::map<std::string, int> names_;  // current view
-  std::vector<std::string> files_;    // by inode
-  std::map<std::string, int> base_names_;  // durable at construction
-  std::vector<std::string> base_files_;
-  std::vector<Op> log_;
-  std::function<bool(const Op&)> fail_;
+  mutable Mutex mu_;
+  std::map<std::string, int> names_ GUARDED_BY(mu_);  // current view
+  std::vector<std::string> files_ GUARDED_BY(mu_);    // by inode
+  std::map<std::string, int> base_names_ GUARDED_BY(mu_);  // durable at construction
+  std::vector<std::string> base_files_ GUARDED_BY(mu_);
+  std::vector<Op> log_ GUARDED_BY(mu_);
+  std::function<bool(const Op&)> fail_ GUARDED_BY(mu_);
 };
 
 }  // namespace mpnfs::test

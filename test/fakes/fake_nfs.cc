@@ -1,5 +1,7 @@
 #include "test/fakes/fake_nfs.h"
 
+#include "nfs/reissue.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -89,10 +91,10 @@ FakeNfs::FakeNfs() : verf_(0x66616b6500000001ull) {
 
 FakeNfs::~FakeNfs() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
   if (failed_at_stop_ > 0) {
     std::fprintf(stderr,
@@ -105,92 +107,92 @@ FakeNfs::~FakeNfs() {
 // ---------------------------------------------------------------- knobs
 
 void FakeNfs::Seed(uint64_t s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   rng_.seed(s);
 }
 
 void FakeNfs::set_reorder(bool on) {
-  { std::lock_guard lock(mu_); reorder_ = on; }
-  cv_.notify_all();
+  { MutexLock lock(mu_); reorder_ = on; }
+  cv_.SignalAll();
 }
 
 void FakeNfs::set_max_delay_us(uint64_t us) {
-  { std::lock_guard lock(mu_); max_delay_us_ = us; }
-  cv_.notify_all();
+  { MutexLock lock(mu_); max_delay_us_ = us; }
+  cv_.SignalAll();
 }
 
 void FakeNfs::set_drop_prob(double p) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   drop_prob_ = std::clamp(p, 0.0, 1.0);
 }
 
 void FakeNfs::set_wcc_before(bool on) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   wcc_before_ = on;
 }
 
 void FakeNfs::set_parallelism(int n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   parallelism_ = std::max(1, n);
 }
 
 void FakeNfs::set_write_max(size_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   write_max_ = n;
 }
 
 void FakeNfs::set_dir_page_entries(size_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   dir_page_entries_ = n;
 }
 
 void FakeNfs::set_stale_to_others(std::optional<uint32_t> uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   stale_to_others_ = uid;
 }
 
 void FakeNfs::set_all_stale(bool on) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   all_stale_ = on;
 }
 
 void FakeNfs::set_history_limit(size_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   history_limit_ = n;
   while (history_.size() > history_limit_) history_.pop_front();
 }
 
 void FakeNfs::Pause() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   paused_ = true;
 }
 
 void FakeNfs::Resume() {
-  { std::lock_guard lock(mu_); paused_ = false; }
-  cv_.notify_all();
+  { MutexLock lock(mu_); paused_ = false; }
+  cv_.SignalAll();
 }
 
 bool FakeNfs::StepOne(std::optional<size_t> index) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   OffDispatcher("StepOne");
-  cv_.wait(lock, [&] { return step_ == nullptr; });
+  while (step_ != nullptr) cv_.Wait(mu_);
   Step s;
   s.index = index;
   step_ = &s;
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return s.done; });
+  cv_.SignalAll();
+  while (!s.done) cv_.Wait(mu_);
   step_ = nullptr;
-  cv_.notify_all();
+  cv_.SignalAll();
   return s.found;
 }
 
 void FakeNfs::FailNext(Proc proc, int err, int count) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   fail_next_[static_cast<size_t>(proc)] = {err, count};
 }
 
 void FakeNfs::Restart() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [fh, n] : nodes_) {
     if (n.attr.type != Ftype::kReg) continue;
     n.current = n.stable;
@@ -204,7 +206,7 @@ void FakeNfs::Restart() {
 // ---------------------------------------------------------------- waiting
 
 size_t FakeNfs::Pending() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return queue_.size();
 }
 
@@ -215,40 +217,48 @@ void FakeNfs::OffDispatcher(const char* what) const {
 }
 
 bool FakeNfs::WaitPending(size_t n, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   OffDispatcher("WaitPending");
-  return cv_.wait_for(lock, timeout, [&] { return queue_.size() >= n; });
+  const auto until = Clock::now() + timeout;
+  while (!(queue_.size() >= n)) {
+    if (!cv_.WaitUntil(mu_, until)) return queue_.size() >= n;
+  }
+  return true;
 }
 
 bool FakeNfs::Quiesce(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   OffDispatcher("Quiesce");
-  return cv_.wait_for(lock, timeout, [&] { return queue_.empty() && executing_ == 0; });
+  const auto until = Clock::now() + timeout;
+  while (!(queue_.empty() && executing_ == 0)) {
+    if (!cv_.WaitUntil(mu_, until)) return queue_.empty() && executing_ == 0;
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------- observation
 
 std::string FakeNfs::Contents(const Fh& fh) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = Find(fh);
   return n ? n->current : std::string();
 }
 
 std::string FakeNfs::StableContents(const Fh& fh) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = Find(fh);
   return n ? n->stable : std::string();
 }
 
 std::optional<Attr> FakeNfs::Attributes(const Fh& fh) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = Find(fh);
   if (!n) return std::nullopt;
   return n->attr;
 }
 
 std::optional<Fh> FakeNfs::FhOf(const std::string& path) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = Find(root_);
   size_t pos = 0;
   while (n && pos < path.size()) {
@@ -270,34 +280,34 @@ std::optional<Fh> FakeNfs::FhOf(const std::string& path) const {
 }
 
 uint64_t FakeNfs::write_verifier() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return verf_;
 }
 
 FakeNfs::Stats FakeNfs::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
 std::vector<FakeNfs::CallRecord> FakeNfs::History() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return {history_.begin(), history_.end()};
 }
 
 std::vector<FakeNfs::CallRecord> FakeNfs::Queued() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<CallRecord> out;
   for (const auto& c : queue_) out.push_back(c->rec);
   return out;
 }
 
 uint64_t FakeNfs::overlap_violations() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return overlap_violations_;
 }
 
 int FakeNfs::Parallelism() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return parallelism_;
 }
 
@@ -313,13 +323,13 @@ void FakeNfs::Submit(CallRecord rec, nfs::Cb<T> cb, std::function<Result<T>(bool
     auto r = std::make_shared<Result<T>>(op(reissued));
     return [shared_cb, r] { (*shared_cb)(std::move(*r)); };
   };
-  call->fail = [this, p, shared_cb](int err) -> Reply {
+  call->fail = [this, p, shared_cb](int err) REQUIRES(mu_) -> Reply {
     auto e = std::make_shared<Error>(Err(p, err));
     return [shared_cb, e] { (*shared_cb)(*e); };
   };
   Reply late;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (exited_) {
       late = call->fail(EIO);  // a call racing with the destructor: nowhere else to run it
     } else {
@@ -361,7 +371,7 @@ void FakeNfs::Enqueue(std::shared_ptr<Call> call) {
   }
   call->not_before = NotBefore();
   queue_.push_back(std::move(call));
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 long FakeNfs::Pick(Clock::time_point now, bool ignore_delay, Clock::time_point* wake) {
@@ -389,7 +399,7 @@ long FakeNfs::Pick(Clock::time_point now, bool ignore_delay, Clock::time_point* 
 }
 
 void FakeNfs::Loop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   dispatcher_id_ = std::this_thread::get_id();
   for (;;) {
     std::shared_ptr<Call> call;
@@ -408,20 +418,20 @@ void FakeNfs::Loop() {
       }
       if (i < 0) {
         step->done = true;
-        cv_.notify_all();
+        cv_.SignalAll();
         continue;
       }
       step->found = true;
       call = queue_[static_cast<size_t>(i)];
       queue_.erase(queue_.begin() + i);
     } else if (paused_ || queue_.empty()) {
-      cv_.wait(lock);
+      cv_.Wait(mu_);
       continue;
     } else {
       Clock::time_point wake;
       const long i = Pick(Clock::now(), /*ignore_delay=*/false, &wake);
       if (i < 0) {
-        cv_.wait_until(lock, wake);
+        cv_.WaitUntil(mu_, wake);
         continue;
       }
       call = queue_[static_cast<size_t>(i)];
@@ -451,15 +461,15 @@ void FakeNfs::Loop() {
       }
     }
     if (reply) {
-      lock.unlock();
+      lock.Unlock();
       reply();
       reply = nullptr;  // what the callback captured dies outside the lock
       call.reset();
-      lock.lock();
+      lock.Lock();
     }
     --executing_;
     if (step) step->done = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   exited_ = true;
 }
@@ -649,7 +659,9 @@ Result<nfs::NewObject> FakeNfs::NewObject(Proc p, const Fh& dirfh, const std::st
   const auto before = MaybePre(dir);
   if (Node* ex = Child(dir, name)) {
     // Nfs3 answers a resent call's EEXIST with what the name now holds.
-    if (!reissued) return Err(p, EEXIST);
+    if (!reissued || nfs::OnReissued(nfs::ReissueProc::kNewObject, EEXIST) != nfs::Reissued::kWhatIsThere) {
+      return Err(p, EEXIST);
+    }
     return nfs::NewObject{ex->fh, ex->attr, Wcc(before, dir)};
   }
   Node& n = NewNode(type, sa, c, dir);
@@ -672,7 +684,8 @@ Result<nfs::Wcc> FakeNfs::Unlink(Proc p, const Fh& dirfh, const std::string& nam
   Node* n = Child(dir, name);
   if (!n) {
     // Nfs3: a resent REMOVE/RMDIR that finds nothing did it the first time.
-    if (reissued) return Wcc(before, dir);
+    const auto rp = p == Proc::kRmdir ? nfs::ReissueProc::kRmdir : nfs::ReissueProc::kRemove;
+    if (reissued && nfs::OnReissued(rp, ENOENT) == nfs::Reissued::kDone) return Wcc(before, dir);
     return Err(p, ENOENT);
   }
   const bool is_dir = n->attr.type == Ftype::kDir;
@@ -699,7 +712,7 @@ Result<nfs::DirPage> FakeNfs::ListDir(Proc p, const Fh& dirfh, uint64_t cookie, 
   // What an entry costs in the reply, roughly as XDR encodes it.
   const size_t per_entry = plus ? 24 + 96 + 72 : 24;
   size_t used = 0;
-  auto add = [&](uint64_t ck, const std::string& name, const Fh& fh) {
+  auto add = [&](uint64_t ck, const std::string& name, const Fh& fh) REQUIRES(mu_) {
     const size_t cost = per_entry + ((name.size() + 3) & ~size_t{3});
     const bool full = (dir_page_entries_ > 0 && page.entries.size() >= dir_page_entries_) ||
                       (!page.entries.empty() && used + cost > bytes);
@@ -731,7 +744,7 @@ Result<nfs::DirPage> FakeNfs::ListDir(Proc p, const Fh& dirfh, uint64_t cookie, 
 
 void FakeNfs::Getattr(const Fh& fh, const Cred& c, nfs::Cb<Attr> cb) {
   CallRecord rec{0, Proc::kGetattr, fh, {}, 0, 0, false, c};
-  Submit<Attr>(std::move(rec), std::move(cb), [this, fh, uid = c.uid](bool) -> Result<Attr> {
+  Submit<Attr>(std::move(rec), std::move(cb), [this, fh, uid = c.uid](bool) REQUIRES(mu_) -> Result<Attr> {
     if (stale_to_others_ && *stale_to_others_ != uid) return Err(Proc::kGetattr, ESTALE);
     auto n = Get(Proc::kGetattr, fh);
     if (!n) return n.error();
@@ -741,7 +754,7 @@ void FakeNfs::Getattr(const Fh& fh, const Cred& c, nfs::Cb<Attr> cb) {
 
 void FakeNfs::Setattr(const Fh& fh, const nfs::SetAttr& sa, const Cred& c, nfs::Cb<nfs::Wcc> cb) {
   CallRecord rec{0, Proc::kSetattr, fh, {}, 0, 0, false, c};
-  Submit<nfs::Wcc>(std::move(rec), std::move(cb), [this, fh, sa, c](bool) -> Result<nfs::Wcc> {
+  Submit<nfs::Wcc>(std::move(rec), std::move(cb), [this, fh, sa, c](bool) REQUIRES(mu_) -> Result<nfs::Wcc> {
     constexpr Proc p = Proc::kSetattr;
     auto got = Get(p, fh);
     if (!got) return got.error();
@@ -787,7 +800,7 @@ void FakeNfs::Lookup(const Fh& dirfh, const std::string& name, const Cred& c,
                      nfs::Cb<nfs::LookupReply> cb) {
   CallRecord rec{0, Proc::kLookup, dirfh, name, 0, 0, false, c};
   Submit<nfs::LookupReply>(
-      std::move(rec), std::move(cb), [this, dirfh, name, c](bool) -> Result<nfs::LookupReply> {
+      std::move(rec), std::move(cb), [this, dirfh, name, c](bool) REQUIRES(mu_) -> Result<nfs::LookupReply> {
         constexpr Proc p = Proc::kLookup;
         auto d = Dir(p, dirfh);
         if (!d) return d.error();
@@ -810,7 +823,7 @@ void FakeNfs::Lookup(const Fh& dirfh, const std::string& name, const Cred& c,
 void FakeNfs::Access(const Fh& fh, uint32_t mask, const Cred& c, nfs::Cb<nfs::AccessReply> cb) {
   CallRecord rec{0, Proc::kAccess, fh, {}, 0, 0, false, c};
   Submit<nfs::AccessReply>(std::move(rec), std::move(cb),
-                           [this, fh, mask, c](bool) -> Result<nfs::AccessReply> {
+                           [this, fh, mask, c](bool) REQUIRES(mu_) -> Result<nfs::AccessReply> {
                              auto n = Get(Proc::kAccess, fh);
                              if (!n) return n.error();
                              return nfs::AccessReply{mask & Allowed(**n, c), (*n)->attr};
@@ -819,7 +832,7 @@ void FakeNfs::Access(const Fh& fh, uint32_t mask, const Cred& c, nfs::Cb<nfs::Ac
 
 void FakeNfs::Readlink(const Fh& fh, const Cred& c, nfs::Cb<std::string> cb) {
   CallRecord rec{0, Proc::kReadlink, fh, {}, 0, 0, false, c};
-  Submit<std::string>(std::move(rec), std::move(cb), [this, fh](bool) -> Result<std::string> {
+  Submit<std::string>(std::move(rec), std::move(cb), [this, fh](bool) REQUIRES(mu_) -> Result<std::string> {
     auto n = Get(Proc::kReadlink, fh);
     if (!n) return n.error();
     if ((*n)->attr.type != Ftype::kLnk) return Err(Proc::kReadlink, EINVAL);
@@ -841,7 +854,7 @@ void FakeNfs::Read(const Fh& fh, uint64_t off, uint32_t count, const Cred& c,
     cb(std::move(rr));
   };
   Submit<ReadData>(std::move(rec), std::move(deliver),
-                   [this, fh, off, count, c](bool) -> Result<ReadData> {
+                   [this, fh, off, count, c](bool) REQUIRES(mu_) -> Result<ReadData> {
                      constexpr Proc p = Proc::kRead;
                      auto got = Get(p, fh);
                      if (!got) return got.error();
@@ -864,7 +877,8 @@ void FakeNfs::Write(const Fh& fh, uint64_t off, nfs::Buffer buf, size_t buf_off,
   CallRecord rec{0, Proc::kWrite, fh, {}, off, len, stable, c};
   Submit<nfs::WriteReply>(
       std::move(rec), std::move(cb),
-      [this, fh, off, buf, buf_off, len_asked = len, stable, c](bool) -> Result<nfs::WriteReply> {
+      [this, fh, off, buf, buf_off, len_asked = len, stable, c](bool)
+          REQUIRES(mu_) -> Result<nfs::WriteReply> {
         constexpr Proc p = Proc::kWrite;
         const size_t len = write_max_ > 0 ? std::min(len_asked, write_max_) : len_asked;
         auto got = Get(p, fh);
@@ -898,7 +912,7 @@ void FakeNfs::Write(const Fh& fh, uint64_t off, nfs::Buffer buf, size_t buf_off,
 void FakeNfs::Commit(const Fh& fh, const Cred& c, nfs::Cb<nfs::CommitReply> cb) {
   CallRecord rec{0, Proc::kCommit, fh, {}, 0, 0, false, c};
   Submit<nfs::CommitReply>(std::move(rec), std::move(cb),
-                           [this, fh](bool) -> Result<nfs::CommitReply> {
+                           [this, fh](bool) REQUIRES(mu_) -> Result<nfs::CommitReply> {
                              constexpr Proc p = Proc::kCommit;
                              auto got = Get(p, fh);
                              if (!got) return got.error();
@@ -917,7 +931,7 @@ void FakeNfs::Create(const Fh& dirfh, const std::string& name, nfs::CreateMode m
   CallRecord rec{0, Proc::kCreate, dirfh, name, 0, 0, false, c};
   Submit<nfs::NewObject>(
       std::move(rec), std::move(cb),
-      [this, dirfh, name, mode, sa, verf, c](bool reissued) -> Result<nfs::NewObject> {
+      [this, dirfh, name, mode, sa, verf, c](bool reissued) REQUIRES(mu_) -> Result<nfs::NewObject> {
         constexpr Proc p = Proc::kCreate;
         using M = nfs::CreateMode;
         auto d = Dir(p, dirfh);
@@ -945,7 +959,7 @@ void FakeNfs::Create(const Fh& dirfh, const std::string& name, nfs::CreateMode m
           initial.mode = 0;
         }
         return NewObject(p, dirfh, name, Ftype::kReg, initial, c, reissued,
-                         [&](Node& n) {
+                         [&](Node& n) REQUIRES(mu_) {
                            if (initial.size) SetSize(n, *initial.size);
                            if (mode != M::kExclusive) return;
                            n.excl_verf = verf;
@@ -959,7 +973,7 @@ void FakeNfs::Mkdir(const Fh& dirfh, const std::string& name, const nfs::SetAttr
                     const Cred& c, nfs::Cb<nfs::NewObject> cb) {
   CallRecord rec{0, Proc::kMkdir, dirfh, name, 0, 0, false, c};
   Submit<nfs::NewObject>(std::move(rec), std::move(cb),
-                         [this, dirfh, name, sa, c](bool reissued) -> Result<nfs::NewObject> {
+                         [this, dirfh, name, sa, c](bool reissued) REQUIRES(mu_) -> Result<nfs::NewObject> {
                            return NewObject(Proc::kMkdir, dirfh, name, Ftype::kDir, sa, c,
                                             reissued, nullptr);
                          });
@@ -970,7 +984,7 @@ void FakeNfs::Symlink(const Fh& dirfh, const std::string& name, const std::strin
   CallRecord rec{0, Proc::kSymlink, dirfh, name, 0, 0, false, c};
   Submit<nfs::NewObject>(
       std::move(rec), std::move(cb),
-      [this, dirfh, name, target, sa, c](bool reissued) -> Result<nfs::NewObject> {
+      [this, dirfh, name, target, sa, c](bool reissued) REQUIRES(mu_) -> Result<nfs::NewObject> {
         nfs::SetAttr s = sa;
         s.mode = 0777;  // a symlink's mode is not used
         return NewObject(Proc::kSymlink, dirfh, name, Ftype::kLnk, s, c, reissued,
@@ -986,7 +1000,7 @@ void FakeNfs::Mknod(const Fh& dirfh, const std::string& name, Ftype type, const 
   CallRecord rec{0, Proc::kMknod, dirfh, name, 0, 0, false, c};
   Submit<nfs::NewObject>(
       std::move(rec), std::move(cb),
-      [this, dirfh, name, type, sa, major, minor, c](bool reissued) -> Result<nfs::NewObject> {
+      [this, dirfh, name, type, sa, major, minor, c](bool reissued) REQUIRES(mu_) -> Result<nfs::NewObject> {
         if (type != Ftype::kChr && type != Ftype::kBlk && type != Ftype::kSock &&
             type != Ftype::kFifo) {
           return Err(Proc::kMknod, EINVAL);  // NFS3ERR_BADTYPE
@@ -1005,7 +1019,7 @@ void FakeNfs::Remove(const Fh& dirfh, const std::string& name, const Cred& c,
                      nfs::Cb<nfs::Wcc> cb) {
   CallRecord rec{0, Proc::kRemove, dirfh, name, 0, 0, false, c};
   Submit<nfs::Wcc>(std::move(rec), std::move(cb),
-                   [this, dirfh, name, c](bool reissued) -> Result<nfs::Wcc> {
+                   [this, dirfh, name, c](bool reissued) REQUIRES(mu_) -> Result<nfs::Wcc> {
                      return Unlink(Proc::kRemove, dirfh, name, c, reissued);
                    });
 }
@@ -1014,7 +1028,7 @@ void FakeNfs::Rmdir(const Fh& dirfh, const std::string& name, const Cred& c,
                     nfs::Cb<nfs::Wcc> cb) {
   CallRecord rec{0, Proc::kRmdir, dirfh, name, 0, 0, false, c};
   Submit<nfs::Wcc>(std::move(rec), std::move(cb),
-                   [this, dirfh, name, c](bool reissued) -> Result<nfs::Wcc> {
+                   [this, dirfh, name, c](bool reissued) REQUIRES(mu_) -> Result<nfs::Wcc> {
                      return Unlink(Proc::kRmdir, dirfh, name, c, reissued);
                    });
 }
@@ -1024,7 +1038,7 @@ void FakeNfs::Rename(const Fh& from_dir, const std::string& from, const Fh& to_d
   CallRecord rec{0, Proc::kRename, from_dir, from, 0, 0, false, c};
   Submit<nfs::RenameReply>(
       std::move(rec), std::move(cb),
-      [this, from_dir, from, to_dir, to, c](bool reissued) -> Result<nfs::RenameReply> {
+      [this, from_dir, from, to_dir, to, c](bool reissued) REQUIRES(mu_) -> Result<nfs::RenameReply> {
         constexpr Proc p = Proc::kRename;
         auto fd = Dir(p, from_dir);
         if (!fd) return fd.error();
@@ -1043,7 +1057,9 @@ void FakeNfs::Rename(const Fh& from_dir, const std::string& from, const Fh& to_d
         Node* src = Child(fdir, from);
         if (!src) {
           // Nfs3: a resent RENAME that finds nothing did it the first time.
-          if (reissued) return nfs::RenameReply{Wcc(before_from, fdir), Wcc(before_to, tdir)};
+          if (reissued && nfs::OnReissued(nfs::ReissueProc::kRename, ENOENT) == nfs::Reissued::kDone) {
+            return nfs::RenameReply{Wcc(before_from, fdir), Wcc(before_to, tdir)};
+          }
           return Err(p, ENOENT);
         }
         const bool src_dir = src->attr.type == Ftype::kDir;
@@ -1085,7 +1101,7 @@ void FakeNfs::Link(const Fh& fh, const Fh& dirfh, const std::string& name, const
   CallRecord rec{0, Proc::kLink, fh, name, 0, 0, false, c};
   Submit<nfs::LinkReply>(
       std::move(rec), std::move(cb),
-      [this, fh, dirfh, name, c](bool reissued) -> Result<nfs::LinkReply> {
+      [this, fh, dirfh, name, c](bool reissued) REQUIRES(mu_) -> Result<nfs::LinkReply> {
         constexpr Proc p = Proc::kLink;
         auto got = Get(p, fh);
         if (!got) return got.error();
@@ -1100,7 +1116,10 @@ void FakeNfs::Link(const Fh& fh, const Fh& dirfh, const std::string& name, const
         const auto before = MaybePre(dir);
         if (Node* ex = Child(dir, name)) {
           // Nfs3: a resent LINK that finds the name there did it the first time.
-          if (reissued && ex == &n) return nfs::LinkReply{n.attr, Wcc(before, dir)};
+          if (reissued && nfs::OnReissued(nfs::ReissueProc::kLink, EEXIST) == nfs::Reissued::kSameObject &&
+              ex == &n) {
+            return nfs::LinkReply{n.attr, Wcc(before, dir)};
+          }
           return Err(p, EEXIST);
         }
         AddEntry(dir, name, n);
@@ -1115,7 +1134,7 @@ void FakeNfs::Readdir(const Fh& dirfh, uint64_t cookie, uint64_t /*verf*/, uint3
                       const Cred& c, nfs::Cb<nfs::DirPage> cb) {
   CallRecord rec{0, Proc::kReaddir, dirfh, {}, cookie, count, false, c};
   Submit<nfs::DirPage>(std::move(rec), std::move(cb),
-                       [this, dirfh, cookie, count, c](bool) -> Result<nfs::DirPage> {
+                       [this, dirfh, cookie, count, c](bool) REQUIRES(mu_) -> Result<nfs::DirPage> {
                          return ListDir(Proc::kReaddir, dirfh, cookie, count, false, c);
                        });
 }
@@ -1125,14 +1144,14 @@ void FakeNfs::Readdirplus(const Fh& dirfh, uint64_t cookie, uint64_t /*verf*/,
                           nfs::Cb<nfs::DirPage> cb) {
   CallRecord rec{0, Proc::kReaddirplus, dirfh, {}, cookie, maxcount, false, c};
   Submit<nfs::DirPage>(std::move(rec), std::move(cb),
-                       [this, dirfh, cookie, maxcount, c](bool) -> Result<nfs::DirPage> {
+                       [this, dirfh, cookie, maxcount, c](bool) REQUIRES(mu_) -> Result<nfs::DirPage> {
                          return ListDir(Proc::kReaddirplus, dirfh, cookie, maxcount, true, c);
                        });
 }
 
 void FakeNfs::Fsstat(const Fh& fh, const Cred& c, nfs::Cb<nfs::FsStat> cb) {
   CallRecord rec{0, Proc::kFsstat, fh, {}, 0, 0, false, c};
-  Submit<nfs::FsStat>(std::move(rec), std::move(cb), [this, fh](bool) -> Result<nfs::FsStat> {
+  Submit<nfs::FsStat>(std::move(rec), std::move(cb), [this, fh](bool) REQUIRES(mu_) -> Result<nfs::FsStat> {
     auto n = Get(Proc::kFsstat, fh);
     if (!n) return n.error();
     uint64_t used = 0;

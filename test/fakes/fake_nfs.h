@@ -30,8 +30,9 @@
 //   changed the server state and is executed once more later, as a resend
 //   the server's duplicate request cache missed; only the second reply is
 //   delivered. The second execution of a non-idempotent call gets Nfs3's
-//   "reissued" rules (nfs3.h), since Nfs3 is what this fake stands in for:
-//   REMOVE/RMDIR/RENAME ENOENT and LINK EEXIST are success, MKDIR, SYMLINK,
+//   "reissued" rules (the one table in nfs/reissue.h), since Nfs3 is what
+//   this fake stands in for: REMOVE/RMDIR/RENAME ENOENT are success, LINK
+//   EEXIST is success when the name holds the linked file, MKDIR, SYMLINK,
 //   MKNOD and GUARDED CREATE EEXIST answer with the existing object.
 //
 // Threads
@@ -90,13 +91,11 @@
 
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -104,6 +103,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "nfs/client.h"
 
 namespace mpnfs::testing {
@@ -267,84 +268,86 @@ class FakeNfs : public nfs::Client {
 
   template <class T>
   void Submit(CallRecord rec, nfs::Cb<T> cb, std::function<Result<T>(bool reissued)> op);
-  void Enqueue(std::shared_ptr<Call> call);  // REQUIRES(mu_)
-  std::chrono::steady_clock::time_point NotBefore();  // REQUIRES(mu_)
+  void Enqueue(std::shared_ptr<Call> call) REQUIRES(mu_);
+  std::chrono::steady_clock::time_point NotBefore() REQUIRES(mu_);
   void Loop();
-  void OffDispatcher(const char* what) const;  // aborts on the dispatcher; REQUIRES(mu_)
+  void OffDispatcher(const char* what) const REQUIRES(mu_);  // aborts on the dispatcher
   // The queue index to execute now, or -1 (then *wake: when to look again).
   long Pick(std::chrono::steady_clock::time_point now, bool ignore_delay,
-            std::chrono::steady_clock::time_point* wake);  // REQUIRES(mu_)
+            std::chrono::steady_clock::time_point* wake) REQUIRES(mu_);
 
   // Server operations, all REQUIRES(mu_).
-  nfs::Time Tick();
-  Node* Find(const nfs::Fh& fh);
-  const Node* Find(const nfs::Fh& fh) const;
-  Result<Node*> Get(Proc p, const nfs::Fh& fh);
-  Result<Node*> Dir(Proc p, const nfs::Fh& fh);
-  Node& NewNode(nfs::Ftype type, const nfs::SetAttr& sa, const nfs::Cred& c, const Node& dir);
-  void AddEntry(Node& dir, const std::string& name, const Node& n);
-  void DropEntry(Node& dir, const std::string& name);  // and the node at its last link
-  Node* Child(Node& dir, const std::string& name);
-  uint32_t Allowed(const Node& n, const nfs::Cred& c) const;  // ACCESS bits
-  bool May(const Node& n, const nfs::Cred& c, uint32_t bits) const;
-  nfs::Wcc::Before Pre(const Node& n) const;
-  nfs::Wcc Wcc(const std::optional<nfs::Wcc::Before>& before, const Node& n) const;
-  std::optional<nfs::Wcc::Before> MaybePre(const Node& n) const;
-  void Touch(Node& n, bool data);  // ctime (and mtime when `data`) now
-  void SetSize(Node& n, uint64_t size);
-  Error Err(Proc p, int err) const;
+  nfs::Time Tick() REQUIRES(mu_);
+  Node* Find(const nfs::Fh& fh) REQUIRES(mu_);
+  const Node* Find(const nfs::Fh& fh) const REQUIRES(mu_);
+  Result<Node*> Get(Proc p, const nfs::Fh& fh) REQUIRES(mu_);
+  Result<Node*> Dir(Proc p, const nfs::Fh& fh) REQUIRES(mu_);
+  Node& NewNode(nfs::Ftype type, const nfs::SetAttr& sa, const nfs::Cred& c, const Node& dir)
+      REQUIRES(mu_);
+  void AddEntry(Node& dir, const std::string& name, const Node& n) REQUIRES(mu_);
+  void DropEntry(Node& dir, const std::string& name) REQUIRES(mu_);  // and the node at its last link
+  Node* Child(Node& dir, const std::string& name) REQUIRES(mu_);
+  uint32_t Allowed(const Node& n, const nfs::Cred& c) const REQUIRES(mu_);  // ACCESS bits
+  bool May(const Node& n, const nfs::Cred& c, uint32_t bits) const REQUIRES(mu_);
+  nfs::Wcc::Before Pre(const Node& n) const REQUIRES(mu_);
+  nfs::Wcc Wcc(const std::optional<nfs::Wcc::Before>& before, const Node& n) const REQUIRES(mu_);
+  std::optional<nfs::Wcc::Before> MaybePre(const Node& n) const REQUIRES(mu_);
+  void Touch(Node& n, bool data) REQUIRES(mu_);  // ctime (and mtime when `data`) now
+  void SetSize(Node& n, uint64_t size) REQUIRES(mu_);
+  Error Err(Proc p, int err) const REQUIRES(mu_);
   Result<nfs::NewObject> NewObject(Proc p, const nfs::Fh& dir, const std::string& name,
                                    nfs::Ftype type, const nfs::SetAttr& sa, const nfs::Cred& c,
-                                   bool reissued, const std::function<void(Node&)>& init);
+                                   bool reissued, const std::function<void(Node&)>& init) REQUIRES(mu_);
   Result<nfs::DirPage> ListDir(Proc p, const nfs::Fh& dir, uint64_t cookie, uint32_t bytes,
-                               bool plus, const nfs::Cred& c);
+                               bool plus, const nfs::Cred& c) REQUIRES(mu_);
   Result<nfs::Wcc> Unlink(Proc p, const nfs::Fh& dir, const std::string& name,
-                          const nfs::Cred& c, bool reissued);
+                          const nfs::Cred& c, bool reissued) REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // any change of queue, executing, knobs, steps
+  mutable Mutex mu_;
+  CondVar cv_;  // any change of queue, executing, knobs, steps
 
   // Server state.
   nfs::Fh root_;
-  std::unordered_map<nfs::Fh, Node> nodes_;
-  uint64_t next_fileid_ = 256;
-  nfs::Time now_{1700000000, 0};
-  uint64_t verf_;
-  uint64_t boots_ = 0;
+  std::unordered_map<nfs::Fh, Node> nodes_ GUARDED_BY(mu_);
+  uint64_t next_fileid_ GUARDED_BY(mu_) = 256;
+  nfs::Time now_ GUARDED_BY(mu_){1700000000, 0};
+  uint64_t verf_ GUARDED_BY(mu_);
+  uint64_t boots_ GUARDED_BY(mu_) = 0;
 
   // Dispatcher.
-  std::deque<std::shared_ptr<Call>> queue_;
-  int executing_ = 0;
-  bool paused_ = false;
-  bool stopping_ = false;
+  std::deque<std::shared_ptr<Call>> queue_ GUARDED_BY(mu_);
+  int executing_ GUARDED_BY(mu_) = 0;
+  bool paused_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
   struct Step {
     std::optional<size_t> index;
     bool done = false, found = false;
   };
-  Step* step_ = nullptr;  // a StepOne() waiting for the dispatcher
-  bool exited_ = false;   // the dispatcher has stopped
-  std::thread::id dispatcher_id_;
-  uint64_t failed_at_stop_ = 0;
+  Step* step_ GUARDED_BY(mu_) = nullptr;  // a StepOne() waiting for the dispatcher
+  bool exited_ GUARDED_BY(mu_) = false;   // the dispatcher has stopped
+  std::thread::id dispatcher_id_ GUARDED_BY(mu_);
+  uint64_t failed_at_stop_ GUARDED_BY(mu_) = 0;
 
   // Knobs.
-  std::mt19937_64 rng_{1};
-  bool reorder_ = false;
-  uint64_t max_delay_us_ = 0;
-  double drop_prob_ = 0;
-  bool wcc_before_ = true;
-  int parallelism_ = 1;
-  size_t dir_page_entries_ = 0;
-  size_t write_max_ = 0;
-  size_t history_limit_ = 1024;
-  std::optional<uint32_t> stale_to_others_;
-  bool all_stale_ = false;
-  std::array<std::pair<int, int>, static_cast<size_t>(Proc::kCount)> fail_next_{};  // errno, count
+  std::mt19937_64 rng_ GUARDED_BY(mu_){1};
+  bool reorder_ GUARDED_BY(mu_) = false;
+  uint64_t max_delay_us_ GUARDED_BY(mu_) = 0;
+  double drop_prob_ GUARDED_BY(mu_) = 0;
+  bool wcc_before_ GUARDED_BY(mu_) = true;
+  int parallelism_ GUARDED_BY(mu_) = 1;
+  size_t dir_page_entries_ GUARDED_BY(mu_) = 0;
+  size_t write_max_ GUARDED_BY(mu_) = 0;
+  size_t history_limit_ GUARDED_BY(mu_) = 1024;
+  std::optional<uint32_t> stale_to_others_ GUARDED_BY(mu_);
+  bool all_stale_ GUARDED_BY(mu_) = false;
+  // errno, count
+  std::array<std::pair<int, int>, static_cast<size_t>(Proc::kCount)> fail_next_ GUARDED_BY(mu_){};
 
   // Observation.
-  Stats stats_;
-  uint64_t seq_ = 0;
-  std::deque<CallRecord> history_;
-  uint64_t overlap_violations_ = 0;
+  Stats stats_ GUARDED_BY(mu_);
+  uint64_t seq_ GUARDED_BY(mu_) = 0;
+  std::deque<CallRecord> history_ GUARDED_BY(mu_);
+  uint64_t overlap_violations_ GUARDED_BY(mu_) = 0;
 
   std::thread thread_;  // last: started once everything above exists
 };

@@ -23,16 +23,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "engine/transport.h"
 
 namespace mpnfs::testing {
@@ -51,8 +50,8 @@ class FakeNet {
   int probes = 0;         // NULL probes issued
   std::map<std::string, int> probes_to;  // the same, by host
 
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::vector<uint32_t> issued_xids;  // every transmission, in order
   std::vector<std::thread::id> issuing_threads;  // the thread of each, in order
   int connect_attempts = 0;
@@ -61,7 +60,7 @@ class FakeNet {
   void Set(const std::function<void(FakeNet&)>& fn) {
     // Poked under mu: a transport closes (and leaves live_) under mu before
     // its eventfd is closed, so none is poked once gone.
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     fn(*this);
     for (auto* t : live_) Poke(t);
   }
@@ -82,15 +81,19 @@ class FakeNet {
   void Unblackhole();
   // Waits (with a generous cap) until pred holds; returns whether it did.
   bool WaitFor(const std::function<bool(FakeNet&)>& pred, int ms = 5000) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return pred(*this); });
+    MutexLock lock(mu);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (!pred(*this)) {
+      if (!cv.WaitUntil(mu, until)) return pred(*this);
+    }
+    return true;
   }
 
  private:
   friend class FakeTransport;
   void Poke(FakeTransport* t);
-  std::set<FakeTransport*> live_;
-  std::vector<FakeTransport*> order_;  // live transports in connect order
+  std::set<FakeTransport*> live_ GUARDED_BY(mu);
+  std::vector<FakeTransport*> order_ GUARDED_BY(mu);  // live transports in connect order
 };
 
 class FakeTransport final : public engine::Transport {
@@ -104,7 +107,7 @@ class FakeTransport final : public engine::Transport {
   }
 
   bool StartConnect(const engine::Endpoint& ep, std::string*) override {
-    std::lock_guard lock(net_->mu);
+    MutexLock lock(net_->mu);
     host_ = ep.host;
     net_->connect_attempts++;
     connect_result_ = !net_->refuse_connect;
@@ -113,13 +116,13 @@ class FakeTransport final : public engine::Transport {
     silent_since_ = std::chrono::steady_clock::now();
     net_->live_.insert(this);
     net_->order_.push_back(this);
-    net_->cv.notify_all();
+    net_->cv.SignalAll();
     Signal();
     return true;
   }
   int Fd() const override { return efd_; }
   int64_t SilentMs() const override {
-    std::lock_guard lock(net_->mu);
+    MutexLock lock(net_->mu);
     if (!silent_) return 0;
     return std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::steady_clock::now() - silent_since_)
@@ -127,13 +130,13 @@ class FakeTransport final : public engine::Transport {
   }
   int IssueProbe(uint32_t xid, engine::CallToken* token) override {
     {
-      std::lock_guard lock(net_->mu);
+      MutexLock lock(net_->mu);
       net_->probes++;
       net_->probes_to[host_]++;
     }
     bool answer;
     {
-      std::lock_guard lock(net_->mu);
+      MutexLock lock(net_->mu);
       answer = !silent_;
     }
     Queue(token, xid, answer);
@@ -146,7 +149,7 @@ class FakeTransport final : public engine::Transport {
     (void)n;
     bool reset, reply_all, silent;
     {
-      std::lock_guard lock(net_->mu);
+      MutexLock lock(net_->mu);
       reset = reset_;
       reply_all = reply_all_;
       reset_ = reply_all_ = false;
@@ -195,7 +198,7 @@ class FakeTransport final : public engine::Transport {
             engine::CallToken* token) override {
     bool answer;
     {
-      std::lock_guard lock(net_->mu);
+      MutexLock lock(net_->mu);
       net_->issued_xids.push_back(xid);
       net_->issuing_threads.push_back(std::this_thread::get_id());
       bool first = seen_.insert(xid).second;
@@ -206,14 +209,14 @@ class FakeTransport final : public engine::Transport {
       }
       net_->max_pending_seen =
           std::max<int>(net_->max_pending_seen, static_cast<int>(pending_.size()) + 1);
-      net_->cv.notify_all();
+      net_->cv.SignalAll();
     }
     Queue(token, xid, answer);
     return 0;
   }
   void Close() override {
     {
-      std::lock_guard lock(net_->mu);
+      MutexLock lock(net_->mu);
       net_->live_.erase(this);
       std::erase(net_->order_, this);
     }
@@ -265,7 +268,7 @@ class FakeTransport final : public engine::Transport {
 inline void FakeNet::Poke(FakeTransport* t) { t->Signal(); }
 
 inline void FakeNet::ReplyAll() {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   for (auto* t : live_) {
     t->reply_all_ = true;
     t->Signal();
@@ -273,7 +276,7 @@ inline void FakeNet::ReplyAll() {
 }
 
 inline void FakeNet::ResetOne() {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   if (live_.empty()) return;
   FakeTransport* t = *live_.begin();
   t->reset_ = true;
@@ -281,7 +284,7 @@ inline void FakeNet::ResetOne() {
 }
 
 inline bool FakeNet::Blackhole(size_t k) {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   if (k >= order_.size()) return false;
   order_[k]->silent_ = true;
   order_[k]->silent_since_ = std::chrono::steady_clock::now();
@@ -289,7 +292,7 @@ inline bool FakeNet::Blackhole(size_t k) {
 }
 
 inline bool FakeNet::BlackholeHost(const std::string& host) {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   bool any = false;
   for (auto* t : live_) {
     if (t->host_ != host) continue;
@@ -301,7 +304,7 @@ inline bool FakeNet::BlackholeHost(const std::string& host) {
 }
 
 inline void FakeNet::Unblackhole() {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   silent_new = false;
   for (auto* t : live_) {
     if (t->silent_) {
@@ -313,7 +316,7 @@ inline void FakeNet::Unblackhole() {
 }
 
 inline void FakeNet::ResetAll() {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   for (auto* t : live_) {
     t->reset_ = true;
     t->Signal();
