@@ -1,42 +1,88 @@
 #!/bin/bash
-# The whole test suite: installs what is missing, builds, runs the unit tests
-# (plain, under ASan+UBSan, and the engine's concurrency tests under TSan),
-# then the integration tests against a real NFS-Ganesha through real FUSE
-# mounts. Run as root on Debian 12. .ci/run calls exactly this.
+# The test suite, as root on Debian 12 (.ci/run calls exactly this):
+#
+#   contrib/test.sh          everything, about 35 minutes on 2 cores
+#   contrib/test.sh --quick  the GCC build, its unit tests without the crash
+#                            explorer's long explorations, and the quick part
+#                            of the integration tests: under 10 minutes
+#
+# Everything: installs what is missing; builds with GCC and runs the unit
+# tests; builds with clang under AddressSanitizer + UndefinedBehaviorSanitizer
+# with -Wthread-safety -Werror (the lock annotations are checked there) and
+# runs the unit tests again; builds the concurrent parts under clang's
+# ThreadSanitizer and runs their tests; then runs the integration tests (a
+# real NFS-Ganesha in network namespaces, real FUSE mounts, real programs)
+# with the GCC binary, then again with mpnfs under ThreadSanitizer and under
+# AddressSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-contrib/deps.sh
-echo "== build"
-contrib/build.sh build
-echo "== unit tests"
-meson test -C build --suite unit --print-errorlogs
-echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-# At -O1: GCC takes twice as long to compile with UBSan at -O2, and this build
-# was the longest step of the suite (about 29 min on 2 cores at -O2, 16 at -O1).
-contrib/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  meson test -C build-asan --suite unit --print-errorlogs
-echo "== engine (balancing included), inode table, cache, filesystem, flusher and gone-check concurrency tests under ThreadSanitizer"
-[ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false >/dev/null
-ninja -C build-tsan src/engine_test src/engine_stats_test src/balance_test src/inode_table_test src/block_cache_test src/crc_store_test src/filesystem_test src/flusher_test src/gone_check_test src/mpnfs src/mpnfsctl
-TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan engine engine_stats balance inode_table block_cache block_cache_paged crc_store filesystem flusher gone_check --print-errorlogs
+quick=false
+case "${1:-}" in
+  --quick) quick=true ;;
+  "") ;;
+  *) echo "usage: contrib/test.sh [--quick]" >&2; exit 2 ;;
+esac
+started=$SECONDS
+step() { printf '== %s (%d:%02d)\n' "$1" $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)); }
 pytest() { /usr/bin/python3 -m pytest -p no:cacheprovider "$@"; }
-echo "== integration tests (NFS-Ganesha in a network namespace, real FUSE mounts)"
+
+# The crash explorer's long explorations (minutes each); the targeted cases
+# and the disk-fault cases run everywhere.
+CRASH_LONG='CrashExplorerTest.EveryCrashState*:CrashExplorerTest.TheSameHolds*:CrashExplorerTest.ASecondCrash*:CrashExplorerTest.ARecoveryKeepsATombstone*:CrashExplorerTest.ATruncateOfACopiedBlock*'
+# --quick: a bit of every layer, a minute or two.
+IT_QUICK=(test_data.py test_operations.py test_integrity.py test_preserved_attrs.py test_mounting.py)
+
+step deps
+contrib/deps.sh
+step "build (GCC)"
+contrib/build.sh build
+
+if $quick; then
+  step "unit tests (the crash explorer's targeted cases)"
+  meson test -C build --suite unit --no-suite crash --print-errorlogs
+  build/src/crash_test --gtest_filter="-$CRASH_LONG" --gtest_brief=1
+  step "integration tests, quick part"
+  MPNFS_BIN="$PWD/build/src/mpnfs" pytest -q "${IT_QUICK[@]/#/test/integration/}"
+  step done
+  exit 0
+fi
+
+step "unit tests"
+meson test -C build --suite unit --print-errorlogs
+
+step "clang build: ASan + UBSan, -Wthread-safety -Werror"
+# (-O1: the sanitizers' cost at run time, a short build.)
+[ -f build-clang/build.ninja ] || CC=clang CXX=clang++ meson setup build-clang --werror -Db_sanitize=address,undefined \
+  -Db_lundef=false -Doptimization=1 >/dev/null
+ninja -C build-clang
+step "unit tests under ASan + UBSan"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C build-clang --suite unit --no-suite crash --print-errorlogs
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  build-clang/src/crash_test --gtest_filter="-$CRASH_LONG" --gtest_brief=1
+
+step "ThreadSanitizer build (clang): engine, balancing, inode table, cache, filesystem, flusher, gone-check, mpnfs"
+[ -f build-tsan/build.ninja ] || CC=clang CXX=clang++ meson setup build-tsan -Db_sanitize=thread -Db_lundef=false >/dev/null
+ninja -C build-tsan src/engine_test src/engine_stats_test src/balance_test src/inode_table_test src/block_cache_test \
+  src/crc_store_test src/filesystem_test src/flusher_test src/gone_check_test src/hidden_names_test src/mpnfs src/mpnfsctl
+step "concurrency unit tests under TSan"
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan engine engine_stats balance inode_table block_cache \
+  block_cache_paged crc_store filesystem flusher gone_check hidden_names --print-errorlogs
+
+step "integration tests (NFS-Ganesha in a network namespace, real FUSE mounts)"
 MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v test/integration
-# The same suite with mpnfs itself under the sanitizers: a data race or a
-# memory error (a leak at exit included) kills the mount and fails the test.
-# UBSan only reports: libnfs 4.0 decodes directory entries into misaligned
-# memory, which x86 tolerates. PostgreSQL runs there on the default mount, and
-# in one write-back crash case each (MPNFS_IT_PG_MODES; the plain run has every
-# case): the server restart with the flusher busy under TSan, the gateway
-# killed and its cache flushed by the next mount under ASan.
-echo "== integration tests, mpnfs under ThreadSanitizer"
-# The 1 GiB failover transfers move 256 MiB there, and mpnfs_fsx runs 1000
-# operations per mode rather than 3000 (the instrumented binary is slower).
+
+# mpnfs itself under the sanitizers: a data race or a memory error (a leak
+# at exit included) kills the mount and fails the test. There the 1 GiB
+# failover transfers move 256 MiB, mpnfs_fsx runs 1000 operations per mode
+# rather than 3000, and PostgreSQL runs only where named
+# (MPNFS_IT_PG_MODES): the instrumented binary is slower.
+step "integration tests, mpnfs under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" MPNFS_BIN="$PWD/build-tsan/src/mpnfs" \
   MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-server-restart \
   pytest -q test/integration
-echo "== integration tests, mpnfs under AddressSanitizer"
-ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=0" \
-  MPNFS_BIN="$PWD/build-asan/src/mpnfs" MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 \
-  MPNFS_IT_PG_MODES=default-1path,writeback-kill9 pytest -q test/integration
+step "integration tests, mpnfs under AddressSanitizer"
+ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+  MPNFS_BIN="$PWD/build-clang/src/mpnfs" MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-kill9 \
+  pytest -q test/integration
+step done
