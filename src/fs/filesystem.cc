@@ -881,7 +881,13 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
   }
   nfs_.Create(dirfh, name, nfs::CreateMode::kGuarded, sa, 0, c,
               [this, dirfh, name, sa, c, created](Result<nfs::NewObject> r) mutable {
-                if (r || r.error().err != EEXIST) return created(false, std::move(r));
+                // (A reissued CREATE answered EEXIST gives what the name holds:
+                // it may have existed before, so it is truncated too.)
+                if (r) return created(r->looked_up, std::move(r));
+                // (EACCES, EPERM: a server may check the directory before the
+                // name; an existing file the caller may write still opens.)
+                const int e = r.error().err;
+                if (e != EEXIST && e != EACCES && e != EPERM) return created(false, std::move(r));
                 nfs_.Create(dirfh, name, nfs::CreateMode::kUnchecked, sa, 0, c,
                             [created](Result<nfs::NewObject> r2) mutable { created(true, std::move(r2)); });
               });

@@ -1181,6 +1181,45 @@ TEST_F(FilesystemTest, AListingAfterTheLastCloseWaitsForTheHiddenNameToGo) {
   }
 }
 
+// Two descriptors closed one after the other, the first RELEASE not yet
+// come when the second close's FLUSH arrives: the listing still waits.
+TEST_F(FilesystemTest, TheLastOfTwoClosesAlsoWaitsForTheHiddenNameToGo) {
+  auto c = Create(kRoot, "two", O_CREAT | O_RDWR, 0644);
+  ASSERT_TRUE(c.ok());
+  OpenFile* f1 = c->second.file;
+  auto o = Open(c->first.ino, O_RDWR);
+  ASSERT_TRUE(o.ok());
+  OpenFile* f2 = o->file;
+  ASSERT_TRUE(Unlink(kRoot, "two").ok());
+  ASSERT_TRUE(Flush(f1).ok());
+  ASSERT_TRUE(Flush(f2).ok());  // close(2) of the last descriptor returns here
+  std::thread release([&] {
+    std::this_thread::sleep_for(50ms);
+    fs_->Release(f1);
+    fs_->Release(f2);
+  });
+  auto l = List(kRoot, false);
+  release.join();
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->size(), 2u) << "hidden name listed after the last close: " << l->back();
+}
+
+// A reissued GUARDED CREATE answered EEXIST gives what the name holds, which
+// may have been there before: open(O_CREAT|O_TRUNC) truncates it all the same.
+TEST_F(FilesystemTest, CreateWithOTruncTruncatesAfterAReissuedCreate) {
+  OpenFile* f = CreateWith("old", "old contents");
+  ASSERT_NE(f, nullptr);
+  Close(f);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.set_drop_prob(1.0);  // every call runs twice, the second as a resend
+  auto t = Create(kRoot, "old", O_CREAT | O_WRONLY | O_TRUNC);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.set_drop_prob(0);
+  ASSERT_TRUE(t.ok()) << t.error().what;
+  Close(t->second.file);
+  EXPECT_EQ(ContentsOf("old"), "");
+}
+
 // A close that is not the last (a duplicated descriptor) holds a listing up
 // for the grace period at most, and the name stays while the file is open.
 TEST_F(FilesystemTest, ACloseThatIsNotTheLastDoesNotHoldListingsUp) {
@@ -1220,6 +1259,7 @@ TEST_F(FilesystemTest, TimesSetRightAfterWritesAreNotUndoneByThemOrTheirResend) 
   sa.mtime = sa.atime = nfs::Time{1000000000, 5};
   std::promise<Result<AttrOut>> set;
   fs_->Setattr(cred_, c->first.ino, sa, [&](Result<AttrOut> r) { set.set_value(std::move(r)); });
+  for (const auto& q : nfs_.Queued()) EXPECT_NE(q.proc, Proc::kSetattr) << "the SETATTR did not wait for the WRITE";
   nfs_.Resume();
   auto a = set.get_future().get();
   ASSERT_TRUE(a.ok()) << a.error().what;

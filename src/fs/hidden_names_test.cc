@@ -59,6 +59,7 @@ TEST(HiddenNamesTest, ARemovalThatNeverEndsHoldsForTheLimitAtMost) {
   const auto t0 = Clock::now();
   h.Settle("d");
   EXPECT_GE(Clock::now() - t0, 250ms);
+  EXPECT_LT(Clock::now() - t0, 5s);
   EXPECT_EQ(h.size(), 1u);
 }
 

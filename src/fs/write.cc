@@ -337,11 +337,13 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
     // After a write-behind failure the file's writes wait for the server,
     // each returning its own error (Inode::behind_refused).
     if (f->inode->behind_refused) behind = false;
-    // A write that makes the server clear setuid/setgid (by a user other
-    // than root) waits for its reply, which tells the kernel the new mode
+    // A write that makes the server clear setuid (or setgid on a
+    // group-executable file: the server's rule) by a user other than root
+    // waits for its reply, which tells the kernel the new mode
     // (SendWrite) before write() returns, as a local filesystem clears the
     // bits when it takes the write.
-    if (c.uid != 0 && (f->inode->mode & (S_ISUID | S_ISGID))) behind = false;
+    const uint32_t mode = f->inode->mode;
+    if (c.uid != 0 && ((mode & S_ISUID) || ((mode & S_ISGID) && (mode & S_IXGRP)))) behind = false;
     if (f->fresh) {
       f->fresh = false;
       if (off == 0 && size <= kSmallFileSync && f->inode->order.empty() &&
@@ -355,6 +357,14 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   if (!behind) {
     {
       MutexLock lock(inode->mu);
+      if (!inode->parked.empty()) {
+        // Acknowledged writes still wait for room in the window: this one
+        // takes its place in the write order after them.
+        lock.Unlock();
+        return WhenDrained(inode, [this, c, f, data = std::move(data), off, flags, cb = std::move(cb)]() mutable {
+          WriteToServer(c, f, std::move(data), off, flags, std::move(cb));
+        });
+      }
       AdmitWrite(inode, c, off, std::move(data), false, stable, cache_admit, std::move(cb), &run);
     }
     for (auto& fn : run) fn();
@@ -407,12 +417,39 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
     if (!r) return done(r.error());
     WhenDrained(inode, [this, inode, attrs, done = std::move(done)]() mutable {
       if (!attrs) return done(Ok{});
-      Commit(inode, [this, done = std::move(done)](Result<Ok> c) {
-        // (The data is kept and retried, and a loss is reported at fsync
-        // or close: the SETATTR goes on.)
-        if (!c) log_->warn("COMMIT before a SETATTR failed: {}", c.error().what);
-        done(Ok{});
-      });
+      // Writes still on their way that were not written behind (O_DIRECT,
+      // O_SYNC, another user's, resends) land first too: a place in the
+      // write order after all of them, let go as soon as it is reached.
+      auto reached = [this, inode, done](WriteOrder::Seq s) mutable {
+        std::vector<std::function<void()>> run;
+        {
+          MutexLock lock(inode->mu);
+          run = inode->order.Finish(s);
+          inode->PruneResendLogs();
+        }
+        for (auto& fn : run) fn();
+        Commit(inode, [inode, done = std::move(done)](Result<Ok> c) {
+          if (c) return done(Ok{});
+          // Data still kept (a COMMIT that failed, retried later) could be
+          // resent after the SETATTR and undo it: the SETATTR fails
+          // instead. Data a failed resend lost is reported at fsync or
+          // close; the SETATTR goes on.
+          bool kept;
+          {
+            MutexLock lock(inode->mu);
+            kept = !inode->uncommitted.empty();
+          }
+          if (kept) return done(c.error());
+          done(Ok{});
+        });
+      };
+      WriteOrder::Seq seq = 0;
+      bool now;
+      {
+        MutexLock lock(inode->mu);
+        now = inode->order.AdmitTail(0, reached, &seq);
+      }
+      if (now) reached(seq);
     });
   };
   if (auto cache = cache_.load(); cache && cache->SizeFloor(inode->fh()) > 0) {
@@ -626,10 +663,11 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
 
 void Filesystem::Flush(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
   {
-    // A close of a hidden file's only open: its RELEASE, which removes the
-    // hidden name, may follow (fs/hidden_names.h).
+    // A close of a hidden file: its RELEASE, which removes the hidden name
+    // if it is the last, may follow (fs/hidden_names.h). (Every close: the
+    // RELEASE of another descriptor may not have come yet.)
     MutexLock lock(f->inode->mu);
-    if (f->inode->silly && f->inode->opens == 1) hidden_.Closing(f->inode->silly->dir, f->inode->ino());
+    if (f->inode->silly) hidden_.Closing(f->inode->silly->dir, f->inode->ino());
   }
   // A read-only open has written nothing: its close neither commits other
   // users' data nor reports their errors (as the Linux client's flush).

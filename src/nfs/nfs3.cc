@@ -385,6 +385,7 @@ void Nfs3::NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred&
     n.fh = std::move(r->fh);
     n.attr = std::move(r->attr);
     n.dir.after = std::move(r->dir);
+    n.looked_up = true;
     cb(std::move(n));
   });
 }
@@ -591,12 +592,23 @@ void Nfs3::Link(const Fh& fh, const Fh& dir, const std::string& name, const Cred
     if (r->status != NFS3_OK && o.reissued &&
         OnReissued(ReissueProc::kLink, StatusError(r->status, "LINK").err) == Reissued::kSameObject) {
       // Our first LINK made the name only if it names this file.
-      return Lookup(dir, name, c, [fh, cb = std::move(cb)](Result<LookupReply> l) {
-        if (!l || l->fh != fh) return cb(Error::Errno(EEXIST, "LINK: NFS3ERR_EXIST"));
+      return Lookup(dir, name, c, [this, fh, c, cb = std::move(cb)](Result<LookupReply> l) mutable {
+        if (!l) return cb(l.error());
         LinkReply lr;
         lr.attr = std::move(l->attr);
         lr.dir.after = std::move(l->dir);
-        cb(std::move(lr));
+        if (l->fh == fh) return cb(std::move(lr));
+        // A server may give one file other handles in other directories
+        // (Linux's subtree_check): the same file has the same fsid and
+        // fileid.
+        if (!lr.attr) return cb(Error::Errno(EEXIST, "LINK: NFS3ERR_EXIST"));
+        Getattr(fh, c, [lr = std::move(lr), cb = std::move(cb)](Result<Attr> a) mutable {
+          if (!a) return cb(a.error());
+          if (a->fsid != lr.attr->fsid || a->fileid != lr.attr->fileid) {
+            return cb(Error::Errno(EEXIST, "LINK: NFS3ERR_EXIST"));
+          }
+          cb(std::move(lr));
+        });
       });
     }
     if (r->status != NFS3_OK) return cb(StatusError(r->status, "LINK"));

@@ -74,6 +74,9 @@ struct NewObject {  // CREATE, MKDIR, SYMLINK, MKNOD
   std::optional<Fh> fh;
   std::optional<Attr> attr;
   Wcc dir;
+  // What the name held when a reissued call was answered EEXIST
+  // (nfs/reissue.h): made by our first call, or there before it.
+  bool looked_up = false;
 };
 
 struct LookupReply {

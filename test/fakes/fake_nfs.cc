@@ -662,7 +662,7 @@ Result<nfs::NewObject> FakeNfs::NewObject(Proc p, const Fh& dirfh, const std::st
     if (!reissued || nfs::OnReissued(nfs::ReissueProc::kNewObject, EEXIST) != nfs::Reissued::kWhatIsThere) {
       return Err(p, EEXIST);
     }
-    return nfs::NewObject{ex->fh, ex->attr, Wcc(before, dir)};
+    return nfs::NewObject{ex->fh, ex->attr, Wcc(before, dir), /*looked_up=*/true};
   }
   Node& n = NewNode(type, sa, c, dir);
   if (init) init(n);
@@ -951,7 +951,7 @@ void FakeNfs::Create(const Fh& dirfh, const std::string& name, nfs::CreateMode m
               Touch(*ex, true);
             }
           }
-          return nfs::NewObject{ex->fh, ex->attr, Wcc(before, dir)};
+          return nfs::NewObject{ex->fh, ex->attr, Wcc(before, dir), /*looked_up=*/true};
         }
         nfs::SetAttr initial = sa;
         if (mode == M::kExclusive) {  // the verifier takes the times; mode 0 until a SETATTR
