@@ -545,9 +545,9 @@ void BlockCache::OwnChange(const std::string& fh, const FileVersion& before, con
   if (it->second.validated == before) it->second.validated = after;
 }
 
-bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
+bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len, bool write) {
   MutexLock lock(mu_);
-  FileState& f = State(fh);
+  FileState::SeqRuns& f = State(fh).seq[write ? 1 : 0];
   // Close to where a run ended counts as continuing it: readahead and
   // write-behind requests of one stream arrive slightly out of order. How
   // close scales with the request, so that small random requests in a small
@@ -559,25 +559,34 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
   // never longer than the ground from its first request to its end: random
   // I/O in a file no larger than seq_cutoff never becomes a "stream", and a
   // random request near a run adds at most its own length.
+  // A run past the cutoff that jumped ahead within the last kKeepFor
+  // accesses also takes a request in one of its holes, however far behind
+  // its end: the requests a jump skipped arrive after it (many FUSE threads
+  // on a slow machine), and a jump as long as the slack leaves them further
+  // behind than the slack. They are the stream's, and bypass as it does.
+  // Before the cutoff, and once the jump is old, they start a run of their
+  // own: random requests in a small file leave holes all over a run, and
+  // must not join it.
   // Two runs are kept. A request near neither starts one in place of the
   // least recently used, but not in place of the longest while that one
   // continued within the last kKeepFor accesses: a stream's stragglers,
-  // arriving further behind than the slack (many FUSE threads on a slow
-  // machine), start runs of their own and leave the stream's alone, where
-  // replacing a single run restarted the stream (twice: once for the
-  // straggler, once for the next request in order) and let another
-  // seq_cutoff of it into the cache. Two streams in one file keep a run
-  // each. Of two runs near a request, the longer takes it.
+  // arriving further behind than the slack, start runs of their own and
+  // leave the stream's alone. Replacing the stream's run would restart it
+  // (twice: once for the straggler, once for the next request in order) and
+  // let another seq_cutoff of it into the cache. Two streams in one file keep
+  // a run each. Of two runs near a request, the longer takes it.
   constexpr uint64_t kKeepFor = 16;
   const uint64_t slack = std::clamp<uint64_t>(4 * uint64_t{len}, 512 << 10, 8 << 20);
   const uint64_t end = off + len;
-  const uint64_t now = ++f.seq_tick;
+  const uint64_t now = ++f.tick;
   FileState::SeqRun* run = nullptr;
-  for (FileState::SeqRun& r : f.seq_runs) {
-    if (r.length > 0 && off + slack >= r.next && off <= r.next + slack &&
-        (run == nullptr || r.length > run->length)) {
-      run = &r;
-    }
+  for (FileState::SeqRun& r : f.runs) {
+    if (r.length == 0) continue;
+    const bool near = (off + slack >= r.next && off <= r.next + slack) ||
+                      (r.length > opts_.seq_cutoff && now - r.jumped <= kKeepFor &&
+                       std::any_of(r.holes.begin(), r.holes.end(),
+                                   [&](const auto& h) { return off < h.second && end > h.first; }));
+    if (near && (run == nullptr || r.length > run->length)) run = &r;
   }
   if (run != nullptr) {
     uint64_t credit = end > run->next ? end - std::max(off, run->next) : 0;
@@ -606,11 +615,12 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len) {
         return ea != eb ? ea : a.first < b.first;  // an empty entry, else the lowest
       });
       *slot = {run->next, off};
+      run->jumped = now;
     }
     run->length += credit;
     run->next = std::max(run->next, end);
   } else {
-    auto& rs = f.seq_runs;
+    auto& rs = f.runs;
     const auto longest = std::max_element(rs.begin(), rs.end(),
                                           [](const auto& a, const auto& b) { return a.length < b.length; });
     for (auto& r : rs) {

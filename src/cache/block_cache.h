@@ -343,9 +343,12 @@ class BlockCache {
   void OwnChange(const std::string& fh, const FileVersion& before, const FileVersion& after);
 
   // --- admission
-  // Notes an access; true if it continues a sequential run past seq_cutoff
-  // (then the access must bypass the cache).
-  bool Sequential(const std::string& fh, uint64_t off, size_t len);
+  // Notes a read (write false) or a write; true if it continues a
+  // sequential run of its kind past seq_cutoff (then the access must bypass
+  // the cache). Reads and writes are separate streams: a file written in
+  // order and then read back is two scans, and the writing's run must not
+  // crowd out the reading's.
+  bool Sequential(const std::string& fh, uint64_t off, size_t len, bool write);
 
   // --- reads
   // The bytes of [off, off+len) if every page of it is cached and sound;
@@ -518,18 +521,23 @@ class BlockCache {
     std::multiset<int64_t> pending_pre;
     std::optional<FileVersion> newest_after;
     bool unexplained = false;
-    // Sequential detection (Sequential()): two runs, so that a stream's
-    // stragglers or a second stream in the file do not restart a stream's.
+    // Sequential detection (Sequential()), for reads and for writes apart:
+    // two runs each, so that a stream's stragglers or a second stream in the
+    // file do not restart a stream's.
     struct SeqRun {
       uint64_t next = 0, length = 0;  // length 0: unused
-      uint64_t used = 0;             // seq_tick of the last access it took
+      uint64_t used = 0;             // SeqRuns::tick of the last access it took
+      uint64_t jumped = 0;           // ... of the last jump ahead (a hole made)
       // Ground before `next` that a jump ahead skipped and no request has
       // covered yet, as disjoint [first, second) intervals (empty: first ==
       // second); when a fifth opens, the lowest is forgotten.
       std::array<std::pair<uint64_t, uint64_t>, 4> holes{};
     };
-    std::array<SeqRun, 2> seq_runs{};
-    uint64_t seq_tick = 0;
+    struct SeqRuns {
+      std::array<SeqRun, 2> runs{};
+      uint64_t tick = 0;  // accesses of this kind so far
+    };
+    std::array<SeqRuns, 2> seq{};  // [0] reads, [1] writes
     uint64_t wb_size = 0;  // write-back: the size unflushed writes imply
     uint64_t wb_commit = 0;  // write-back: the commit that makes its last write durable
     bool lost = false;       // an unflushed page was dropped (bad checksum): TakeLost

@@ -604,7 +604,9 @@ void ExploreWith(uint32_t per_page, uint64_t default_seed = 20261130, uint64_t d
   // The workload reaches copy-on-write, to fresh slots and back to
   // partners, and rewrites of dirty pages in place.
   EXPECT_GT(x.copies_to_partner_, 0u);
-  if (paged_crcs) EXPECT_GT(x.checksum_reads_, 20u);  // (they did live in their file)
+  if (paged_crcs) {
+    EXPECT_GT(x.checksum_reads_, 20u);  // (they did live in their file)
+  }
   EXPECT_GT(x.copies_, x.copies_to_partner_);
   EXPECT_GT(x.rewrites_in_place_, 0u);
   EXPECT_EQ(x.checksum_failures_, 0u) << "a page failed its checksum during the workload";

@@ -931,7 +931,7 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
   bool admit = false;
   std::shared_ptr<cache::BlockCache> cache = cache_.load();
   if (cache) {
-    if (cache->Sequential(inode->fh(), off, size)) {
+    if (cache->Sequential(inode->fh(), off, size, /*write=*/false)) {
       cache->NoteBypass(false);  // a scan: neither served from nor stored in the cache
     } else {
       if (lookup) {

@@ -114,7 +114,7 @@ bool Filesystem::CacheAdmits(const InodeP& inode, uint64_t off, size_t size) {
   // (Write-back mounts decided in Write() already.)
   auto cache = cache_.load();
   if (!cache || cache->mode() == cache::CacheMode::kWriteBack) return false;
-  const bool admit = !cache->Sequential(inode->fh(), off, size);
+  const bool admit = !cache->Sequential(inode->fh(), off, size, /*write=*/true);
   if (!admit) cache->NoteBypass(true);
   return admit;
 }
@@ -218,7 +218,7 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
     }
     // A scan's writes bypass the cache, unless they overlap unflushed
     // writes (which must not land on the server after them).
-    const bool seq = cache->Sequential(inode->fh(), off, size);
+    const bool seq = cache->Sequential(inode->fh(), off, size, /*write=*/true);
     if (!seq || cache->HasDirty(inode->fh(), off, size)) {
       // Write-behind of this file still on its way to the server lands
       // first: the flusher could otherwise send this write before it.

@@ -105,11 +105,9 @@ def test_sequential_streams_bypass_the_cache(mount_factory, cache_dir):
     st = cache_stats(m)
     assert st["read_bypasses"] > 0 and st["write_bypasses"] > 0, st
     # A readonly cache stores what is read, not what is written: the read
-    # run before the cutoff (4 MiB) and a request or two. A request that
-    # arrives more than the slack behind the run is cached (it starts a run
-    # of its own) and leaves the stream's run alone; before, it restarted the
-    # stream's run and a second 4 MiB was cached (seen under ThreadSanitizer
-    # as 8 MiB + 24 KiB; block_cache_test AStragglerDoesNotRestartTheStreamsRun).
+    # run before the cutoff (4 MiB) and a request or two that arrive further
+    # behind the run than the slack (block_cache_test
+    # AStragglerDoesNotRestartTheStreamsRun, AFileWrittenThenReadBackIsTwoStreams).
     # Without the bypass the whole 32 MiB file would be cached.
     assert st["used_bytes"] <= 6 << 20, st
 
