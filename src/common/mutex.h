@@ -16,14 +16,15 @@
 //     cache/ but fs::Flusher::send_mu_ (what a completion takes). A thread
 //     holding a run_mu_ only try-locks another loop's, never waits for one.
 //   fs::Flusher::send_mu_ (calls are sent under it) > fs::InodeTable::mu_,
-//     fs::Inode::mu (the write hook, one after the other),
+//     fs::FileWrites::mu (the write hook, one after the other),
 //     cache::BlockCache::mu_ (WriteStart), fs::GoneCheck's State::mu,
 //     fs::Flusher::RoundState::mu (a completion run inline) and the
 //     engine's Loop::mu_ (Loop::run_mu_: try-locked only).
 //   fs::DirHandle::mu > fs::InodeTable::mu_ > fs::Inode::mu (FillDir's
-//     READDIRPLUS lookups) > fs::HiddenNames::mu_ and fs::Gather::mu_;
+//     READDIRPLUS lookups) > fs::FileWrites::mu (the same inode's: its
+//     writes) > fs::Gather::mu_; Inode::mu > fs::HiddenNames::mu_;
 //     DirHandle::mu > cache::BlockCache::mu_ (MakeAttr: SizeFloor). No
-//     thread holds two Inode::mu at once.
+//     thread holds two Inode::mu, or two FileWrites::mu, at once.
 //   cache::BlockCache::mu_ > LogState::mu (common/log.cc, in Log()) and
 //     the cache disk's (test::CrashDisk::mu_; at Init() and destruction).
 //     cache::CrcStore has no lock: it runs under BlockCache::mu_.
@@ -33,7 +34,7 @@
 //     BlockCache::Reader::mu_, fuse::CredCache::mu_,
 //     cli::ControlSocket::mu_, calibrate's StepState::mu, LogState::mu,
 //     WriteBack's page-map lock (fs/write.cc), and in the fakes
-//     testing::FakeNfs::mu_ (taken under Inode::mu: Parallelism()),
+//     testing::FakeNfs::mu_ (taken under FileWrites::mu: Parallelism()),
 //     testing::FakeNet::mu (under run_mu_) and test::CrashDisk::mu_.
 //
 // Thread safety: as std::mutex and std::condition_variable.

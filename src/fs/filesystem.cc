@@ -83,10 +83,8 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
         nfs_, cache, opts_.wsize, root, [this](const std::string& fh, uint64_t off, uint64_t len) {
           auto inode = inodes_.Find(fh);
           if (!inode) return;  // not known here: nothing kept to resend
-          MutexLock lock(inode->mu);
-          if (inode->MayResend()) {
-            inode->newer_log.push_back(Inode::Newer{inode->order.Reserve(), off, len});
-          }
+          MutexLock lock(inode->writes.mu);
+          inode->writes.Foreign(off, len);
         }));
   }
 }
@@ -235,7 +233,11 @@ AttrOut Filesystem::MakeAttr(const InodeP& inode, const nfs::Attr& a, std::optio
     inode->kernel_size = a.size;
     inode->kernel_mtime = a.mtime;
     inode->kernel_attr_known = true;
-    if (inode->size_hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = inode->size_hwm;
+    {
+      MutexLock wl(inode->writes.mu);
+      const uint64_t hwm = inode->writes.size_hwm();
+      if (hwm > static_cast<uint64_t>(out.st.st_size)) out.st.st_size = static_cast<off_t>(hwm);
+    }
     // Removed while open: the hidden name is not a link the user made.
     if (inode->silly && out.st.st_nlink > 0) out.st.st_nlink--;
   }
@@ -303,8 +305,8 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
   {
     // Like the Linux client, let this client's write-behind land first, so
     // that size, mtime and ctime include what was acknowledged.
-    MutexLock lock(inode->mu);
-    if (inode->WriteBehindPending()) {
+    MutexLock lock(inode->writes.mu);
+    if (inode->writes.BehindPending()) {
       lock.Unlock();
       return WhenDrained(inode, [this, c, ino, cb = std::move(cb)]() mutable {
         Getattr(c, ino, std::move(cb));
@@ -318,13 +320,8 @@ void Filesystem::Getattr(const Cred& c, uint64_t ino, Cb<AttrOut> cb) {
     NoteDirAttr(inode->ino(), *r);
     {
       // A GETATTR sent after every write of ours completed is authoritative.
-      MutexLock lock(inode->mu);
-      // Not while kept data may still be resent: a restart may have taken
-      // it from the server's size for now.
-      if (inode->writes_inflight == 0 && seq > inode->last_write_done_seq &&
-          inode->uncommitted.empty() && !inode->commit_running) {
-        inode->size_hwm = 0;
-      }
+      MutexLock lock(inode->writes.mu);
+      inode->writes.Settled(seq);
     }
     cb(MakeAttr(inode, *r));
   });
@@ -352,8 +349,8 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
       SendSetattr(c, inode, sa, s, std::move(cb));
     };
     {
-      MutexLock lock(inode->mu);
-      now = inode->order.AdmitTail(*sa.size, send, &seq);
+      MutexLock lock(inode->writes.mu);
+      now = inode->writes.AdmitTail(*sa.size, send, &seq);
     }
     if (now) send(seq);
     return;
@@ -368,9 +365,8 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
     cb = [inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
       std::vector<std::function<void()>> run;
       {
-        MutexLock lock(inode->mu);
-        run = inode->order.Finish(tseq);
-        inode->PruneResendLogs();
+        MutexLock lock(inode->writes.mu);
+        run = inode->writes.Finish(tseq);
       }
       cb(std::move(r));
       for (auto& fn : run) fn();
@@ -427,9 +423,9 @@ void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::
     if (!r) return cb(r.error());
     if (sa.size) {
       MutexLock lock(inode->mu);
-      inode->size_hwm = 0;
       inode->have_open_attr = false;
-      if (inode->MayResend()) inode->truncations.emplace_back(tseq, *sa.size);
+      MutexLock wl(inode->writes.mu);
+      inode->writes.Truncated(tseq, *sa.size);
     }
     if (auto cache = cache_.load(); cache && r->before && r->after) {
       // Our own change of attributes: the cached data stays valid.
@@ -784,12 +780,10 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   // A failed write-behind, a refused write or an uncached
                   // write since the last open: the pages may not be the
                   // server's data.
-                  if (inode->err_seq != inode->open_err_seq ||
-                      inode->page_doubts != inode->open_page_doubts) {
-                    out.keep_cache = false;
+                  {
+                    MutexLock wl(inode->writes.mu);
+                    if (inode->writes.DoubtedSinceOpen()) out.keep_cache = false;
                   }
-                  inode->open_err_seq = inode->err_seq;
-                  inode->open_page_doubts = inode->page_doubts;
                   // Close-to-open for the size too: the kernel reads up to
                   // the size it holds, which may be older than the server's
                   // (another client wrote within the attribute timeout).
@@ -833,7 +827,7 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     o.keep_cache = false;
     o.file = NewOpenFile(inode, flags, c);
     {
-      MutexLock lock(o.file->inode->mu);  // (inode's: OpenFile::fresh is guarded by it)
+      MutexLock lock(o.file->inode->writes.mu);  // (OpenFile::fresh is guarded by it)
       o.file->fresh = true;
     }
     cb(std::make_pair(*r, o));
@@ -916,8 +910,8 @@ void Filesystem::ReadAttempt(const Cred& c, OpenFile* f, size_t size, uint64_t o
   const InodeP inode = f->inode;
   if (size == 0) return cb(std::string_view());
   {
-    MutexLock lock(inode->mu);
-    if (inode->WriteBehindPending()) {
+    MutexLock lock(inode->writes.mu);
+    if (inode->writes.BehindPending()) {
       // A read must see this client's write-behind data: wait for it to land.
       lock.Unlock();
       return WhenDrained(inode, [this, c, f, size, off, attempt, cb = std::move(cb)]() mutable {
@@ -1060,7 +1054,8 @@ OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c)
   {
     MutexLock lock(inode->mu);
     inode->opens++;
-    seen = inode->err_seq;  // errors before this open are not its to report
+    MutexLock wl(inode->writes.mu);
+    seen = inode->writes.err_seq();  // errors before this open are not its to report
   }
   open_files_++;
   return new OpenFile{inode, flags, c, seen};
@@ -1071,7 +1066,10 @@ void Filesystem::Release(OpenFile* f) {
   std::optional<Inode::Silly> silly;
   {
     MutexLock lock(f->inode->mu);
-    pending = !f->inode->uncommitted.empty();
+    {
+      MutexLock wl(f->inode->writes.mu);
+      pending = f->inode->writes.HasKept();
+    }
     if (--f->inode->opens == 0) silly.swap(f->inode->silly);
     if (silly) {
       hidden_.Removing(silly->dir, f->inode->ino());

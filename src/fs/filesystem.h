@@ -9,9 +9,10 @@
 // Callbacks run exactly once, on an engine loop thread (or inline on the
 // calling thread for errors found before any RPC); they must not block.
 //
-// Writes. A write is copied once into a shared buffer that the NFS calls
-// send from and that is kept until a COMMIT returns the same write verifier
-// as the WRITE did. If the verifier changed (the server restarted and lost
+// Writes. A file's write state and the rules on it are its FileWrites
+// (fs/file_writes.h); the sending is here (fs/write.cc). A write is copied
+// once into a shared buffer that the NFS calls send from and that is kept
+// until a COMMIT returns the same write verifier as the WRITE did. If the verifier changed (the server restarted and lost
 // unstable data) the kept data is sent again with FILE_SYNC. fsync and close
 // (flush, close-to-open) return only after that. Each file's kept data is
 // bounded: past `commit_threshold` a COMMIT starts in the background.
@@ -41,7 +42,7 @@
 // Sizes. Servers have coarse ctime (NFS-Ganesha: 4 ms ticks), so two replies
 // can carry the same ctime and arrive in any order. The size reported for a
 // file is never below the end of this client's last completed write unless a
-// GETATTR sent after every write completed says otherwise (Inode::size_hwm).
+// GETATTR sent after every write completed says otherwise (FileWrites::size_hwm).
 //
 // Thread safety: all methods are thread safe.
 #pragma once
@@ -94,11 +95,11 @@ struct OpenFile {
   std::shared_ptr<Inode> inode;
   int flags = 0;
   Cred opener;  // who opened it
-  // Inode::err_seq when this open last reported (or began): errseq.
-  uint64_t err_seen GUARDED_BY(inode->mu) = 0;
+  // FileWrites::err_seq when this open last reported (or began): errseq.
+  uint64_t err_seen GUARDED_BY(inode->writes.mu) = 0;
   // Opened by the Create that made the file, and nothing written through
   // it yet (see "Small new files" above).
-  bool fresh GUARDED_BY(inode->mu) = false;
+  bool fresh GUARDED_BY(inode->writes.mu) = false;
 };
 
 struct OpenOut {
@@ -113,17 +114,6 @@ struct DirHandle {
   bool loaded GUARDED_BY(mu) = false;
   bool plus GUARDED_BY(mu) = false;
   std::vector<nfs::DirEntry> entries GUARDED_BY(mu);  // the listing taken at offset 0
-};
-
-// A kept UNSTABLE write (see "Writes" above).
-struct Buffered {
-  uint64_t off;
-  nfs::Buffer buf;
-  size_t buf_off;
-  size_t len;
-  uint64_t verf;
-  WriteOrder::Seq seq;  // its place in the file's write order
-  Cred cred;            // who wrote it: COMMIT and resends go as that user
 };
 
 // The stat the kernel sees for NFS attributes (st_ino is the NFS fileid).
@@ -320,7 +310,7 @@ class Filesystem {
   // errseq); else `cb` gets the outcome.
   void AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nfs::Buffer data,
                   bool behind, bool stable, bool cache_admit, Cb<size_t> cb,
-                  std::vector<std::function<void()>>* run) REQUIRES(inode->mu);
+                  std::vector<std::function<void()>>* run) REQUIRES(inode->writes.mu);
   // Runs `fn` once no write-behind of this inode is pending (now, or from
   // the completion of the last one).
   void WhenDrained(const InodeP& inode, std::function<void()> fn);
@@ -328,12 +318,11 @@ class Filesystem {
   OpenFile* NewOpenFile(const InodeP& inode, int flags, const Cred& c);
   // The error this open file has not yet reported, if any (and now it has).
   std::optional<Error> TakeError(OpenFile* f);
-  void RecordError(const InodeP& inode, const Error& e) REQUIRES(inode->mu);
-  // One COMMIT round for the file's kept writes (see Inode::commit_running).
+  // One COMMIT round for the file's kept writes (FileWrites::BeginCommit).
   void Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb);
   void EndCommit(const InodeP& inode, Result<Ok> r, std::function<void(Result<Ok>)> cb);
-  void Resend(const InodeP& inode, const std::vector<std::shared_ptr<Buffered>>& kept,
-              std::vector<std::shared_ptr<Buffered>> lost, std::function<void(Result<Ok>)> cb);
+  void Resend(const InodeP& inode, const std::vector<FileWrites::BufferedP>& kept,
+              std::vector<FileWrites::BufferedP> lost, std::function<void(Result<Ok>)> cb);
   void MaybeBackgroundCommit(const InodeP& inode);
   void LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t verf, Cb<DirHandle*> cb);
   uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }

@@ -1378,9 +1378,8 @@ TEST_F(FilesystemTest, ResendLogsDoNotGrowWithoutKeptData) {
   }
   ASSERT_TRUE(nfs_.Quiesce());
   {
-    MutexLock lock(f->inode->mu);
-    EXPECT_TRUE(f->inode->newer_log.empty()) << f->inode->newer_log.size() << " entries";
-    EXPECT_TRUE(f->inode->truncations.empty()) << f->inode->truncations.size() << " entries";
+    MutexLock lock(f->inode->writes.mu);
+    EXPECT_TRUE(f->inode->writes.ResendLogsEmpty());
   }
   Close(f);
 }

@@ -42,16 +42,14 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
           const size_t n = std::min<size_t>(r->count, len);
           {
             MutexLock lock(inode->mu);
-            inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + n);
-            if (!r->stable) {
-              inode->uncommitted.push_back(
-                  std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf, seq, c}));
-              inode->uncommitted_bytes += n;
-            } else if (inode->MayResend()) {
-              // Durable and newer than anything kept before it: no resend
-              // may write over it (the order entry is still ours, so the
-              // check counts it).
-              inode->newer_log.push_back(Inode::Newer{seq, off, n});
+            {
+              MutexLock wl(inode->writes.mu);
+              inode->writes.Wrote(off + n);
+              if (!r->stable) {
+                inode->writes.Keep(std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf, seq, c}));
+              } else {
+                inode->writes.Durable(seq, off, n);
+              }
             }
             if (r->wcc.after) {
               // The server cleared setuid/setgid (a write by a user without
@@ -77,9 +75,8 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
         }
         std::vector<std::function<void()>> run;
         {
-          MutexLock lock(inode->mu);
-          run = inode->order.Finish(seq);
-          inode->PruneResendLogs();
+          MutexLock lock(inode->writes.mu);
+          run = inode->writes.Finish(seq);
         }
         done(std::move(res));
         for (auto& fn : run) fn();
@@ -88,26 +85,15 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
 
 void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
   {
-    MutexLock lock(inode->mu);
-    if (inode->WriteBehindPending()) {
-      inode->drain_waiters.push_back(std::move(fn));
-      return;
-    }
+    MutexLock lock(inode->writes.mu);
+    if (inode->writes.WhenDrained(fn)) return;
   }
   fn();
 }
 
 std::optional<Error> Filesystem::TakeError(OpenFile* f) {
-  MutexLock lock(f->inode->mu);
-  if (f->err_seen == f->inode->err_seq) return std::nullopt;
-  f->err_seen = f->inode->err_seq;
-  return f->inode->last_error;
-}
-
-void Filesystem::RecordError(const InodeP& inode, const Error& e) {
-  inode->err_seq++;
-  inode->last_error = e;
-  inode->behind_refused = true;
+  MutexLock lock(f->inode->writes.mu);
+  return f->inode->writes.TakeError(&f->err_seen);
 }
 
 bool Filesystem::CacheAdmits(const InodeP& inode, uint64_t off, size_t size) {
@@ -125,36 +111,20 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
   const size_t size = data->size();
   auto pieces = SplitRange(off, size, StripePiece(size, nfs_.Parallelism(), opts_.wsize));
   auto op = std::make_shared<Gather>(pieces.size());
-  inode->writes_inflight++;
+  inode->writes.WriteStarted();
   auto piece_done = [this, op, inode, c, size, behind, cb](Result<Ok> r) {
     if (!op->Done(r)) return;
     std::vector<std::function<void()>> next;
     {
-      MutexLock lock(inode->mu);
-      inode->writes_inflight--;
-      inode->last_write_done_seq = NextSeq();
-      if (behind) {
-        inode->behind_bytes -= size;
-        if (op->error()) {
-          // Acknowledged data the server refused: every open file of the
-          // inode learns it once (errseq).
-          RecordError(inode, *op->error());
-          log_->warn("write-behind failed ({}); reported at the next fsync or close",
-                     op->error()->what);
-        }
-        // Admit parked writes that now fit the window, in their order.
-        while (!inode->parked.empty() &&
-               (inode->behind_bytes == 0 ||
-                inode->behind_bytes + inode->parked.front().bytes <= opts_.write_behind)) {
-          inode->behind_bytes += inode->parked.front().bytes;
-          inode->parked.front().admit(&next);
-          inode->parked.pop_front();
-        }
+      MutexLock lock(inode->writes.mu);
+      if (behind && op->error()) {
+        // Acknowledged data the server refused: every open file of the
+        // inode learns it once (errseq).
+        inode->writes.RecordError(*op->error());
+        log_->warn("write-behind failed ({}); reported at the next fsync or close",
+                   op->error()->what);
       }
-      if (!inode->WriteBehindPending()) {
-        for (auto& w : inode->drain_waiters) next.push_back(std::move(w));
-        inode->drain_waiters.clear();
-      }
+      inode->writes.WriteEnded(NextSeq(), behind ? size : 0, opts_.write_behind, &next);
     }
     if (!behind) {
       if (op->error()) {
@@ -171,7 +141,7 @@ void Filesystem::AdmitWrite(const InodeP& inode, const Cred& c, uint64_t off, nf
       SendWrite(inode, c, seq, p.off, data, p.buf_off, p.len, stable, piece_done, cache_admit);
     };
     WriteOrder::Seq seq = 0;
-    if (inode->order.Admit(p.off, p.len, start, &seq)) {
+    if (inode->writes.Admit(p.off, p.len, start, &seq)) {
       run->push_back([start, seq] { start(seq); });
     }
   }
@@ -193,13 +163,13 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   // dropped). The next open drops the kernel's pages (Open, filesystem.cc).
   const bool uncached = opts_.direct_io || (flags & O_DIRECT);
   if (uncached) {
-    MutexLock lock(inode->mu);
-    inode->page_doubts++;
+    MutexLock lock(inode->writes.mu);
+    inode->writes.Doubt();
   }
   cb = [inode, uncached, cb = std::move(cb)](Result<size_t> r) {
     if (uncached || !r) {
-      MutexLock lock(inode->mu);
-      inode->page_doubts++;
+      MutexLock lock(inode->writes.mu);
+      inode->writes.Doubt();
     }
     cb(std::move(r));
   };
@@ -334,9 +304,10 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
     // new files"): its close then needs no COMMIT.
     // (Through f->inode, the same inode: OpenFile::fresh is guarded by it.)
     MutexLock lock(f->inode->mu);
+    MutexLock wl(f->inode->writes.mu);
     // After a write-behind failure the file's writes wait for the server,
-    // each returning its own error (Inode::behind_refused).
-    if (f->inode->behind_refused) behind = false;
+    // each returning its own error (FileWrites::Refused).
+    if (f->inode->writes.Refused()) behind = false;
     // A write that makes the server clear setuid (or setgid on a
     // group-executable file: the server's rule) by a user other than root
     // waits for its reply, which tells the kernel the new mode
@@ -346,18 +317,15 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
     if (c.uid != 0 && ((mode & S_ISUID) || ((mode & S_ISGID) && (mode & S_IXGRP)))) behind = false;
     if (f->fresh) {
       f->fresh = false;
-      if (off == 0 && size <= kSmallFileSync && f->inode->order.empty() &&
-          f->inode->uncommitted.empty() && !f->inode->commit_running) {
-        stable = true;
-      }
+      if (off == 0 && size <= kSmallFileSync && f->inode->writes.Untouched()) stable = true;
     }
   }
   const bool cache_admit = CacheAdmits(inode, off, size);
   std::vector<std::function<void()>> run;
   if (!behind) {
     {
-      MutexLock lock(inode->mu);
-      if (!inode->parked.empty()) {
+      MutexLock lock(inode->writes.mu);
+      if (inode->writes.HasParked()) {
         // Acknowledged writes still wait for room in the window: this one
         // takes its place in the write order after them.
         lock.Unlock();
@@ -377,22 +345,20 @@ void Filesystem::WriteToServer(const Cred& c, OpenFile* f, nfs::Buffer data, uin
   // a short count of a split write and lose it). At most `write_behind`
   // bytes per file are outstanding; writes past that wait, in order.
   {
-    MutexLock lock(inode->mu);
-    if (!inode->parked.empty() ||
-        (inode->behind_bytes > 0 && inode->behind_bytes + size > opts_.write_behind)) {
-      inode->parked.push_back(Inode::Parked{
-          size, [this, inode, c, off, data, cache_admit, cb](std::vector<std::function<void()>>* r)
-                    REQUIRES(inode->mu) {
-            // Runs under inode->mu, from the completion that made room.
-            inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + data->size());
-            AdmitWrite(inode, c, off, data, true, false, cache_admit, nullptr, r);
-            r->push_back([cb, n = data->size()] { cb(n); });
-          }});
+    MutexLock lock(inode->writes.mu);
+    if (inode->writes.MustPark(size, opts_.write_behind)) {
+      inode->writes.Park(size, [this, inode, c, off, data, cache_admit, cb](std::vector<std::function<void()>>* r)
+                                   REQUIRES(inode->writes.mu) {
+        // Runs under inode->writes.mu, from the completion that made room.
+        inode->writes.Wrote(off + data->size());
+        AdmitWrite(inode, c, off, data, true, false, cache_admit, nullptr, r);
+        r->push_back([cb, n = data->size()] { cb(n); });
+      });
       return;
     }
-    inode->behind_bytes += size;
+    inode->writes.Behind(size);
     // Acknowledged now: the size the application sees must include it.
-    inode->size_hwm = std::max<uint64_t>(inode->size_hwm, off + size);
+    inode->writes.Wrote(off + size);
     AdmitWrite(inode, c, off, std::move(data), true, stable, cache_admit, nullptr, &run);
   }
   cb(size);
@@ -423,9 +389,8 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
       auto reached = [this, inode, done](WriteOrder::Seq s) mutable {
         std::vector<std::function<void()>> run;
         {
-          MutexLock lock(inode->mu);
-          run = inode->order.Finish(s);
-          inode->PruneResendLogs();
+          MutexLock lock(inode->writes.mu);
+          run = inode->writes.Finish(s);
         }
         for (auto& fn : run) fn();
         Commit(inode, [inode, done = std::move(done)](Result<Ok> c) {
@@ -436,8 +401,8 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
           // close; the SETATTR goes on.
           bool kept;
           {
-            MutexLock lock(inode->mu);
-            kept = !inode->uncommitted.empty();
+            MutexLock lock(inode->writes.mu);
+            kept = inode->writes.HasKept();
           }
           if (kept) return done(c.error());
           done(Ok{});
@@ -446,8 +411,8 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
       WriteOrder::Seq seq = 0;
       bool now;
       {
-        MutexLock lock(inode->mu);
-        now = inode->order.AdmitTail(0, reached, &seq);
+        MutexLock lock(inode->writes.mu);
+        now = inode->writes.AdmitTail(0, reached, &seq);
       }
       if (now) reached(seq);
     });
@@ -460,8 +425,8 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
 
 void Filesystem::MaybeBackgroundCommit(const InodeP& inode) {
   {
-    MutexLock lock(inode->mu);
-    if (inode->commit_running || inode->uncommitted_bytes < opts_.commit_threshold) return;
+    MutexLock lock(inode->writes.mu);
+    if (!inode->writes.CommitDue(opts_.commit_threshold)) return;
   }
   Commit(inode, [this](Result<Ok> r) {
     if (!r) log_->warn("background COMMIT failed: {} (data is kept and retried)", r.error().what);
@@ -471,10 +436,8 @@ void Filesystem::MaybeBackgroundCommit(const InodeP& inode) {
 void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void(Result<Ok>)> cb) {
   std::vector<std::function<void(Result<Ok>)>> waiters;
   {
-    MutexLock lock(inode->mu);
-    waiters.swap(inode->commit_waiters);
-    inode->commit_running = false;
-    inode->PruneResendLogs();
+    MutexLock lock(inode->writes.mu);
+    waiters = inode->writes.EndCommit();
   }
   cb(std::move(r));
   if (waiters.empty()) return;
@@ -486,20 +449,18 @@ void Filesystem::EndCommit(const InodeP& inode, Result<Ok> r, std::function<void
 }
 
 void Filesystem::Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb) {
-  std::vector<std::shared_ptr<Buffered>> kept;
+  std::vector<FileWrites::BufferedP> kept;
   {
-    MutexLock lock(inode->mu);
-    if (inode->commit_running) {
-      inode->commit_waiters.push_back(std::move(cb));
-      return;
+    MutexLock lock(inode->writes.mu);
+    switch (inode->writes.BeginCommit(&cb, &kept)) {
+      case FileWrites::Begin::kQueued:
+        return;
+      case FileWrites::Begin::kNothingKept:
+        lock.Unlock();
+        return cb(Ok{});
+      case FileWrites::Begin::kStarted:
+        break;
     }
-    if (inode->uncommitted.empty()) {
-      lock.Unlock();
-      return cb(Ok{});
-    }
-    inode->commit_running = true;
-    kept.swap(inode->uncommitted);
-    inode->uncommitted_bytes = 0;
   }
   // COMMIT as a user who wrote the data (a reader's fsync must not need
   // write permission, nor commit with its own identity).
@@ -508,37 +469,27 @@ void Filesystem::Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb)
                                        Result<nfs::CommitReply> r) mutable {
     if (!r) {
       {
-        MutexLock lock(inode->mu);
-        for (auto& b : kept) inode->uncommitted_bytes += b->len;
-        inode->uncommitted.insert(inode->uncommitted.begin(), kept.begin(), kept.end());
+        MutexLock lock(inode->writes.mu);
+        inode->writes.CommitFailed(kept);
       }
       return EndCommit(inode, r.error(), std::move(cb));
     }
     log_->debug("COMMIT of {} kept writes: verifier {:#x}", kept.size(), r->verf);
-    std::vector<std::shared_ptr<Buffered>> lost;
-    for (auto& b : kept) {
-      if (b->verf != r->verf) lost.push_back(b);
-    }
+    std::vector<FileWrites::BufferedP> lost = FileWrites::Lost(kept, r->verf);
     if (lost.empty()) return EndCommit(inode, Ok{}, std::move(cb));
     Resend(inode, kept, std::move(lost), std::move(cb));
   });
 }
 
-void Filesystem::Resend(const InodeP& inode, const std::vector<std::shared_ptr<Buffered>>& kept,
-                        std::vector<std::shared_ptr<Buffered>> lost,
+void Filesystem::Resend(const InodeP& inode, const std::vector<FileWrites::BufferedP>& kept,
+                        std::vector<FileWrites::BufferedP> lost,
                         std::function<void(Result<Ok>)> cb) {
   // The server's write verifier changed: it restarted and may have lost
-  // UNSTABLE data. Each lost write is sent again, FILE_SYNC, except the
-  // bytes a newer write owns (newer kept data, answered since, or still in
-  // flight or waiting) and the bytes a later truncate cut: those must not be
-  // overwritten with older data. The resends take their place in the write
-  // order now, so nothing newer overtakes them either.
-  std::sort(lost.begin(), lost.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
-  struct Piece {
-    std::shared_ptr<Buffered> b;
-    uint64_t off, len;
-  };
-  std::vector<Piece> pieces;
+  // UNSTABLE data. Each lost write is sent again, FILE_SYNC, but for what
+  // newer writes own and later truncates cut (FileWrites::ResendPieces).
+  // The resends take their place in the write order now, so nothing newer
+  // overtakes them either.
+  const size_t nlost = lost.size();
   std::vector<std::function<void()>> run;
   uint64_t bytes = 0;
   auto rs = std::make_shared<Gather>(0);
@@ -546,47 +497,27 @@ void Filesystem::Resend(const InodeP& inode, const std::vector<std::shared_ptr<B
     if (!rs->Done(w)) return;
     if (rs->error()) {
       // The data is gone from the server: every open file learns it.
-      MutexLock lock(inode->mu);
-      RecordError(inode, *rs->error());
+      MutexLock lock(inode->writes.mu);
+      inode->writes.RecordError(*rs->error());
     }
     EndCommit(inode, rs->error() ? Result<Ok>(*rs->error()) : Result<Ok>(Ok{}), cb);
   };
   {
-    MutexLock lock(inode->mu);
-    for (const auto& b : lost) {
-      std::vector<std::pair<uint64_t, uint64_t>> holes;
-      auto newer = [&](const std::vector<std::shared_ptr<Buffered>>& list) {
-        for (const auto& o : list) {
-          if (o->seq > b->seq) holes.emplace_back(o->off, o->len);
-        }
-      };
-      newer(kept);
-      newer(inode->uncommitted);
-      inode->order.ForEachNewer(b->seq, b->off, b->len,
-                                [&](uint64_t o, uint64_t l) { holes.emplace_back(o, l); });
-      for (const auto& [tseq, size] : inode->truncations) {
-        if (tseq > b->seq) holes.emplace_back(size, UINT64_MAX - size);
-      }
-      for (const auto& n : inode->newer_log) {
-        if (n.seq > b->seq) holes.emplace_back(n.off, n.len);
-      }
-      for (const auto& [off, len] : SubtractRanges(b->off, b->len, std::move(holes))) {
-        pieces.push_back(Piece{b, off, len});
-        bytes += len;
-      }
-    }
+    MutexLock lock(inode->writes.mu);
+    const std::vector<FileWrites::Piece> pieces = inode->writes.ResendPieces(kept, std::move(lost));
     rs->AddParts(pieces.size() + 1);  // +1: held until every piece is admitted
     for (const auto& p : pieces) {
+      bytes += p.len;
       auto start = [this, inode, p, one_done](WriteOrder::Seq seq) {
         SendWrite(inode, p.b->cred, seq, p.off, p.b->buf, p.b->buf_off + (p.off - p.b->off), p.len,
                   /*stable=*/true, one_done);
       };
       WriteOrder::Seq seq = 0;
-      if (inode->order.Admit(p.off, p.len, start, &seq)) run.push_back([start, seq] { start(seq); });
+      if (inode->writes.Admit(p.off, p.len, start, &seq)) run.push_back([start, seq] { start(seq); });
     }
   }
   log_->warn("server write verifier changed (server restart?): resending {} bytes of {} writes",
-             bytes, lost.size());
+             bytes, nlost);
   for (auto& fn : run) fn();
   one_done(Ok{});
 }
@@ -620,8 +551,8 @@ void Filesystem::FlushFileForSync(const InodeP& inode, std::function<void(Result
     if (auto cache = cache_.load(); cache && cache->TakeLost(inode->fh())) {
       {
         // (The kernel's pages hold what neither has: the next open drops them.)
-        MutexLock lock(inode->mu);
-        inode->page_doubts++;
+        MutexLock lock(inode->writes.mu);
+        inode->writes.Doubt();
       }
       return done(Error::Errno(EIO, "unflushed writes lost by the cache disk"));
     }
@@ -636,24 +567,16 @@ void Filesystem::CommitAfterDrain(OpenFile* f, Cb<Ok> cb) {
     Commit(inode, [f, inode, cb = std::move(cb)](Result<Ok> r) {
       std::optional<Error> late;
       {
-        MutexLock lock(f->inode->mu);
-        if (!r) {
-          // Reported here: this open file need not hear of it again. Data
-          // lost meanwhile (a failed resend) is told rather than a COMMIT
-          // failure whose data is kept and retried.
-          if (f->err_seen != f->inode->err_seq) late = f->inode->last_error;
-          f->err_seen = f->inode->err_seq;
-        } else if (f->err_seen != f->inode->err_seq) {
-          // A failure recorded meanwhile: a round this one waited for
-          // lost data in a failed resend (the round that then ran for this
-          // one had nothing left to commit), or a write-behind failed.
-          f->err_seen = f->inode->err_seq;
-          late = f->inode->last_error;
-        } else {
-          // Everything written before is on the server's disk and no
-          // failure is unheard of here: write-behind may resume.
-          f->inode->behind_refused = false;
-        }
+        MutexLock lock(f->inode->writes.mu);
+        // An error this open file has not reported: a write-behind failure,
+        // or data a failed resend lost (a round this one waited for, when
+        // the round that then ran for this one had nothing left to commit).
+        // It is told rather than a COMMIT failure whose data is kept and
+        // retried; after it, this open need not hear of it again.
+        late = f->inode->writes.TakeError(&f->err_seen);
+        // Everything written before is on the server's disk and no failure
+        // is unheard of here: write-behind may resume.
+        if (r && !late) f->inode->writes.Resume();
       }
       if (late) return cb(*late);
       cb(std::move(r));

@@ -16,7 +16,7 @@
 // order; the filesystem also tags its kept UNSTABLE data with it, so that a
 // resend after a verifier change can tell which bytes newer writes own.
 //
-// Not thread safe: the owner guards it with its own lock (Inode::mu) and
+// Not thread safe: the owner guards it with its own lock (FileWrites::mu) and
 // runs the returned start functions after releasing that lock. Admission
 // under the same lock that decides the order of writes is what makes the
 // order the application's.

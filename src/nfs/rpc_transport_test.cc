@@ -337,7 +337,9 @@ TEST_F(RpcTransportTest, RepliesBatchedCutAnywhereAndFragmentedReachTheirCalls) 
                                         stream.begin() + static_cast<ptrdiff_t>(at + n)));
     at += n;
     pollfd p{t_.Fd(), POLLIN, 0};
-    if (poll(&p, 1, 5) > 0) ASSERT_TRUE(t_.Service(p.revents)) << t_.LastError();
+    if (poll(&p, 1, 5) > 0) {
+      ASSERT_TRUE(t_.Service(p.revents)) << t_.LastError();
+    }
   }
   ASSERT_TRUE(PumpUntil([&] { return sink_.got.size() == 3; })) << t_.LastError();
   ASSERT_EQ(sink_.got[0].token, &c);
