@@ -577,23 +577,15 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   auto cache = cache_.load();
   if (!cache) return;
-  uint64_t stamp = 0;
-  auto creds = AsCreds(cache->DirtyWriters(fh, &stamp));
-  if (creds.empty()) return;
-  // (Weak: a cache detached meanwhile is not kept alive, to be closed on an
-  // event loop thread, by this call.)
-  gone_.Ask(fh, std::move(creds),
-            [this, fh, stamp, weak = std::weak_ptr<cache::BlockCache>(cache)](GoneCheck::Answer a) {
-              // A file looked up again meanwhile (a new inode for the
-              // handle) is someone's: kept. So are writes made since the
-              // writers were listed (not asked about: at the flush, they
-              // will be).
-              if (a != GoneCheck::Answer::kGone || inodes_.Find(fh)) return;
-              if (auto cache = weak.lock();
-                  cache && cache->DropAsOf(fh, stamp) != cache::BlockCache::DropResult::kNothing) {
-                Log("fs")->debug("a removed file's unflushed cached writes are dropped");
-              }
-            });
+  // A file looked up again meanwhile (a new inode for the handle) is
+  // someone's: kept.
+  gone_.AskToDrop(
+      cache, fh, [this, fh] { return inodes_.Find(fh) == nullptr; },
+      [](GoneCheck::Outcome o) {
+        if (o.dropped != cache::BlockCache::DropResult::kNothing) {
+          Log("fs")->debug("a removed file's unflushed cached writes are dropped");
+        }
+      });
 }
 
 void Filesystem::Rmdir(const Cred& c, uint64_t parent, const std::string& name, Cb<Ok> cb) {

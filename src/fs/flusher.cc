@@ -6,7 +6,7 @@
 #include <set>
 
 #include "common/log.h"
-#include "fs/cache_version.h"
+#include "fs/whole_write.h"
 
 namespace mpnfs::fs {
 namespace {
@@ -27,8 +27,10 @@ struct Call {
   size_t len = 0;
   std::vector<size_t> runs;  // indexes into the round's runs
   nfs::Buffer buf;
-  std::optional<uint64_t> verf;  // UNSTABLE reply's verifier; unset: FILE_SYNC or failed
-  bool stable = false, ok = false;
+  // The verifiers of its parts answered UNSTABLE (a short WRITE is
+  // continued: fs/whole_write.h); none: all FILE_SYNC.
+  std::vector<uint64_t> verfs;
+  bool ok = false;
   std::optional<Error> err;
 };
 
@@ -40,7 +42,7 @@ struct Flusher::RoundState {
   std::vector<Call> calls;  // guarded by mu once sent
   size_t left GUARDED_BY(mu) = 0;  // calls not answered yet
   std::map<std::string, Result<nfs::CommitReply>> commits;
-  std::map<std::string, GoneCheck::Answer> gone;  // files answered ESTALE: asked
+  std::map<std::string, GoneCheck::Outcome> gone;  // files answered ESTALE: asked
 };
 
 Flusher::Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
@@ -166,35 +168,39 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
         at += runs[k].data.size();
       }
       c.buf = bytes;
-      const uint64_t token = cache_->WriteStart(c.fh, c.off, len, /*invalidate=*/false);
       if (before_write_) before_write_(c.fh, c.off, len);
-      nfs_.Write(c.fh, c.off, c.buf, 0, len, /*stable=*/false, c.cred,
-                 [cache = cache_, st, i, token, len](Result<nfs::WriteReply> r) {
-                   Call& c = st->calls[i];
-                   const bool whole = r && r->count >= len;
-                   std::optional<cache::FileVersion> before, after;
-                   if (r && r->wcc.before) before = Version(*r->wcc.before);
-                   if (r && r->wcc.after) after = Version(*r->wcc.after);
-                   cache->WriteDone(c.fh, token, c.off, c.buf->data(), len, whole, false, before, after);
-                   MutexLock lock(st->mu);
-                   if (!r) {
-                     c.err = r.error();
-                   } else if (!whole) {
-                     c.err = Error::Errno(EIO, "short WRITE while flushing");
-                   } else {
-                     c.ok = true;
-                     c.stable = r->stable;
-                     if (!r->stable) c.verf = r->verf;
-                   }
-                   if (--st->left == 0) st->cv.SignalAll();
-                 });
+      WholeWrite w;
+      w.fh = c.fh;
+      w.off = c.off;
+      w.data = c.buf;
+      w.len = len;
+      w.cred = c.cred;
+      w.cache = cache_;
+      w.invalidate = false;  // (it carries what the cache holds)
+      SendWholeWrite(
+          nfs_, std::move(w),
+          [st, i](const nfs::WriteReply& r, uint64_t, size_t) {
+            if (r.stable) return;
+            MutexLock lock(st->mu);
+            st->calls[i].verfs.push_back(r.verf);
+          },
+          [st, i](Result<Ok> r) {
+            MutexLock lock(st->mu);
+            Call& c = st->calls[i];
+            if (r) {
+              c.ok = true;
+            } else {
+              c.err = r.error();
+            }
+            if (--st->left == 0) st->cv.SignalAll();
+          });
     }
   });
   if (!sent || !wait()) return Error::Errno(EINTR, "flushing interrupted");
   // COMMIT each file that took UNSTABLE writes.
   std::map<std::string, engine::Cred> files;
   for (const auto& c : st->calls) {
-    if (c.ok && !c.stable) files.emplace(c.fh, c.cred);
+    if (c.ok && !c.verfs.empty()) files.emplace(c.fh, c.cred);
   }
   const bool committing = send([&] {
     {
@@ -218,13 +224,17 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   uint64_t bytes = 0;
   for (auto& c : calls_done) {
     bool ok = c.ok;
-    if (ok && !c.stable) {
+    if (ok && !c.verfs.empty()) {
       auto it = commits.find(c.fh);
       if (!it->second) {
         ok = false;
         c.err = it->second.error();
-      } else if (it->second->verf != *c.verf) {
-        ok = false;  // the server restarted and may have lost it: sent again next round
+      } else if (std::any_of(c.verfs.begin(), c.verfs.end(),
+                             [&](uint64_t v) { return v != it->second->verf; })) {
+        // The server restarted and may have lost a part: the run stays
+        // dirty, its copy kept for resending, and is written again next
+        // round (the flusher's form of FileWrites' resend).
+        ok = false;
         Log("flush")->warn("server write verifier changed while flushing: writing again");
       }
     }
@@ -242,36 +252,32 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   cache_->Flushed(clean);
   if (!stale.empty()) {
     // Is each really gone? (Asked after the clean runs are marked: the
-    // writers asked as are those whose writes still wait.)
-    std::vector<std::pair<std::string, std::vector<engine::Cred>>> ask;
-    std::map<std::string, uint64_t> stamps;
-    for (const auto& [f, n] : stale) {
-      auto creds = AsCreds(cache_->DirtyWriters(f, &stamps[f]));
-      if (creds.empty()) {
-        bytes += n;  // (nothing of it waits any more)
-        continue;
-      }
-      ask.emplace_back(f, std::move(creds));
-    }
+    // writers asked as are those whose writes still wait.) If so, its
+    // writes are dropped (GoneCheck::AskToDrop).
     const bool asking = send([&] {
       {
         MutexLock lock(st->mu);  // (no call is out yet)
-        st->left = ask.size();
+        st->left = stale.size();
       }
-      for (auto& [f, creds] : ask) {
-        gone_.Ask(f, std::move(creds), [st, f = f](GoneCheck::Answer a) {
+      for (const auto& [f, n] : stale) {
+        const bool asked = gone_.AskToDrop(cache_, f, nullptr, [st, f = f](GoneCheck::Outcome o) {
           MutexLock lock(st->mu);
-          st->gone.emplace(f, a);
+          st->gone.emplace(f, o);
           if (--st->left == 0) st->cv.SignalAll();
         });
+        if (!asked) {
+          bytes += n;  // (nothing of it waits any more)
+          MutexLock lock(st->mu);
+          if (--st->left == 0) st->cv.SignalAll();
+        }
       }
     });
     if (!asking || !wait()) return Error::Errno(EINTR, "flushing interrupted");
-    for (const auto& [f, a] : st->gone) {
+    for (const auto& [f, o] : st->gone) {
       using Drop = cache::BlockCache::DropResult;
-      switch (a) {
+      switch (o.answer) {
         case GoneCheck::Answer::kGone:
-          switch (cache_->DropAsOf(f, stamps[f])) {
+          switch (o.dropped) {
             case Drop::kDropped:
               Log("flush")->warn("a file with unflushed writes is gone from the server (ESTALE); "
                                  "its cached writes are dropped");

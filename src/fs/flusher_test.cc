@@ -159,6 +159,50 @@ class FlusherTest : public ::testing::Test {
   LyingNfs nfs_;
 };
 
+// A WRITE the server answers short is continued from where it stopped
+// (fs/whole_write.h), as the filesystem's writes are: a flush is not
+// failed by it.
+TEST_F(FlusherTest, AShortWriteIsContinuedNotFailed) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(12288, 's');
+  Store(*cache, f, data);
+  nfs_.set_write_max(5000);
+  {
+    Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+    auto r = flusher.FlushAll();
+    EXPECT_TRUE(static_cast<bool>(r)) << (r ? "" : r.error().what);
+  }
+  EXPECT_TRUE(nfs_.StableContents(f) == data);
+  EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+  EXPECT_GE(nfs_.stats().Calls(testing::FakeNfs::Proc::kWrite), 3u);
+  nfs_.Quiesce();
+}
+
+// Each part of a WRITE continued after a short answer has its own
+// verifier: the server restarting between two parts lost the first, and
+// the COMMIT (with the new verifier) must not make the run clean.
+TEST_F(FlusherTest, APartLostBetweenTwoPartsOfAShortWriteIsWrittenAgain) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 'p');
+  Store(*cache, f, data);
+  nfs_.set_write_max(4096);
+  nfs_.Pause();
+  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+  auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
+  bool stepped = nfs_.WaitPending(1) && nfs_.StepOne();  // the first part, answered UNSTABLE
+  if (stepped) nfs_.Restart();                            // ... and lost
+  nfs_.Resume();
+  auto r = flush.get();
+  ASSERT_TRUE(stepped);
+  EXPECT_TRUE(static_cast<bool>(r)) << (r ? "" : r.error().what);
+  EXPECT_TRUE(nfs_.StableContents(f) == data) << "a part the server lost was taken as committed";
+  nfs_.Quiesce();
+}
+
 // Found by fsx under write-back: a flush request before every truncate kept
 // the flusher busy, and a block dirty for longer than dirty_age waited
 // (182 s with dirty_age=30). Requests that keep coming must not starve the

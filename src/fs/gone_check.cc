@@ -123,6 +123,23 @@ void GoneCheck::Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::func
 
 void GoneCheck::Cancel() { st_->cancelled = true; }
 
+bool GoneCheck::AskToDrop(const std::shared_ptr<cache::BlockCache>& cache, const nfs::Fh& fh,
+                          std::function<bool()> may_drop, std::function<void(Outcome)> done) {
+  uint64_t stamp = 0;
+  auto creds = AsCreds(cache->DirtyWriters(fh, &stamp));
+  if (creds.empty()) return false;
+  Ask(fh, std::move(creds),
+      [fh, stamp, weak = std::weak_ptr<cache::BlockCache>(cache), may_drop = std::move(may_drop),
+       done = std::move(done)](Answer a) {
+        Outcome o{a};
+        if (a == Answer::kGone && (!may_drop || may_drop())) {
+          if (auto c = weak.lock()) o.dropped = c->DropAsOf(fh, stamp);
+        }
+        done(o);
+      });
+  return true;
+}
+
 std::vector<nfs::Cred> AsCreds(std::vector<cache::BlockCache::Writer> writers) {
   std::vector<nfs::Cred> out;
   for (auto& w : writers) out.push_back(nfs::Cred{w.uid, w.gid, std::move(w.groups)});

@@ -54,6 +54,20 @@ class GoneCheck {
 
   // `writers` must not be empty (the root is asked as the first).
   void Ask(const nfs::Fh& fh, std::vector<nfs::Cred> writers, std::function<void(Answer)> done);
+  // The one rule for a file's unflushed cached writes when the file may be
+  // gone (the flusher's WRITE answered ESTALE; this mount's last use of the
+  // file ended): asks about `fh` as the users whose writes wait now, and if
+  // it is gone and `may_drop` (if given) still allows it, drops those
+  // writes, never sent (BlockCache::DropAsOf: writes made while the server
+  // was asked stay, to be asked about at their flush). The question holds
+  // the cache weakly (one detached meanwhile is not kept alive by it).
+  // False, and `done` is not called, if no writes wait.
+  struct Outcome {
+    Answer answer;
+    cache::BlockCache::DropResult dropped = cache::BlockCache::DropResult::kNothing;
+  };
+  bool AskToDrop(const std::shared_ptr<cache::BlockCache>& cache, const nfs::Fh& fh,
+                 std::function<bool()> may_drop, std::function<void(Outcome)> done);
   // From now on nothing more is sent: asks in flight and queued, and new
   // ones, answer kLive (keep the writes) at their next step. For good.
   void Cancel();

@@ -9,78 +9,65 @@
 #include "fs/filesystem.h"
 #include "fs/gather.h"
 #include "fs/split.h"
+#include "fs/whole_write.h"
 
 namespace mpnfs::fs {
 
 void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
                            nfs::Buffer data, size_t buf_off, size_t len, bool stable,
                            std::function<void(Result<Ok>)> done, bool admit) {
-  // The SSD cache drops the pages before the write leaves and, once it is
-  // answered, stores the new data (writethrough) unless something raced it.
-  std::shared_ptr<cache::BlockCache> cache = cache_.load();
-  const uint64_t token = cache ? cache->WriteStart(inode->fh(), off, len) : 0;
-  nfs_.Write(
-      inode->fh(), off, data, buf_off, len, stable, c,
-      [this, inode, c, seq, off, data, buf_off, len, stable, admit, token, cache,
-       done = std::move(done)](Result<nfs::WriteReply> r) mutable {
-        if (cache) {
-          const bool whole = r && r->count >= len;
-          std::optional<cache::FileVersion> before, after;
-          if (r && r->wcc.before) before = Version(*r->wcc.before);
-          if (r && r->wcc.after) after = Version(*r->wcc.after);
-          cache->WriteDone(inode->fh(), token, off, data->data() + buf_off, len, whole, admit,
-                           before, after);
-          cache.reset();
-        }
-        Result<Ok> res = Ok{};
-        bool mode_changed = false;
-        if (!r) {
-          res = r.error();
-        } else if (r->count == 0) {
-          res = Error::Errno(EIO, "server wrote nothing");
+  WholeWrite w;
+  w.fh = inode->fh();
+  w.off = off;
+  w.data = data;
+  w.buf_off = buf_off;
+  w.len = len;
+  w.stable = stable;
+  w.cred = c;
+  w.cache = cache_.load();
+  w.admit = admit;
+  // Each answered part: kept for COMMIT (UNSTABLE) or recorded as newer
+  // durable data, and the attributes it brings.
+  auto answered = [this, inode, c, seq, off, data = std::move(data), buf_off](const nfs::WriteReply& r,
+                                                                           uint64_t poff, size_t n) {
+    bool mode_changed = false;
+    {
+      MutexLock lock(inode->mu);
+      {
+        MutexLock wl(inode->writes.mu);
+        inode->writes.Wrote(poff + n);
+        if (!r.stable) {
+          inode->writes.Keep(
+              std::make_shared<Buffered>(Buffered{poff, data, buf_off + (poff - off), n, r.verf, seq, c}));
         } else {
-          const size_t n = std::min<size_t>(r->count, len);
-          {
-            MutexLock lock(inode->mu);
-            {
-              MutexLock wl(inode->writes.mu);
-              inode->writes.Wrote(off + n);
-              if (!r->stable) {
-                inode->writes.Keep(std::make_shared<Buffered>(Buffered{off, data, buf_off, n, r->verf, seq, c}));
-              } else {
-                inode->writes.Durable(seq, off, n);
-              }
-            }
-            if (r->wcc.after) {
-              // The server cleared setuid/setgid (a write by a user without
-              // CAP_FSETID): the kernel holds the old mode, and stat(1)
-              // asking for the mode alone would be answered from it.
-              mode_changed = r->wcc.after->mode != inode->mode;
-              inode->mode = r->wcc.after->mode;
-            }
-            // Our own write moved mtime: keep close-to-open from dropping our cache.
-            if (r->wcc.before && r->wcc.after && inode->have_open_attr &&
-                r->wcc.before->mtime == inode->open_mtime) {
-              inode->open_mtime = r->wcc.after->mtime;
-              inode->open_size = r->wcc.after->size;
-            }
-          }
-          if (mode_changed && invalidate_attrs_) invalidate_attrs_(inode->ino());
-          if (n < len) {
-            // Short write: the rest goes now, still under this write's place
-            // in the order.
-            return SendWrite(inode, c, seq, off + n, std::move(data), buf_off + n, len - n,
-                             stable, std::move(done), admit);
-          }
+          inode->writes.Durable(seq, poff, n);
         }
-        std::vector<std::function<void()>> run;
-        {
-          MutexLock lock(inode->writes.mu);
-          run = inode->writes.Finish(seq);
-        }
-        done(std::move(res));
-        for (auto& fn : run) fn();
-      });
+      }
+      if (r.wcc.after) {
+        // The server cleared setuid/setgid (a write by a user without
+        // CAP_FSETID): the kernel holds the old mode, and stat(1) asking
+        // for the mode alone would be answered from it.
+        mode_changed = r.wcc.after->mode != inode->mode;
+        inode->mode = r.wcc.after->mode;
+      }
+      // Our own write moved mtime: keep close-to-open from dropping our cache.
+      if (r.wcc.before && r.wcc.after && inode->have_open_attr && r.wcc.before->mtime == inode->open_mtime) {
+        inode->open_mtime = r.wcc.after->mtime;
+        inode->open_size = r.wcc.after->size;
+      }
+    }
+    if (mode_changed && invalidate_attrs_) invalidate_attrs_(inode->ino());
+  };
+  SendWholeWrite(nfs_, std::move(w), std::move(answered),
+                 [inode, seq, done = std::move(done)](Result<Ok> res) {
+                   std::vector<std::function<void()>> run;
+                   {
+                     MutexLock lock(inode->writes.mu);
+                     run = inode->writes.Finish(seq);
+                   }
+                   done(std::move(res));
+                   for (auto& fn : run) fn();
+                 });
 }
 
 void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
