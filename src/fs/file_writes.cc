@@ -59,32 +59,29 @@ std::vector<FileWrites::BufferedP> FileWrites::Lost(const std::vector<BufferedP>
   for (const auto& b : kept) {
     if (b->verf != verf) lost.push_back(b);
   }
+  std::sort(lost.begin(), lost.end(), [](const auto& x, const auto& y) { return x->seq < y->seq; });
   return lost;
 }
 
 std::vector<FileWrites::Piece> FileWrites::ResendPieces(const std::vector<BufferedP>& kept,
-                                                        std::vector<BufferedP> lost) {
-  std::sort(lost.begin(), lost.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
+                                                        const BufferedP& b) {
+  std::vector<std::pair<uint64_t, uint64_t>> holes;
+  auto newer = [&](const std::vector<BufferedP>& list) {
+    for (const auto& o : list) {
+      if (o->seq > b->seq) holes.emplace_back(o->off, o->len);
+    }
+  };
+  newer(kept);
+  newer(uncommitted_);
+  for (const auto& [tseq, size] : truncations_) {
+    if (tseq > b->seq) holes.emplace_back(size, UINT64_MAX - size);
+  }
+  for (const auto& n : newer_log_) {
+    if (n.seq > b->seq) holes.emplace_back(n.off, n.len);
+  }
   std::vector<Piece> pieces;
-  for (const auto& b : lost) {
-    std::vector<std::pair<uint64_t, uint64_t>> holes;
-    auto newer = [&](const std::vector<BufferedP>& list) {
-      for (const auto& o : list) {
-        if (o->seq > b->seq) holes.emplace_back(o->off, o->len);
-      }
-    };
-    newer(kept);
-    newer(uncommitted_);
-    order_.ForEachNewer(b->seq, b->off, b->len, [&](uint64_t o, uint64_t l) { holes.emplace_back(o, l); });
-    for (const auto& [tseq, size] : truncations_) {
-      if (tseq > b->seq) holes.emplace_back(size, UINT64_MAX - size);
-    }
-    for (const auto& n : newer_log_) {
-      if (n.seq > b->seq) holes.emplace_back(n.off, n.len);
-    }
-    for (const auto& [off, len] : SubtractRanges(b->off, b->len, std::move(holes))) {
-      pieces.push_back(Piece{b, off, len});
-    }
+  for (const auto& [off, len] : SubtractRanges(b->off, b->len, std::move(holes))) {
+    pieces.push_back(Piece{b, off, len});
   }
   return pieces;
 }

@@ -108,18 +108,23 @@ class FileWrites {
   Begin BeginCommit(std::function<void(Result<Ok>)>* cb, std::vector<BufferedP>* kept) REQUIRES(mu);
   // The COMMIT failed: its writes are kept again (before newer ones).
   void CommitFailed(const std::vector<BufferedP>& kept) REQUIRES(mu);
-  // The kept writes the server lost: their verifier is not the COMMIT's.
+  // The kept writes the server lost (their verifier is not the COMMIT's),
+  // oldest first.
   static std::vector<BufferedP> Lost(const std::vector<BufferedP>& kept, uint64_t verf);
   // A part of a lost write to send again, FILE_SYNC.
   struct Piece {
     BufferedP b;
     uint64_t off, len;
   };
-  // What of `lost` (from the round's `kept`) may be sent again: all but the
-  // bytes a newer write owns (newer kept data, answered since, or still in
-  // flight or waiting) and those a later truncate cut. Oldest first.
-  std::vector<Piece> ResendPieces(const std::vector<BufferedP>& kept, std::vector<BufferedP> lost)
-      REQUIRES(mu);
+  // What of the lost write `b` (from the round's `kept`) to send again,
+  // asked when its resend's place in the write order (its whole range) is
+  // reached: every write admitted before it that overlaps has been
+  // answered. All but the bytes that newer writes hold (newer kept data,
+  // of the round or answered since; newer data answered FILE_SYNC or the
+  // flusher's) and those a later truncate cut. Only answered writes count:
+  // a newer write that failed leaves its bytes to the older data, and one
+  // admitted after the resend waits for it and lands after it.
+  std::vector<Piece> ResendPieces(const std::vector<BufferedP>& kept, const BufferedP& b) REQUIRES(mu);
   // The round ended: returns those who came during it (they need a round
   // of their own, which covers every write answered before it starts).
   std::vector<std::function<void(Result<Ok>)>> EndCommit() REQUIRES(mu);

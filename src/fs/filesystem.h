@@ -300,6 +300,11 @@ class Filesystem {
   void SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
                  nfs::Buffer data, size_t buf_off, size_t len, bool stable,
                  std::function<void(Result<Ok>)> done, bool admit = false);
+  // SendWrite without finishing `seq` (the caller does, once all the
+  // calls made under it are answered).
+  void SendWriteCall(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
+                     nfs::Buffer data, size_t buf_off, size_t len, bool stable,
+                     std::function<void(Result<Ok>)> done, bool admit = false);
   // The SSD cache's view of a file's attributes (regular files only).
   void Observe(const InodeP& inode, const nfs::Attr& a);
   // Whether the writethrough/readonly cache may store a write's data.
@@ -323,6 +328,9 @@ class Filesystem {
   void EndCommit(const InodeP& inode, Result<Ok> r, std::function<void(Result<Ok>)> cb);
   void Resend(const InodeP& inode, const std::vector<FileWrites::BufferedP>& kept,
               std::vector<FileWrites::BufferedP> lost, std::function<void(Result<Ok>)> cb);
+  // One lost write's resend, its place `seq` in the order reached.
+  void ResendOne(const InodeP& inode, const std::vector<FileWrites::BufferedP>& kept,
+                 const FileWrites::BufferedP& b, WriteOrder::Seq seq, std::function<void(Result<Ok>)> done);
   void MaybeBackgroundCommit(const InodeP& inode);
   void LoadDir(const Cred& c, DirHandle* d, uint64_t cookie, uint64_t verf, Cb<DirHandle*> cb);
   uint64_t NextSeq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }

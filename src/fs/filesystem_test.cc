@@ -54,6 +54,15 @@ std::string Pattern(size_t n, uint32_t seed) {
   return s;
 }
 
+// The index of the first queued call of `p` (the queue's size if none).
+size_t IndexOf(FakeNfs& nfs, Proc p) {
+  auto q = nfs.Queued();
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i].proc == p) return i;
+  }
+  return q.size();
+}
+
 constexpr uint64_t kRoot = InodeTable::kRootIno;
 
 class FilesystemTest : public ::testing::Test {
@@ -503,6 +512,48 @@ TEST_F(FilesystemTest, ResendAfterRestartNeverReplacesNewerData) {
   Close(f);
 }
 
+// A resend leaves out the bytes of a newer write only if that write
+// succeeds: a newer write still on its way when the resend is decided
+// that then fails (its caller hears of it) leaves them to the older data,
+// not to whatever the restarted server holds, which fsync would otherwise
+// pass as written.
+TEST_F(FilesystemTest, ANewerWriteThatFailsLeavesItsBytesToTheResend) {
+  const std::string a = Pattern(8192, 1), b = Pattern(4096, 2);
+  OpenFile* f = CreateWith("h", a);
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(StableOf("h"), "") << "written stable: a restart would lose nothing";
+  auto d = Open(f->inode->ino(), O_WRONLY | O_DIRECT);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();  // `a` is lost
+  nfs_.Pause();
+  auto direct = std::make_shared<std::promise<Result<size_t>>>();
+  fs_->Write(cred_, d->file, Buf(b), 0, O_WRONLY | O_DIRECT,
+             [direct](Result<size_t> r) { direct->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(1));  // the direct WRITE, held
+  auto sync = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, f, [sync](Result<Ok> r) { sync->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  // The COMMIT: a new verifier; the resend is decided while the direct
+  // WRITE is still out.
+  ASSERT_TRUE(nfs_.StepOne(IndexOf(nfs_, Proc::kCommit)));
+  nfs_.FailNext(Proc::kWrite, EIO, 1);
+  ASSERT_TRUE(nfs_.StepOne(0));  // the direct WRITE (queued first) fails
+  nfs_.Resume();
+  auto fd = direct->get_future();
+  auto fsy = sync->get_future();
+  ASSERT_EQ(fd.wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(fsy.wait_for(30s), std::future_status::ready);
+  EXPECT_FALSE(fd.get().ok());
+  auto r = fsy.get();
+  ASSERT_TRUE(nfs_.Quiesce());
+  const bool whole = StableOf("h") == a;
+  EXPECT_TRUE(whole || !r.ok()) << "fsync succeeded with bytes of the file lost";
+  EXPECT_TRUE(whole) << "the bytes the failed write left were not resent";
+  fs_->Release(d->file);
+  Close(f);
+}
+
 // Two lost writes of one range, resent with replies in any order: the newer
 // one's bytes win.
 TEST_F(FilesystemTest, ResendOfTwoLostOverlappingWritesKeepsTheNewer) {
@@ -895,13 +946,6 @@ TEST_F(FilesystemTest, OTruncNeedsWritePermission) {
 }
 
 // ------------------------------------- found by review (issue 9)
-size_t IndexOf(FakeNfs& nfs, Proc p) {
-  auto q = nfs.Queued();
-  for (size_t i = 0; i < q.size(); ++i) {
-    if (q[i].proc == p) return i;
-  }
-  return q.size();
-}
 
 // A newer FILE_SYNC (O_DSYNC) write over kept UNSTABLE data: after a restart
 // the resend of the older write must not replace it.

@@ -16,6 +16,22 @@ namespace mpnfs::fs {
 void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
                            nfs::Buffer data, size_t buf_off, size_t len, bool stable,
                            std::function<void(Result<Ok>)> done, bool admit) {
+  SendWriteCall(inode, c, seq, off, std::move(data), buf_off, len, stable,
+                [inode, seq, done = std::move(done)](Result<Ok> res) {
+                  std::vector<std::function<void()>> run;
+                  {
+                    MutexLock lock(inode->writes.mu);
+                    run = inode->writes.Finish(seq);
+                  }
+                  done(std::move(res));
+                  for (auto& fn : run) fn();
+                },
+                admit);
+}
+
+void Filesystem::SendWriteCall(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
+                               nfs::Buffer data, size_t buf_off, size_t len, bool stable,
+                               std::function<void(Result<Ok>)> done, bool admit) {
   WholeWrite w;
   w.fh = inode->fh();
   w.off = off;
@@ -58,16 +74,7 @@ void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq s
     }
     if (mode_changed && invalidate_attrs_) invalidate_attrs_(inode->ino());
   };
-  SendWholeWrite(nfs_, std::move(w), std::move(answered),
-                 [inode, seq, done = std::move(done)](Result<Ok> res) {
-                   std::vector<std::function<void()>> run;
-                   {
-                     MutexLock lock(inode->writes.mu);
-                     run = inode->writes.Finish(seq);
-                   }
-                   done(std::move(res));
-                   for (auto& fn : run) fn();
-                 });
+  SendWholeWrite(nfs_, std::move(w), std::move(answered), std::move(done));
 }
 
 void Filesystem::WhenDrained(const InodeP& inode, std::function<void()> fn) {
@@ -472,14 +479,14 @@ void Filesystem::Resend(const InodeP& inode, const std::vector<FileWrites::Buffe
                         std::vector<FileWrites::BufferedP> lost,
                         std::function<void(Result<Ok>)> cb) {
   // The server's write verifier changed: it restarted and may have lost
-  // UNSTABLE data. Each lost write is sent again, FILE_SYNC, but for what
-  // newer writes own and later truncates cut (FileWrites::ResendPieces).
-  // The resends take their place in the write order now, so nothing newer
-  // overtakes them either.
-  const size_t nlost = lost.size();
-  std::vector<std::function<void()>> run;
-  uint64_t bytes = 0;
-  auto rs = std::make_shared<Gather>(0);
+  // UNSTABLE data. Each lost write is sent again, FILE_SYNC, oldest first.
+  // Each takes its place in the write order now, over its whole range: it
+  // goes once every earlier overlapping write was answered, and what it
+  // sends is decided then (FileWrites::ResendPieces: not what newer writes
+  // that succeeded hold, nor what later truncates cut). Newer writes
+  // admitted after it wait for it.
+  auto round = std::make_shared<const std::vector<FileWrites::BufferedP>>(kept);
+  auto rs = std::make_shared<Gather>(lost.size() + 1);  // +1: held until every resend is admitted
   auto one_done = [this, inode, rs, cb](Result<Ok> w) {
     if (!rs->Done(w)) return;
     if (rs->error()) {
@@ -489,24 +496,51 @@ void Filesystem::Resend(const InodeP& inode, const std::vector<FileWrites::Buffe
     }
     EndCommit(inode, rs->error() ? Result<Ok>(*rs->error()) : Result<Ok>(Ok{}), cb);
   };
+  std::vector<std::function<void()>> run;
+  uint64_t bytes = 0;
   {
     MutexLock lock(inode->writes.mu);
-    const std::vector<FileWrites::Piece> pieces = inode->writes.ResendPieces(kept, std::move(lost));
-    rs->AddParts(pieces.size() + 1);  // +1: held until every piece is admitted
-    for (const auto& p : pieces) {
-      bytes += p.len;
-      auto start = [this, inode, p, one_done](WriteOrder::Seq seq) {
-        SendWrite(inode, p.b->cred, seq, p.off, p.b->buf, p.b->buf_off + (p.off - p.b->off), p.len,
-                  /*stable=*/true, one_done);
+    for (const auto& b : lost) {
+      bytes += b->len;
+      auto start = [this, inode, round, b, one_done](WriteOrder::Seq seq) {
+        ResendOne(inode, *round, b, seq, one_done);
       };
       WriteOrder::Seq seq = 0;
-      if (inode->writes.Admit(p.off, p.len, start, &seq)) run.push_back([start, seq] { start(seq); });
+      if (inode->writes.Admit(b->off, b->len, start, &seq)) run.push_back([start, seq] { start(seq); });
     }
   }
-  log_->warn("server write verifier changed (server restart?): resending {} bytes of {} writes",
-             bytes, nlost);
+  log_->warn("server write verifier changed (server restart?): resending {} writes ({} bytes at most)",
+             lost.size(), bytes);
   for (auto& fn : run) fn();
   one_done(Ok{});
+}
+
+void Filesystem::ResendOne(const InodeP& inode, const std::vector<FileWrites::BufferedP>& kept,
+                           const FileWrites::BufferedP& b, WriteOrder::Seq seq,
+                           std::function<void(Result<Ok>)> done) {
+  std::vector<FileWrites::Piece> pieces;
+  {
+    MutexLock lock(inode->writes.mu);
+    pieces = inode->writes.ResendPieces(kept, b);
+  }
+  auto finish = [inode, seq, done = std::move(done)](Result<Ok> r) {
+    std::vector<std::function<void()>> run;
+    {
+      MutexLock lock(inode->writes.mu);
+      run = inode->writes.Finish(seq);
+    }
+    done(std::move(r));
+    for (auto& fn : run) fn();
+  };
+  if (pieces.empty()) return finish(Ok{});
+  auto g = std::make_shared<Gather>(pieces.size());
+  for (const auto& p : pieces) {
+    SendWriteCall(inode, b->cred, seq, p.off, b->buf, b->buf_off + (p.off - b->off), p.len, /*stable=*/true,
+                  [g, finish](Result<Ok> r) {
+                    if (!g->Done(r)) return;
+                    finish(g->error() ? Result<Ok>(*g->error()) : Result<Ok>(Ok{}));
+                  });
+  }
 }
 
 void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
