@@ -1,5 +1,5 @@
 #!/bin/bash
-# What the SSD cache costs as it grows (issue 12): RAM per GiB of cache at
+# What the SSD cache costs as it grows: RAM per GiB of cache at
 # the default block size, and the time to mount a full cache, each for
 # several sizes with the slope of a least-squares line through them. Runs
 # build/contrib/bench/cache-cost (cache_cost.cc) once per size, in a fresh

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Daemon CPU per GiB written, for one or more mpnfs binaries mounted in turn
-# on the same one-path bed: the write-CPU target of issue 12 (0.6 s/GiB).
+# on the same one-path bed: the write-CPU target (0.6 s/GiB).
 # Each round mounts each binary, writes a 1 GiB file once, then overwrites it
 # WRITES times (dd bs=1M conv=notrunc,fsync) with `perf stat -e
 # task-clock,page-faults -p PID` around each overwrite (task-clock counts

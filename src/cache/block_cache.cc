@@ -482,7 +482,7 @@ bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
   // An old slot of a block moved by copy-on-write still claims older data
   // on disk until the next commit frees it: the truncate waits for that
   // too (its newest copy may have lost its dirty pages to a checksum
-  // failure, leaving nothing "cleaning"; found by review).
+  // failure, leaving nothing "cleaning").
   bool retired = false;
   for (const Retire& r : wb_retire_) {
     retired = retired || (slots_[r.slot].gen == r.gen && f.id != kNoFile && slots_[r.slot].file == f.id);

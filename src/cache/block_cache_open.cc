@@ -341,7 +341,7 @@ Status BlockCache::LoadIndex() {  // before the writer starts
   // durably freed: Open().)
   // Until then they are written as tombstones (as they are on disk), with
   // their own sequence numbers, should their index page be written with
-  // another record's change (found by review).
+  // another record's change.
   std::unordered_set<uint32_t> winners;
   for (const auto& [k, c] : empty_claims) {
     winners.insert(c.slot);

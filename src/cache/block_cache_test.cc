@@ -546,10 +546,10 @@ class WriteBackTest : public BlockCacheTest {
   }
 };
 
-// Found by review: a write over part of an unflushed page reads that page
-// back to complete it; when the page fails its checksum there, the write it
-// held is lost, and fsync must say so (the page used to be merged with the
-// server's copy silently).
+// A write over part of an unflushed page reads that page back to complete
+// it; when the page fails its checksum there, the write it held is lost, and
+// fsync must say so (merged with the server's copy silently, the loss would
+// go unreported).
 TEST_F(WriteBackTest, AWriteThatFindsTheUnflushedPageItCompletesDamagedReportsTheLossToFsync) {
   auto c = ReopenWithUnflushedPage1Damaged();
   ASSERT_NE(c, nullptr);
@@ -626,8 +626,8 @@ TEST_F(WriteBackTest, AFormat3CacheIsConvertedKeepingItsUnflushedWrites) {
   EXPECT_EQ(c->Stats().checksum_failures, 0u);
 }
 
-// Found by review: a write that covers a damaged unflushed page whole
-// replaces it; nothing is lost, nothing is read back, fsync succeeds.
+// A write that covers a damaged unflushed page whole replaces it; nothing is
+// lost, nothing is read back, fsync succeeds.
 TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
   auto c = ReopenWithUnflushedPage1Damaged();
   ASSERT_NE(c, nullptr);
@@ -639,9 +639,9 @@ TEST_F(WriteBackTest, AWriteThatCoversADamagedUnflushedPageWholeLosesNothing) {
   EXPECT_TRUE(Collected(*c, "fh1", 0, 8192) == Pattern(8192, 'a').substr(0, 4096) + Pattern(4096, 'b'));
 }
 
-// Found by review: a write over part of a clean cached page that fails its
-// checksum asks for the server's copy, and the failure is counted (the
-// write rewrites the slot in place, which had already taken the page out).
+// A write over part of a clean cached page that fails its checksum asks
+// for the server's copy, and the failure is counted (the write rewrites the
+// slot in place, which has already taken the page out).
 TEST_F(WriteBackTest, ADamagedCleanPageAWriteCompletesIsCounted) {
   auto c = ReopenWithFilledPage2Damaged(CacheMode::kWriteBack);
   ASSERT_NE(c, nullptr);
@@ -920,8 +920,8 @@ TEST_F(WriteBackTest, APartnerTakenByAnotherBlockIsNotWrittenOver) {
   }
 }
 
-// Found by review: a partner taken by another block and freed again (another
-// gen) is not gone back to.
+// A partner taken by another block and freed again (another gen) is not
+// gone back to.
 TEST_F(WriteBackTest, APartnerTakenAndFreedAgainIsNotGoneBackTo) {
   commit_interval_ = std::chrono::hours(1);
   auto c = OpenWb();  // 16 slots
@@ -1276,8 +1276,8 @@ TEST_F(BlockCacheTest, AReadOlderThanAForgottenFilesWriteNeverFills) {
   EXPECT_FALSE(c->Read("fhX", 0, kBlock).has_value());
 }
 
-// Races of write-back writes (found by review): a disk whose data file holds
-// one write of a given length until released.
+// Races of write-back writes: a disk whose data file holds one write of a
+// given length until released.
 // It can also hold the next sync of the records (the data file's), and
 // fail the data file's syncs and reads.
 struct GateFile : File {
@@ -1447,9 +1447,9 @@ TEST_F(WbRaceTest, AMultiBlockWriteThatEvictsItsOwnNextBlockKeepsEachBlockWhereI
 // file's fill: an online drop (mpnfsctl cache drop), another client's change
 // seen (Observe with a new version), or the file gone from the server
 // (Drop). The slot is not lent to the other file while the write holds it,
-// and the write is either stored whole or refused. (Through Observe and Drop
-// no failure was seen before Allocate stopped handing out pinned slots: the
-// writer thread writes the fill after the write. DropAll did fail once.)
+// and the write is either stored whole or refused. (Allocate never hands out
+// a pinned slot. Were it to, DropAll is the case that shows it: through
+// Observe and Drop the writer thread writes the fill after the write.)
 enum class DropKind { kAll, kChanged, kGone };
 
 // DropAsOf: only what was unflushed when the stamp was taken goes;
@@ -1502,7 +1502,7 @@ TEST_F(WbRaceTest, DirtyPagesWhoseChecksumsCannotBeReadAreReportedAndKept) {
   EXPECT_TRUE(failed);
   EXPECT_EQ(disk.fail_crc_reads, 0);
   // The other blocks are collected all the same (one unreadable frame must
-  // not hold up the rest of the flush; found by review).
+  // not hold up the rest of the flush).
   EXPECT_EQ(runs.size(), 15u);
   EXPECT_EQ(c->Stats().dirty_blocks, 16u);
   runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now(), nullptr, &failed);
@@ -1599,9 +1599,9 @@ TEST_F(WbRaceTest, DropAllDuringAWriteBackWriteAloneLeavesACoherentCache) {
   }
 }
 
-// Found by review: an fsync arriving while a commit writes and syncs the
-// records of the file's write must wait for that sync (it answered at once:
-// nothing looked pending any more).
+// An fsync arriving while a commit writes and syncs the records of the
+// file's write must wait for that sync (nothing of the file looks pending
+// then, yet its records are not durable).
 TEST_F(WbRaceTest, AnFsyncDuringACommitsIndexSyncWaitsForIt) {
   GateDisk disk;
   auto c = OpenWithAWriteNotCommitted(disk);
@@ -1657,8 +1657,8 @@ TEST_F(WbRaceTest, ReadersKeepAwayFromADirtyPageBeingRewrittenInPlace) {
 }
 
 // Only the pages being rewritten are kept from readers: the block's other
-// dirty pages are served meanwhile (found by review: a flag for the whole
-// block made reads of a block under continuous rewrites retry until EIO).
+// dirty pages are served meanwhile (with a flag for the whole block, reads
+// of a block under continuous rewrites would retry until EIO).
 TEST_F(WbRaceTest, ReadersOfOtherPagesAreServedWhileAPageIsRewrittenInPlace) {
   GateDisk disk;
   auto c = OpenWithAWriteNotCommitted(disk);  // fhA [0, 8 KiB) = 'a'
@@ -1685,10 +1685,10 @@ TEST_F(WbRaceTest, ReadersOfOtherPagesAreServedWhileAPageIsRewrittenInPlace) {
   EXPECT_EQ(c->Stats().checksum_failures, 0u);
 }
 
-// Found by review: a rewrite in place that fails on the cache disk may tear
-// the dirty page it covered; the write that page held is lost and fsync
-// must say so (before, the flush dropped the torn page and marked the file's
-// writes lost, but Durable() still answered true).
+// A rewrite in place that fails on the cache disk may tear the dirty page
+// it covered; the write that page held is lost and fsync must say so:
+// Durable() answers false, not only the flush that drops the torn page and
+// marks the file's writes lost.
 TEST_F(WbRaceTest, AFailedRewriteInPlaceIsReportedToFsync) {
   GateDisk disk;
   auto c = OpenWithAWriteNotCommitted(disk);  // fhA [0, 8 KiB) = 'a'
@@ -1738,8 +1738,8 @@ TEST_F(WbRaceTest, ADirtyPageBeingReadIsCopiedNotRewrittenInPlace) {
   EXPECT_EQ(Collected(*c, "fhA", 0, 8192), Pattern(8192, 'b'));
 }
 
-// Found by review: after a failed data sync, dirty pages the cache can no
-// longer read back are not silently dropped: the file's fsync reports them.
+// After a failed data sync, dirty pages the cache can no longer read back
+// are not silently dropped: the file's fsync reports them.
 TEST_F(WbRaceTest, DirtyPagesLostAfterAFailedDataSyncAreReportedToFsync) {
   GateDisk disk;
   auto c = OpenWithAWriteNotCommitted(disk);

@@ -257,7 +257,7 @@ bool BlockCache::PrepareWb(const WbWrite& w, std::vector<WbPart>& parts, WbOutco
   for (auto [i, p] : damaged) {
     // A damaged page is dropped (a partial one is completed from the
     // server's copy: kNeedPages); an unflushed write it held is lost, and
-    // reported to fsync as Read() does. (Found by review.)
+    // reported to fsync as Read() does.
     const WbPart& part = parts[i];
     Slot& from = slots_[part.from];
     if (from.gen != part.from_gen || !TestBit(Valid(from), p)) {
@@ -404,8 +404,7 @@ void BlockCache::WriterWb(std::vector<Job>& batch) {
         const bool reused = TestBit(part.reuse, p);
         if (!touched && !TestBit(part.copied, p) && !reused) continue;
         // A page invalidated since the plan (a write sent around the cache,
-        // a coherence drop, a checksum failure) stays invalid. (Found by
-        // review; older than copies to partners.)
+        // a coherence drop, a checksum failure) stays invalid.
         if (!touched && from && !TestBit(Valid(*from), p)) continue;
         if (!TestBit(Valid(to), p)) used_pages_++;
         SetBit(Valid(to), p);
@@ -438,7 +437,8 @@ void BlockCache::WriterWb(std::vector<Job>& batch) {
       twb.wgen = ++counter_;
       // The end of what writes put in this block, not the file's size: a
       // record that lands without the record of the write that extended the
-      // file must not extend it after a crash (found by the crash explorer).
+      // file must not extend it after a crash (crash_test.cc:
+      // ARecordKeptAloneDoesNotExtendTheFile).
       twb.fsize = std::max(twb.fsize, std::min(w.off + w.len, (part.block + 1) * uint64_t{opts_.block}));
       twb.uid = w.uid;
       twb.groups = w.groups;

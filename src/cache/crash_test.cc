@@ -632,17 +632,17 @@ TEST(CrashExplorerTest, TheSameHoldsWithChecksumsOutOfRam) {
   ExploreWith(1, 20261203, 80, true);
 }
 
-// A longer workload with the seed that found a record extending the file
-// alone and a freed newest copy bringing back an older one (the targeted
-// tests below).
+// A longer workload: this seed reaches the orders in which a record could
+// extend the file alone or a freed newest copy bring back an older one (the
+// targeted tests below reach them directly).
 TEST(CrashExplorerTest, TheSameHoldsOverALongerWorkload) {
   if (kSanitized) GTEST_SKIP() << "about 10 minutes under a sanitizer: the plain build runs it";
   ExploreWith(1, 4, 150);
 }
 
-// Targeted workloads, each explored in every crash state (found by the
-// explorer with seeds 4, 2, 5 and 7 at 150 operations; these reach the same
-// orders directly).
+// Targeted workloads, each explored in every crash state: each reaches
+// directly an order the random explorer reaches only with some seeds (4, 2,
+// 5 and 7 at 150 operations).
 std::string ExploreAll(Explorer& x, uint64_t samples = 256) {
   x.Unmount();
   x.MadeDurable();
@@ -654,8 +654,8 @@ std::string ExploreAll(Explorer& x, uint64_t samples = 256) {
 
 // A write-back write that extends the file and one before it in another
 // block, one commit: a crash may keep either record alone, and the one
-// kept must not give the file a size that no data makes (a record used to
-// carry the file's size of the moment, not its own data's end).
+// kept must not give the file a size that no data makes (so a record
+// carries its own data's end, not the file's size of the moment).
 TEST(CrashExplorerTest, ARecordKeptAloneDoesNotExtendTheFile) {
   Explorer x(1, 1);
   x.Remount();
@@ -698,10 +698,10 @@ TEST(CrashExplorerTest, AnEvictionOfACopiedBlockNeverBringsBackItsOlderCopy) {
   EXPECT_GT(x.tombstones_, 0u) << "the workload no longer evicts a newest copy before the older one's free is durable";
 }
 
-// Found by review: a tombstone that won at load shares its index page with
-// another claim the recovery frees; that page must not free the tombstone
-// before the claim it beat is durably freed (a second crash during the
-// recovery would keep that claim alone).
+// A tombstone that won at load shares its index page with another claim
+// the recovery frees; that page must not free the tombstone before the
+// claim it beat is durably freed (a second crash during the recovery would
+// keep that claim alone).
 TEST(CrashExplorerTest, ARecoveryKeepsATombstoneUntilTheClaimItBeatIsDurablyFreed) {
   Explorer x(1, 2);
   x.Remount();
@@ -720,9 +720,9 @@ TEST(CrashExplorerTest, ARecoveryKeepsATombstoneUntilTheClaimItBeatIsDurablyFree
   EXPECT_GT(x.tombstones_, 0u);
 }
 
-// Found by review: a tombstone left on disk is an empty claim at the next
-// mount, held until the first sync; its slot is then usable again (its
-// pin was once taken back twice, and the slot never handed out again).
+// A tombstone left on disk is an empty claim at the next mount, held until
+// the first sync; its slot is then usable again (its pin is taken back
+// once only: taken back twice, the slot would never be handed out again).
 TEST(CrashExplorerTest, ASlotHeldForATombstoneIsUsableAgainAfterTheNextMount) {
   Explorer x(1, 1);
   OlderCopy(x);
@@ -734,9 +734,9 @@ TEST(CrashExplorerTest, ASlotHeldForATombstoneIsUsableAgainAfterTheNextMount) {
   EXPECT_EQ(x.cache_->Stats().slots_used, 16u) << "a slot of the 16 can no longer be used";
 }
 
-// Found by review: the newest copy of a block loses its dirty pages to a
-// checksum failure before the commit that frees the old copy; a truncate
-// then must wait for that commit (nothing of the file is "cleaning").
+// The newest copy of a block loses its dirty pages to a checksum failure
+// before the commit that frees the old copy; a truncate then must wait for
+// that commit (nothing of the file is "cleaning").
 TEST(CrashExplorerTest, ATruncateWaitsForTheFreeOfAnOldCopyWhoseNewCopyWasLost) {
   Explorer x(1, 1);
   x.Remount();
@@ -857,9 +857,9 @@ TEST(CacheDiskFaultTest, AFailedDataSyncFailsFsyncKeepsThePagesForTheFlusherAndD
   EXPECT_TRUE(x.cache_->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
 }
 
-// Found by review: a page invalidated (a write sent around the cache) while
-// a copy-on-write is between its planning and its apply step must not come
-// back valid in the block's new slot (a fresh one or the block's partner).
+// A page invalidated (a write sent around the cache) while a copy-on-write
+// is between its planning and its apply step must not come back valid in
+// the block's new slot (a fresh one or the block's partner).
 // (The read may miss; if it hits, it must be the server's new page.)
 void InvalidationDuringACopy(bool partner) {
   Explorer x(1, 0);
@@ -914,10 +914,10 @@ void InvalidationDuringACopy(bool partner) {
 TEST(CacheDiskFaultTest, AnInvalidationDuringAFreshCopyIsNotUndone) { InvalidationDuringACopy(false); }
 TEST(CacheDiskFaultTest, AnInvalidationDuringAPartnerCopyIsNotUndone) { InvalidationDuringACopy(true); }
 
-// Found by the PostgreSQL write-back test: while a rewritten dirty block
-// waits for its commit, its old slot is still dirty; a flush round then
-// must not send both copies (they could land in either order, the older
-// last, and the newer would be marked clean).
+// While a rewritten dirty block waits for its commit (as PostgreSQL's
+// blocks do on a write-back mount), its old slot is still dirty; a flush
+// round then must not send both copies (they could land in either order,
+// the older last, and the newer would be marked clean).
 TEST(CacheDiskFaultTest, AFlushDuringACopyOnWriteSendsOnlyTheNewestCopy) {
   Explorer x(1, 0);
   std::string err;
@@ -952,10 +952,10 @@ TEST(CacheDiskFaultTest, AFlushDuringACopyOnWriteSendsOnlyTheNewestCopy) {
   EXPECT_EQ(covering, 1u);
 }
 
-// Found by review: a record of the last commit (synced, before any mark or
-// later page said so) whose dirty page, declared by an earlier commit too,
-// is then damaged on the media: the write is reported lost (fsync,
-// checksum_failures), not silently replaced by the slot's older record.
+// A record of the last commit (synced, before any mark or later page said
+// so) whose dirty page, declared by an earlier commit too, is then damaged
+// on the media: the write is reported lost (fsync, checksum_failures), not
+// silently replaced by the slot's older record.
 // (A page first declared by that last commit cannot be told from one a
 // crash kept from the disk: index.h.)
 TEST(CrashExplorerTest, ADamagedPageOfTheLastCommitIsReportedNotReverted) {
@@ -1003,8 +1003,8 @@ TEST(CrashExplorerTest, ADamagedPageOfTheLastCommitIsReportedNotReverted) {
   EXPECT_EQ(c->Stats().checksum_failures, 1u);
 }
 
-// Found by review: after a clean unmount every record page is known synced
-// (the mark covers them), so the next load checks nothing.
+// After a clean unmount every record page is known synced (the mark covers
+// them), so the next load checks nothing.
 TEST(CrashExplorerTest, AfterACleanUnmountEveryRecordPageIsKnownSynced) {
   Explorer x(1, 0);
   CacheOptions o;

@@ -1,6 +1,6 @@
-"""Integrity rules that users rely on without knowing it (issue 9): write
-order, O_TRUNC at open, permission checks on cached path walks. Each test
-reproduces a report made by a user of a default mount."""
+"""Integrity rules that users rely on without knowing it: write order,
+O_TRUNC at open, permission checks on cached path walks. Each test is a case
+users meet, on a default mount."""
 import errno
 import os
 import stat

@@ -1,4 +1,4 @@
-"""Metadata round trips (issue 12): a small file created, written once and
+"""Metadata round trips: a small file created, written once and
 closed costs one FILE_SYNC WRITE and no COMMIT, with its data on the server
 when close returns; the kernel's GETATTR of a directory right after a change
 made in it is answered from the change's post-operation attributes, which

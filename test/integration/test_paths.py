@@ -99,12 +99,12 @@ def when_another_is_up(m, op, addr, timeout=15):
     """`path OP ADDR`, which must succeed once another enabled path is up.
     Taking out the last path that is up is refused (engine.cc LastUpPath,
     engine_test). On a loaded machine the other path can be declared dead
-    under the tests' traffic (seen under TSan: the server left its WRITEs
-    unanswered for a second while the other path's were answered) and be
+    under the tests' traffic (under TSan the server can leave its WRITEs
+    unanswered for a second while the other path's are answered) and be
     reconnecting at that instant: wait, as the refusal tells a user to. A
     reconnect takes a few seconds; `timeout` is short enough to fail on one
-    that takes a minute (as when an added path shared the first path's event
-    loop: engine_test AnAddedPathGetsALoopOfItsOwn)."""
+    that takes a minute (as it would if an added path shared the first path's
+    event loop: engine_test AnAddedPathGetsALoopOfItsOwn)."""
     out = []
 
     def done():

@@ -8,10 +8,10 @@ transaction pgbench reported is in the history, and nothing more) and
 path and over four, with direct_io, in each cache mode, and in write-back with
 fill=block, seq_cutoff=0 and direct_io (writeback-fill-block).
 
-Then write-back crashed (issue 10): pgbench on a cache_mode=writeback mount
-while the gateway is killed with SIGKILL (writeback-kill9), or while the NFS
-server restarts with the flusher busy (writeback-server-restart); a new mount
-of the same cache directory, recovery and the same invariants, with the
+Then write-back crashed: pgbench on a cache_mode=writeback mount while the
+gateway is killed with SIGKILL (writeback-kill9), or while the NFS server
+restarts with the flusher busy (writeback-server-restart); a new mount of the
+same cache directory, recovery and the same invariants, with the
 history counted against pgbench's per-transaction log (see below).
 
 MPNFS_IT_PG_MODES=ID[,ID...] runs only those cases (the IDs above and
@@ -221,7 +221,7 @@ def test_pgbench_crash_recovery(mount_factory, tmp_path, mode):
     shutil.rmtree(pg.top)  # through the mount: the export is left as it was
 
 
-# --- Write-back, crashed (issue 10) -----------------------------------------
+# --- Write-back, crashed ----------------------------------------------------
 #
 # pgbench on a cache_mode=writeback mount while (a) the gateway is killed with
 # SIGKILL, or (b) the NFS server restarts while the flusher is writing dirty
@@ -486,9 +486,9 @@ def test_pgbench_writeback_server_restarted(bed, mount_factory, tmp_path):
         assert "left by an earlier mount" not in m2.log_text(), m2.log_text()
         pg.moved_to(m2.path / pg.top.name)
         start_recovering(pg)
-        # pgbench ended normally: no transaction was in flight. (This lost
-        # data in about one run of four before a flush round sent only a
-        # block's current slot: the old slot of a block being copied raced
-        # its new copy to the server.)
+        # pgbench ended normally: no transaction was in flight. (A flush
+        # round sends only a block's current slot: the old slot of a block
+        # being copied, sent too, could race its new copy to the server and
+        # lose data.)
         state = check_tpcb(pg, len(times), len(times))
         check_on_the_server(pg, m2, mount_factory, state)

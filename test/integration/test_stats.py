@@ -1,4 +1,4 @@
-"""Statistics of a live mount (issue 11): per-procedure counters per path and
+"""Statistics of a live mount: per-procedure counters per path and
 in total in `mpnfsctl stats`, the Prometheus text of `mpnfsctl stats
 --prometheus` and of the `-o metrics=` HTTP endpoint (both checked with
 promtool), and `mpnfsctl iostat` while I/O runs."""
