@@ -375,7 +375,7 @@ TEST_P(ReorderTest, NonOverlappingWritesInAnyOrderLandRight) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, ReorderTest, ::testing::Values(1, 2, 3, 42, 1234));
 
-// ------------------------------------------------- write ordering (issue 9)
+// ------------------------------------------------------------ write ordering
 
 // Rewrites of one range, write-behind, with the server answering in random
 // order after random delays and re-executing some calls: the server ends
@@ -945,7 +945,7 @@ TEST_F(FilesystemTest, OTruncNeedsWritePermission) {
   EXPECT_EQ(ContentsOf("ro"), "keep");
 }
 
-// ------------------------------------- found by review (issue 9)
+// --------------- resends, small new files, directory attributes, hidden names
 
 // A newer FILE_SYNC (O_DSYNC) write over kept UNSTABLE data: after a restart
 // the resend of the older write must not replace it.
@@ -1861,9 +1861,9 @@ TEST_F(WriteBackTest, AFileForgottenWithANameLeftKeepsItsUnflushedWrites) {
   EXPECT_EQ(ContentsOf("g"), Pattern(8192, 4));
 }
 
-// Found by review: asked as root, a server that squashes root and checks
-// the path (knfsd's subtree_check) answers ESTALE for a live file, and its
-// writes were dropped. The question goes as the user who wrote them.
+// Asked as root, a server that squashes root and checks the path (knfsd's
+// subtree_check) answers ESTALE for a live file: the question goes as the
+// user who wrote the writes, which are kept.
 TEST_F(WriteBackTest, AForgottenFileIsAskedAboutAsTheUserWhoWroteIt) {
   const uint64_t ino = ClosedDirtyFile("f", Pattern(8192, 8));
   ASSERT_NE(ino, 0u);
@@ -1872,7 +1872,7 @@ TEST_F(WriteBackTest, AForgottenFileIsAskedAboutAsTheUserWhoWroteIt) {
   });
 }
 
-// Found by review: a server that answers ESTALE for every handle for a
+// A server that answers ESTALE for every handle for a
 // while (exports not loaded yet, a failover) has not lost the file: the
 // export's root is asked too.
 TEST_F(WriteBackTest, AServerStaleForEveryHandleDoesNotMakeAForgottenFileLoseItsWrites) {

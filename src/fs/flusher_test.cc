@@ -203,10 +203,9 @@ TEST_F(FlusherTest, APartLostBetweenTwoPartsOfAShortWriteIsWrittenAgain) {
   nfs_.Quiesce();
 }
 
-// Found by fsx under write-back: a flush request before every truncate kept
-// the flusher busy, and a block dirty for longer than dirty_age waited
-// (182 s with dirty_age=30). Requests that keep coming must not starve the
-// background rounds.
+// Flush requests that keep coming (fsx under write-back sends one before
+// every truncate) must not starve the background rounds: a block dirty for
+// longer than dirty_age is flushed while they come.
 TEST_F(FlusherTest, FlushRequestsThatKeepComingDoNotStarveTheAgeRounds) {
   auto cache = OpenCache(/*dirty_age_s=*/1);
   ASSERT_NE(cache, nullptr);
@@ -267,10 +266,10 @@ TEST_F(FlusherTest, ARoundThatMakesNoProgressIsNotRepeatedAtOnce) {
   nfs_.Quiesce();
 }
 
-// Found by review: a background round whose files were all gone from the
-// server (ESTALE: their pages are dropped) counted as making no progress, and
-// the next round waited 1 s; files removed by another client then delayed
-// the flush of the others by a second each.
+// A background round whose files were all gone from the server (ESTALE:
+// their pages are dropped) made progress: the next round does not wait 1 s,
+// or files removed by another client would delay the flush of the others
+// by a second each.
 TEST_F(FlusherTest, FilesGoneFromTheServerDoNotDelayTheFlushOfOthers) {
   auto cache = OpenCache(/*dirty_age_s=*/1);
   ASSERT_NE(cache, nullptr);
@@ -308,10 +307,10 @@ TEST_F(FlusherTest, FilesGoneFromTheServerDoNotDelayTheFlushOfOthers) {
   nfs_.Quiesce();
 }
 
-// Found by review: a flush whose WRITE was answered ESTALE dropped the
-// file's writes, also when the server answered ESTALE for everything (its
-// exports not loaded yet after a restart, a failover). The file is still
-// there: the writes are kept, and reach it once the server answers again.
+// A flush whose WRITE is answered ESTALE while the server answers ESTALE
+// for everything (its exports not loaded yet after a restart, a failover)
+// has not lost the file: the writes are kept, and reach it once the server
+// answers again.
 TEST_F(FlusherTest, AServerStaleForEverythingDoesNotMakeAFlushDropWrites) {
   auto cache = OpenCache(/*dirty_age_s=*/3600);
   ASSERT_NE(cache, nullptr);
@@ -407,9 +406,9 @@ struct DataReadsFail : cache::Disk {
   uint64_t Allocated(const std::string& p) override { return cache::RealDisk().Allocated(p); }
 };
 
-// Unflushed pages the cache disk cannot give back are not "all flushed"
-// (found by review: FlushAll answered Ok with them left dirty, so a detach,
-// a truncate or an unmount went on as if they were on the server).
+// Unflushed pages the cache disk cannot give back are not "all flushed":
+// FlushAll fails, or a detach, a truncate or an unmount would go on as if
+// they were on the server.
 TEST_F(FlusherTest, AFlushThatCannotReadUnflushedPagesFails) {
   DataReadsFail disk;
   auto cache = OpenCache(/*dirty_age_s=*/3600, &disk);
@@ -455,9 +454,9 @@ TEST_F(FlusherTest, AFlushAsksAboutAStaleFileAsTheUserWhoWroteIt) {
   nfs_.Quiesce();
 }
 
-// Found by review: the drop took every dirty page of the file, also those
-// written while the server was being asked, by a user nobody asked about.
-// The file is asked about again, as that user too, before anything goes.
+// Pages written while the server was being asked, by a user nobody asked
+// about, are not dropped with the others: the file is asked about again, as
+// that user too, before anything of theirs goes.
 TEST_F(FlusherTest, WritesMadeWhileTheServerIsAskedAreNotDroppedWithoutAsking) {
   GoneFlush g(*this, 'b', /*uid=*/2000);
   ASSERT_NE(g.cache, nullptr);
@@ -481,9 +480,9 @@ TEST_F(FlusherTest, WritesMadeWhileTheServerIsAskedAreNotDroppedWithoutAsking) {
   nfs_.Quiesce();
 }
 
-// Found by review: a file whose writes are kept (ESTALE the server could
-// not confirm) failed every background round it was in and held up the
-// files after it; a flush request sent it again round after round.
+// A file whose writes are kept (ESTALE the server could not confirm) does
+// not fail the background rounds it is in nor hold up the files after it,
+// and a flush request does not send it again round after round.
 TEST_F(FlusherTest, AFileWhoseWritesAreKeptDoesNotHoldUpTheOthers) {
   auto cache = OpenCache(/*dirty_age_s=*/1);
   ASSERT_NE(cache, nullptr);

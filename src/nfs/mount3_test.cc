@@ -21,7 +21,7 @@ using SilentServer = test::LoopbackListener;
 // The connect or MOUNT call is still pending inside libnfs when the deadline
 // passes; destroying the context then calls it back. That callback must not
 // write into state that is already gone (under ASan, as the suite runs unit
-// tests, the string it stored there leaked before the fix).
+// tests, a string stored there would leak).
 TEST(MountExportTest, TimeoutWithACallPendingIsCleanAndSaysSo) {
   SilentServer s;
   for (int i = 0; i < 3; ++i) {
