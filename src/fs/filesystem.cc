@@ -1054,14 +1054,9 @@ OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c)
 }
 
 void Filesystem::Release(OpenFile* f) {
-  bool pending;
   std::optional<Inode::Silly> silly;
   {
     MutexLock lock(f->inode->mu);
-    {
-      MutexLock wl(f->inode->writes.mu);
-      pending = f->inode->writes.HasKept();
-    }
     if (--f->inode->opens == 0) silly.swap(f->inode->silly);
     if (silly) {
       hidden_.Removing(silly->dir, f->inode->ino());
@@ -1085,15 +1080,16 @@ void Filesystem::Release(OpenFile* f) {
       DropCacheIfGone(fh);  // (the kernel may have forgotten the inode before this)
     });
   };
-  if (pending) {
-    // nocto: nobody waited for these; commit them now rather than at unmount.
+  // Writes still on their way (nocto closes commit nothing; a shared
+  // mapping's pages may be written back after the last close's FLUSH) land
+  // and are committed first, rather than at unmount, and before the hidden
+  // name goes: with it goes the handle, and they would be answered ESTALE.
+  WhenDrained(inode, [this, inode, remove_hidden] {
     Commit(inode, [this, remove_hidden](Result<Ok> r) {
       if (!r) log_->warn("COMMIT after close failed: {}", r.error().what);
       remove_hidden();
     });
-  } else {
-    remove_hidden();
-  }
+  });
 }
 
 void Filesystem::Opendir(const Cred& /*c*/, uint64_t ino, Cb<DirHandle*> cb) {

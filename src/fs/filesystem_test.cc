@@ -1152,6 +1152,40 @@ TEST_F(FilesystemTest, DirectoryPostOpAttributesAreNotUsedWithoutAttributeCachin
 }
 
 // The hidden name of a file removed while another user has it open.
+// The last RELEASE of a file removed while open can come with writes still
+// on their way (a shared mapping's pages written back after the last
+// close's FLUSH): the hidden name goes once they are answered and
+// committed. The handle dies with the last name; removed at once, they
+// would be answered ESTALE.
+TEST_F(FilesystemTest, TheHiddenNameGoesAfterTheWritesStillOnTheirWay) {
+  auto c = Create(kRoot, "m", O_CREAT | O_RDWR);
+  ASSERT_TRUE(c.ok());
+  OpenFile* f = c->second.file;
+  ASSERT_TRUE(Write(f, "x", 0).ok());  // (the small first write goes FILE_SYNC)
+  ASSERT_TRUE(Unlink(kRoot, "m").ok());  // open: hidden
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Pause();
+  ASSERT_TRUE(Write(f, Pattern(8192, 4), 4096).ok());  // written behind: held
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  fs_->Release(f);  // no FLUSH in between
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(IndexOf(nfs_, Proc::kRemove), nfs_.Queued().size()) << "removed with a write on its way";
+  nfs_.Resume();
+  ASSERT_TRUE(nfs_.Quiesce());
+  uint64_t write_at = 0, commit_at = 0, remove_at = 0;
+  for (const auto& h : nfs_.History()) {
+    if (h.proc == Proc::kWrite && h.off == 4096) write_at = h.seq;
+    if (h.proc == Proc::kCommit) commit_at = h.seq;
+    if (h.proc == Proc::kRemove && h.name.rfind(".mpnfs", 0) == 0) remove_at = h.seq;
+  }
+  ASSERT_NE(remove_at, 0u) << "the hidden name was not removed";
+  EXPECT_GT(commit_at, write_at);
+  EXPECT_GT(remove_at, commit_at) << "the hidden name went before the COMMIT";
+  auto l = List(kRoot, false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->size(), 2u) << "hidden name left behind: " << l->back();
+}
+
 TEST_F(FilesystemTest, HiddenNameIsRemovedAsTheUserWhoRemovedTheFile) {
   auto d = Mkdir(kRoot, "d", 0755);
   ASSERT_TRUE(d.ok());
