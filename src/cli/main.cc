@@ -197,10 +197,12 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
   out.Line("error: unknown command '" + cmd + "'");
 }
 
-// SIGTERM, SIGINT and SIGHUP during the work of a write-back unmount (FUSE's
-// own handlers, which turn them into an unmount, are gone by then): the
-// process is told to end. The handler only writes the signal number to a
-// pipe; its write end is the one piece of global state it needs.
+// SIGTERM, SIGINT and SIGHUP once the FUSE loop has ended (FUSE's own
+// handlers, which turn the first into the end of the loop, are replaced by
+// these at once): the unmount's work goes on in order, and a write-back
+// flush at unmount is told to end (FinishWriteBack), whenever the signal
+// came. The handler only writes the signal number to a pipe; its write end
+// is the one piece of global state it needs.
 int g_stop_pipe = -1;
 
 void OnStopSignal(int sig) {
@@ -252,9 +254,8 @@ class StopSignals {
 // ever; a stop signal ends it, leaving what is not flushed in the cache for
 // the next mount (the record then stays).
 void FinishWriteBack(fs::Filesystem& filesystem, cache::BlockCache& c, engine::Engine& eng,
-                     nfs::Nfs3& nfs, const nfs::Fh& root) {
+                     nfs::Nfs3& nfs, const nfs::Fh& root, StopSignals& signals) {
   auto log = Log("mount");
-  StopSignals signals;
   std::thread work([&] {
     if (const uint64_t dirty = c.Stats().dirty_bytes; dirty > 0 && c.options().flush_on_unmount) {
       log->info("flushing {} KiB of write-back data to the server before exiting (SIGTERM or "
@@ -583,8 +584,11 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
   metrics.reset();
-  fuse_session_unmount(se);
+  // A stop signal from here on, during the unmount too, is recorded, not
+  // lost to FUSE's handler nor fatal (StopSignals).
   fuse_remove_signal_handlers(se);
+  StopSignals signals;
+  fuse_session_unmount(se);
   // Commands still running are told their client is gone and given a few
   // seconds with the engine still up (a calibrate removes its scratch file).
   // The socket object stays until the engine has stopped: a command waiting
@@ -595,7 +599,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     log->warn("control commands still running at unmount; they end with the engine");
   }
   if (auto c = filesystem.cache(); c && c->mode() == cache::CacheMode::kWriteBack) {
-    FinishWriteBack(filesystem, *c, eng, nfs, *root);
+    FinishWriteBack(filesystem, *c, eng, nfs, *root, signals);
   }
   // Calls still pending complete (with an error) and reply while the session
   // object exists; only then is it destroyed.

@@ -496,6 +496,44 @@ def test_sigterm_ends_a_flush_to_a_server_that_is_gone(bed, mount_factory, cache
     assert server_bytes(f.name) == bytes(data)
 
 
+def test_a_stop_signal_during_the_unmount_is_not_lost(bed, mount_factory, cache_dir):
+    """A stop signal at any point of a write-back unmount ends it in order:
+    one that comes while the unmount waits for a control command still
+    running (a `cache flush` to a server that is gone) is neither lost nor
+    fatal; the flush at unmount stops at once and the unflushed writes stay
+    in the cache."""
+    m = mount_factory(wb_opts(cache_dir))
+    f, data = file_with_dirty_pieces(m, "wb-sigterm2", 1, 16, 65536)
+    assert cache_stats(m)["dirty_bytes"] > 0
+    bed.link("down", 1)
+    flush = None
+    try:
+        flush = subprocess.Popen([CTL, "cache", "flush", str(m.path)], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        time.sleep(1)  # the command waits for the server
+        r = subprocess.run(["fusermount3", "-u", str(m.path)], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(m.path)], check=True)
+        time.sleep(2)  # the unmount waits (10 s at most) for the command
+        assert m.proc.poll() is None, m.log_text()
+        os.kill(m.pid, signal.SIGTERM)
+        try:
+            m.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the gateway lost a SIGTERM sent during its unmount:\n" + m.log_text())
+        assert m.proc.returncode == 0, f"ended by the signal ({m.proc.returncode}):\n{m.log_text()}"
+        assert "stopping the flush at unmount" in m.log_text(), m.log_text()
+        assert "stay in" in m.log_text(), m.log_text()
+    finally:
+        bed.link("up", 1)
+        if flush is not None:
+            flush.kill()
+            flush.wait()
+    m2 = mount_factory(wb_opts(cache_dir))
+    assert "left by an earlier mount" in m2.log_text()
+    assert server_bytes(f.name) == bytes(data)
+
+
 @pytest.mark.parametrize("mode", [0o4777, 0o2777])
 def test_a_users_write_clears_setuid_and_setgid_at_once(mount_factory, cache_dir, mode):
     """As on a local filesystem, a write by a user other than root clears the
