@@ -509,11 +509,11 @@ void Filesystem::Symlink(const Cred& c, const std::string& target, uint64_t pare
                });
 }
 
-void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
+void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name, bool for_rename,
                             std::function<void(Result<InodeP>)> done) {
   if (open_files_.load() == 0) return done(InodeP{});
   nfs_.Lookup(dir->fh(), name, c,
-              [this, dir, name, c, done = std::move(done)](Result<nfs::LookupReply> r) mutable {
+              [this, dir, name, c, for_rename, done = std::move(done)](Result<nfs::LookupReply> r) mutable {
                 auto inode = r ? inodes_.Find(r->fh) : nullptr;
                 if (!inode) return done(InodeP{});
                 bool open;
@@ -526,14 +526,22 @@ void Filesystem::HideIfOpen(const Cred& c, const InodeP& dir, const std::string&
                 const std::string hidden =
                     fmt::format(".mpnfs{:08x}{:x}-{:x}", mount_id_, inode->ino(), NextSeq());
                 nfs_.Rename(dir->fh(), name, dir->fh(), hidden, c,
-                            [this, c, inode, dir, hidden, done = std::move(done)](Result<nfs::RenameReply> rr) {
+                            [this, c, inode, dir, hidden, for_rename,
+                             done = std::move(done)](Result<nfs::RenameReply> rr) {
                               if (!rr) return done(rr.error());
                               NoteDirAttr(dir->ino(), rr->from.after);
                               bool closed;
                               {
                                 MutexLock lock(inode->mu);
                                 closed = inode->opens == 0;  // the last close came meanwhile
-                                if (!closed) inode->silly = Inode::Silly{dir->fh(), hidden, c};
+                                if (!closed || for_rename) inode->silly = Inode::Silly{dir->fh(), hidden, c};
+                                if (for_rename) {
+                                  // The rename's end decides (EndRenameOver).
+                                  inode->renaming_over = true;
+                                  inode->closed_while_renaming = closed;
+                                  if (closed) hidden_.Removing(dir->fh(), inode->ino());
+                                  closed = false;
+                                }
                               }
                               if (closed) {
                                 // Nobody will remove it at close: now.
@@ -557,7 +565,8 @@ void Filesystem::Unlink(const Cred& c, uint64_t parent, const std::string& name,
   if (!dir) return cb(Stale());
   // A file still open here must stay readable: as the kernel NFS client
   // does, it is renamed to a hidden name, removed at its last close.
-  HideIfOpen(c, dir, name, [this, dir, parent, name, c, cb = std::move(cb)](Result<InodeP> h) mutable {
+  HideIfOpen(c, dir, name, /*for_rename=*/false,
+             [this, dir, parent, name, c, cb = std::move(cb)](Result<InodeP> h) mutable {
     if (!h) return cb(h.error());
     if (*h) return cb(Ok{});
     nfs_.Remove(dir->fh(), name, c, [this, parent, cb = std::move(cb)](Result<nfs::Wcc> r) {
@@ -617,6 +626,7 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
   auto rename = [this, c, from, name, todir, newname, cb = std::move(cb)](InodeP hidden) mutable {
     nfs_.Rename(from->fh(), name, todir->fh(), newname, c,
                 [this, c, from, todir, newname, hidden, cb = std::move(cb)](Result<nfs::RenameReply> r) {
+                  if (hidden) EndRenameOver(c, hidden, static_cast<bool>(r), todir, newname);
                   if (r) {
                     // A renamed directory's own ctime (and "..") changed
                     // too, and its inode is unknown here: forget them all.
@@ -624,21 +634,6 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
                     NoteDirAttr(from->ino(), r->from.after);
                     NoteDirAttr(todir->ino(), r->to.after);
                     return cb(Ok{});
-                  }
-                  if (hidden) {
-                    // The rename failed: the file it would have replaced
-                    // gets its name back.
-                    std::optional<Inode::Silly> silly;
-                    {
-                      MutexLock lock(hidden->mu);
-                      silly.swap(hidden->silly);
-                    }
-                    if (silly) {
-                      nfs_.Rename(silly->dir, silly->name, todir->fh(), newname, c,
-                                  [this, todir](Result<nfs::RenameReply>) {
-                                    ForgetDirAttr(todir->ino());
-                                  });
-                    }
                   }
                   cb(r.error());
                 });
@@ -653,7 +648,7 @@ void Filesystem::Rename(const Cred& c, uint64_t parent, const std::string& name,
                             [this, c, todir, newname, srcfh = src->fh,
                              rename = std::move(rename)](Result<nfs::LookupReply> dst) mutable {
                               if (!dst || dst->fh == srcfh) return rename(nullptr);
-                              HideIfOpen(c, todir, newname,
+                              HideIfOpen(c, todir, newname, /*for_rename=*/true,
                                          [rename = std::move(rename)](Result<InodeP> h) mutable {
                                            rename(h ? *h : nullptr);
                                          });
@@ -1055,18 +1050,31 @@ OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c)
 
 void Filesystem::Release(OpenFile* f) {
   std::optional<Inode::Silly> silly;
+  bool deferred = false;  // to the end of a rename over the file (EndRenameOver)
   {
     MutexLock lock(f->inode->mu);
-    if (--f->inode->opens == 0) silly.swap(f->inode->silly);
+    if (--f->inode->opens == 0) {
+      if (f->inode->silly && f->inode->renaming_over) {
+        f->inode->closed_while_renaming = true;
+        deferred = true;
+        hidden_.Removing(f->inode->silly->dir, f->inode->ino());
+      } else {
+        silly.swap(f->inode->silly);
+      }
+    }
     if (silly) {
       hidden_.Removing(silly->dir, f->inode->ino());
-    } else if (f->inode->opens == 0) {
+    } else if (f->inode->opens == 0 && !deferred) {
       hidden_.Released(f->inode->ino());
     }
   }
   open_files_--;
   auto inode = f->inode;
   delete f;
+  AfterRelease(inode, std::move(silly));
+}
+
+void Filesystem::AfterRelease(const InodeP& inode, std::optional<Inode::Silly> silly) {
   // The last close of a file removed while open: remove its hidden name,
   // after the data is committed (the handle dies with the last name).
   auto remove_hidden = [this, silly, fh = inode->fh(), ino = inode->ino()]() {
@@ -1090,6 +1098,31 @@ void Filesystem::Release(OpenFile* f) {
       remove_hidden();
     });
   });
+}
+
+void Filesystem::EndRenameOver(const Cred& c, const InodeP& hidden, bool ok, const InodeP& todir,
+                               const std::string& newname) {
+  std::optional<Inode::Silly> silly;
+  bool closed;
+  {
+    MutexLock lock(hidden->mu);
+    hidden->renaming_over = false;
+    closed = hidden->closed_while_renaming;
+    hidden->closed_while_renaming = false;
+    // Failed: the file gets its name back, open or not. Succeeded: the
+    // hidden name is the file's only one; it goes now if the last close
+    // came meanwhile, else at the last close.
+    if (!ok || closed) silly.swap(hidden->silly);
+  }
+  if (!silly) return;
+  if (ok) return AfterRelease(hidden, std::move(silly));
+  nfs_.Rename(silly->dir, silly->name, todir->fh(), newname, c,
+              [this, todir, silly, closed, ino = hidden->ino()](Result<nfs::RenameReply> r) {
+                ForgetDirAttr(todir->ino());
+                if (!r) log_->warn("giving {} its name back after a failed rename failed: {}", silly->name,
+                                   r.error().what);
+                if (closed) hidden_.Done(silly->dir, ino);
+              });
 }
 
 void Filesystem::Opendir(const Cred& /*c*/, uint64_t ino, Cb<DirHandle*> cb) {

@@ -264,9 +264,20 @@ class Filesystem {
 
   // If `name` in `dir` is a file this mount has open, renames it to a hidden
   // name removed at its last close (the kernel client's "silly rename") and
-  // passes its inode; else passes null and changes nothing.
-  void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name,
+  // passes its inode; else passes null and changes nothing. `for_rename`:
+  // hidden for a rename over it, whose end (EndRenameOver) decides what
+  // becomes of the hidden name if the last close comes first.
+  void HideIfOpen(const Cred& c, const InodeP& dir, const std::string& name, bool for_rename,
                   std::function<void(Result<InodeP>)> done);
+  // The rename over `hidden` (HideIfOpen for_rename) ended (`ok`): if it
+  // failed, the file gets its name `newname` in `todir` back; if it
+  // succeeded and the last close came meanwhile, the hidden name goes.
+  void EndRenameOver(const Cred& c, const InodeP& hidden, bool ok, const InodeP& todir,
+                     const std::string& newname);
+  // After a RELEASE (the last one: `silly` is the hidden name to remove):
+  // the file's writes on their way land and are committed, then the hidden
+  // name goes.
+  void AfterRelease(const InodeP& inode, std::optional<Inode::Silly> silly);
   // If the cache holds unflushed writes of `fh`, asks the server whether the
   // file is gone (GoneCheck: its handle stale to each user who wrote them,
   // between two answers of the export's root); if so, and the file was not

@@ -1186,6 +1186,60 @@ TEST_F(FilesystemTest, TheHiddenNameGoesAfterTheWritesStillOnTheirWay) {
   EXPECT_EQ(l->size(), 2u) << "hidden name left behind: " << l->back();
 }
 
+// A rename over a file open here hides that file first. When its last
+// close comes before the rename is answered (or even before the hiding
+// is), the rename's end decides: failed, the file gets its name back (the
+// hidden name was its way back, and the close must not remove it);
+// succeeded, the hidden name goes.
+TEST_F(FilesystemTest, ALastCloseDuringARenameOverTheFileLeavesItToTheRename) {
+  for (const bool close_before_hidden : {false, true}) {
+    for (const bool fails : {true, false}) {
+      SCOPED_TRACE(std::string(close_before_hidden ? "closed before the hiding is answered" : "closed after") +
+                   (fails ? ", the rename fails" : ", the rename succeeds"));
+      const std::string tag = std::to_string(close_before_hidden) + std::to_string(fails);
+      OpenFile* src = CreateWith("src" + tag, "new");
+      ASSERT_NE(src, nullptr);
+      Close(src);
+      OpenFile* dst = CreateWith("dst" + tag, "old");
+      ASSERT_NE(dst, nullptr);
+      ASSERT_TRUE(Flush(dst).ok());
+      ASSERT_TRUE(nfs_.Quiesce());
+      nfs_.Pause();
+      auto renamed = std::make_shared<std::promise<Result<Ok>>>();
+      fs_->Rename(cred_, kRoot, "src" + tag, kRoot, "dst" + tag, 0,
+                  [renamed](Result<Ok> r) { renamed->set_value(std::move(r)); });
+      // Up to the RENAME that hides "dst", or the one over it.
+      const int stop_at = close_before_hidden ? 1 : 2;
+      int renames = 0;
+      while (nfs_.WaitPending(1)) {
+        if (nfs_.Queued().front().proc == Proc::kRename && ++renames == stop_at) break;
+        ASSERT_TRUE(nfs_.StepOne(0));
+      }
+      ASSERT_EQ(renames, stop_at) << "the rename never came";
+      fs_->Release(dst);  // its last close
+      std::this_thread::sleep_for(50ms);
+      if (close_before_hidden) {
+        ASSERT_TRUE(nfs_.StepOne(0));  // the hiding
+        ASSERT_TRUE(nfs_.WaitPending(1));
+      }
+      if (fails) nfs_.FailNext(Proc::kRename, EIO, 1);
+      ASSERT_TRUE(nfs_.StepOne(IndexOf(nfs_, Proc::kRename)));  // the rename over it
+      nfs_.Resume();
+      auto fr = renamed->get_future();
+      ASSERT_EQ(fr.wait_for(30s), std::future_status::ready);
+      EXPECT_EQ(fr.get().ok(), !fails);
+      ASSERT_TRUE(nfs_.Quiesce());
+      auto got = Lookup(kRoot, "dst" + tag);
+      ASSERT_TRUE(got.ok());
+      EXPECT_NE(got->ino, 0u) << "\"dst\" lost its file";
+      EXPECT_EQ(ContentsOf("dst" + tag), fails ? "old" : "new");
+      auto l = List(kRoot, false);
+      ASSERT_TRUE(l.ok());
+      for (const auto& n : *l) EXPECT_NE(n.rfind(".mpnfs", 0), 0u) << "hidden name left behind: " << n;
+    }
+  }
+}
+
 TEST_F(FilesystemTest, HiddenNameIsRemovedAsTheUserWhoRemovedTheFile) {
   auto d = Mkdir(kRoot, "d", 0755);
   ASSERT_TRUE(d.ok());

@@ -76,6 +76,11 @@ class Inode {
     engine::Cred cred;  // who removed the file: the hidden name goes as that user
   };
   std::optional<Silly> silly GUARDED_BY(mu);
+  // Hidden for a rename over it that is still in flight: a last close
+  // meanwhile leaves the hidden name to the rename's end (removed if it
+  // succeeded, the file's way back to its name if it failed).
+  bool renaming_over GUARDED_BY(mu) = false;
+  bool closed_while_renaming GUARDED_BY(mu) = false;
 
  private:
   friend class InodeTable;
