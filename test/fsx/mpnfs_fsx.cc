@@ -1,9 +1,10 @@
 // mpnfs_fsx: a randomized file-operation tester. It drives one file through a
 // seeded random sequence of operations (overlapping writes, reads, truncates
 // that shrink and extend, mmap reads and writes, several descriptors, close and
-// reopen, fsync, page-cache drops, optional remounts) and checks every result
-// against a copy of the file it keeps in memory. The same seed and options give
-// the same sequence of operations.
+// reopen, fsync, page-cache drops, times set right after writes, mode changes,
+// writes by another user, optional remounts) and checks every result against a
+// copy of the file it keeps in memory, its mode and its mtime included. The
+// same seed and options give the same sequence of operations.
 //
 // On the first difference it prints the offset, the expected and the actual
 // byte, which operation wrote each of them (when it can tell), the last
@@ -12,6 +13,7 @@
 #include <getopt.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -47,6 +49,8 @@ struct Options {
   double reopen_prob = 5;     // per cent of operations that close and reopen
   double trunc_open_prob = 10;  // per cent of reopens with O_TRUNC
   double append_prob = 10;    // per cent of reopens with O_APPEND (not with --direct)
+  bool attrs = true;   // set times and modes, and check them
+  long other_uid = -1;  // writes by this user too (the file's mode then lets others write)
   std::string remount_cmd;
   uint64_t remount_every = 500;
   uint64_t verify_every = 20;
@@ -102,9 +106,21 @@ std::deque<std::string> oplog;  // the last operations, for a failure report
 uint64_t opno = 0;              // the operation running now (1-based)
 long pagesize = 4096;
 
+// The attributes as they should be. The mode is always known; the mtime
+// only after the tester set it and until the data changes (each change sets
+// it to "now"). Pages written through a mapping and not yet written back
+// (`map_dirty`) may reach the server after a later utimensat and move the
+// mtime there, as FUSE without writeback_cache does not write them back
+// before a SETATTR: times set meanwhile are not checked.
+mode_t want_mode = 0644;
+bool mtime_known = false;
+timespec want_mtime{};
+bool map_dirty = false;
+
 struct Counters {
   uint64_t write = 0, append = 0, read = 0, mapread = 0, mapwrite = 0, truncate = 0, sync = 0,
-           fadvise = 0, reopen = 0, remount = 0, verify = 0, skipped = 0;
+           fadvise = 0, reopen = 0, remount = 0, verify = 0, skipped = 0, times = 0, chmod = 0,
+           other_write = 0;
 } count;
 
 // ---- reporting ----------------------------------------------------------
@@ -134,6 +150,8 @@ std::string rerun_hint() {
   if (opt.msync == 0) s += " --no-msync";
   if (opt.msync == 1) s += " --msync";
   if (opt.direct) s += " --direct";
+  if (!opt.attrs) s += " --no-attrs";
+  if (opt.other_uid >= 0) s += fmt(" --other-uid %ld", opt.other_uid);
   s += fmt(" --reopen-prob %g --trunc-prob %g --append-prob %g --verify-every %" PRIu64, opt.reopen_prob,
            opt.trunc_open_prob, opt.append_prob, opt.verify_every);
   if (!opt.remount_cmd.empty()) s += fmt(" --remount-every %" PRIu64 " --remount-cmd ...", opt.remount_every);
@@ -232,7 +250,20 @@ void set_size(uint64_t n) {
   owner.resize(n, 0);
 }
 
+// The data changed: the mtime is the server's "now".
+void data_changed() { mtime_known = false; }
+
+// A write or truncate by `uid`: one by a user other than root clears
+// setuid, and setgid on a group-executable file (the kernel's and the
+// server's rule; root keeps them: CAP_FSETID).
+void kill_priv(uid_t uid) {
+  if (uid == 0) return;
+  want_mode &= ~static_cast<mode_t>(S_ISUID);
+  if (want_mode & S_IXGRP) want_mode &= ~static_cast<mode_t>(S_ISGID);
+}
+
 void apply_write(uint64_t off, uint64_t len, const uint8_t* data) {
+  data_changed();
   if (off + len > ref.size()) set_size(off + len);
   memcpy(ref.data() + off, data, len);
   std::fill(owner.begin() + static_cast<long>(off), owner.begin() + static_cast<long>(off + len),
@@ -262,8 +293,26 @@ void on_bus(int) {
 
 void verify(const char* why, int fd) {
   count.verify++;
+  if (opt.attrs) {
+    // The mode alone first, as stat -c %a asks for it (statx with
+    // STATX_MODE: the kernel may answer from the attributes it holds),
+    // before fstat below fetches everything.
+    struct statx sx;
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_MODE, &sx) != 0) fail_errno("statx");
+    if ((sx.stx_mode & 07777) != want_mode)
+      fail(fmt("mode mismatch (%s, statx STATX_MODE): %04o, expected %04o", why,
+               static_cast<unsigned>(sx.stx_mode & 07777), static_cast<unsigned>(want_mode)));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) fail_errno("fstat");
+  if (opt.attrs && (st.st_mode & 07777) != want_mode)
+    fail(fmt("mode mismatch (%s): %04o, expected %04o", why, static_cast<unsigned>(st.st_mode & 07777),
+             static_cast<unsigned>(want_mode)));
+  if (opt.attrs && mtime_known &&
+      (st.st_mtim.tv_sec != want_mtime.tv_sec || st.st_mtim.tv_nsec != want_mtime.tv_nsec))
+    fail(fmt("mtime mismatch (%s): %lld.%09ld, expected %lld.%09ld (set by the tester)", why,
+             static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec,
+             static_cast<long long>(want_mtime.tv_sec), want_mtime.tv_nsec));
   if (static_cast<uint64_t>(st.st_size) != ref.size())
     fail(fmt("size mismatch (%s): st_size 0x%" PRIx64 " (%" PRIu64 "), expected 0x%zx (%zu)", why,
              static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_size), ref.size(), ref.size()));
@@ -289,7 +338,11 @@ void open_fd(Fd& f, bool trunc, bool append) {
   f.fd = open(opt.path.c_str(), open_flags(trunc, append));
   if (f.fd < 0) fail_errno("open " + opt.path);
   f.append = append;
-  if (trunc) set_size(0);
+  if (trunc) {
+    set_size(0);
+    data_changed();  // (O_TRUNC sets mtime, even on an empty file)
+    kill_priv(geteuid());
+  }
 }
 
 void close_fd(Fd& f) {
@@ -299,6 +352,7 @@ void close_fd(Fd& f) {
 
 void close_all() {
   for (auto& f : fds) close_fd(f);
+  map_dirty = false;  // (the last close writes the mapped pages back)
 }
 
 void reopen_all_and_verify(const char* why) {
@@ -342,6 +396,7 @@ void op_write(Rng& r) {
              f.fd, off, len, old, std::max<uint64_t>(old, off + len)));
   write_full(f.fd, b, len, off, f.append);
   apply_write(off, len, b);
+  kill_priv(geteuid());
   (f.append ? count.append : count.write)++;
 }
 
@@ -421,6 +476,7 @@ void op_mapwrite(Rng& r) {
   if (sync && msync(m, mlen, MS_SYNC) != 0) fail_errno("msync");
   if (munmap(m, mlen) != 0) fail_errno("munmap");
   apply_write(off, len, b);
+  if (!sync) map_dirty = true;
   count.mapwrite++;
 }
 
@@ -436,6 +492,8 @@ void op_truncate(Rng& r) {
   log_op(fmt("truncate fd%d 0x%zx->0x%" PRIx64, f.fd, ref.size(), n));
   if (ftruncate(f.fd, static_cast<off_t>(n)) != 0) fail_errno("ftruncate");
   set_size(n);  // an extension reads as zeros
+  data_changed();
+  kill_priv(geteuid());
   count.truncate++;
 }
 
@@ -444,6 +502,7 @@ void op_sync(Rng& r) {
   bool data = r.below(2);
   log_op(fmt("%s fd%d", data ? "fdatasync" : "fsync", f.fd));
   if ((data ? fdatasync(f.fd) : fsync(f.fd)) != 0) fail_errno(data ? "fdatasync" : "fsync");
+  map_dirty = false;  // (fsync writes the mapped pages back)
   count.sync++;
 }
 
@@ -486,6 +545,82 @@ void op_reopen(Rng& r) {
   count.reopen++;
 }
 
+// Sets the file's times right after whatever came before (tar x, cp -p
+// and rsync -a do so with futimens on the open descriptor, touch -d with
+// utimensat on the path), then checks them at once and at every later
+// verification until the data changes.
+void op_times(Rng& r) {
+  timespec ts[2];
+  ts[0].tv_sec = static_cast<time_t>(r.range(1000000000, 1900000000));
+  ts[0].tv_nsec = static_cast<long>(r.below(1000000000));
+  ts[1].tv_sec = static_cast<time_t>(r.range(1000000000, 1900000000));
+  ts[1].tv_nsec = static_cast<long>(r.below(1000000000));
+  const bool by_path = r.below(2) == 0;
+  Fd& f = fds[r.below(fds.size())];
+  log_op(fmt("utimes %s mtime %lld.%09ld%s", by_path ? "path" : fmt("fd%d", f.fd).c_str(),
+             static_cast<long long>(ts[1].tv_sec), ts[1].tv_nsec, map_dirty ? " (mapped pages dirty: unchecked)" : ""));
+  if ((by_path ? utimensat(AT_FDCWD, opt.path.c_str(), ts, 0) : futimens(f.fd, ts)) != 0)
+    fail_errno(by_path ? "utimensat" : "futimens");
+  want_mtime = ts[1];
+  mtime_known = !map_dirty;
+  count.times++;
+  verify("right after setting the times", fds[r.below(fds.size())].fd);
+}
+
+// A new mode, owner read and write kept (the descriptors reopen); with
+// --other-uid every mode lets others write. setuid and setgid come and go.
+// (Not setgid without group execute where another user writes: Linux
+// clears it for a writer outside the file's group, NFS servers keep it.)
+void op_chmod(Rng& r) {
+  static const mode_t kOwn[] = {0644, 0600, 0664, 0755, 04755, 02755, 06755, 02745};
+  static const mode_t kShared[] = {0666, 0777, 04777, 02777, 06777, 04767};
+  const bool shared = opt.other_uid >= 0;
+  mode_t m = shared ? kShared[r.below(std::size(kShared))] : kOwn[r.below(std::size(kOwn))];
+  if (geteuid() != 0) m &= ~static_cast<mode_t>(S_ISUID | S_ISGID);  // (a user may not set them at will)
+  Fd& f = fds[r.below(fds.size())];
+  log_op(fmt("chmod fd%d %04o", f.fd, static_cast<unsigned>(m)));
+  if (fchmod(f.fd, m) != 0) fail_errno("fchmod");
+  want_mode = m;
+  count.chmod++;
+}
+
+// A write by --other-uid (a process of its own, opening the file by path):
+// it clears setuid, and setgid on a group-executable file, and the writer's
+// own stat must show that at once.
+void op_other_write(Rng& r) {
+  uint64_t off, len;
+  pick_write_range(r, off, len);
+  uint8_t* b = iobuf.get(len);
+  for (uint64_t i = 0; i < len; i++) b[i] = pattern(opno, off + i);
+  log_op(fmt("write by uid %ld 0x%" PRIx64 "+0x%" PRIx64 " (mode %04o)", opt.other_uid, off, len,
+             static_cast<unsigned>(want_mode)));
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) fail_errno("fork");
+  if (pid == 0) {
+    const auto id = static_cast<uid_t>(opt.other_uid);
+    if (setgroups(0, nullptr) != 0 || setresgid(id, id, id) != 0 || setresuid(id, id, id) != 0) _exit(3);
+    int fd = open(opt.path.c_str(), O_WRONLY | (opt.direct ? O_DIRECT : 0));
+    if (fd < 0) _exit(4);
+    uint64_t done = 0;
+    while (done < len) {
+      ssize_t w = pwrite(fd, b + done, len - done, static_cast<off_t>(off + done));
+      if (w <= 0) _exit(5);
+      done += static_cast<uint64_t>(w);
+    }
+    _exit(close(fd) == 0 ? 0 : 6);
+  }
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) fail_errno("waitpid");
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail(fmt("the write by uid %ld failed (child status 0x%x: 3 setuid, 4 open, 5 pwrite, 6 close)", opt.other_uid,
+             st));
+  apply_write(off, len, b);
+  kill_priv(static_cast<uid_t>(opt.other_uid));
+  count.other_write++;
+  verify("right after another user's write", fds[r.below(fds.size())].fd);
+}
+
 void remount(const char* why) {
   log_op(fmt("remount (%s): close all, run the remount command, reopen, verify", why));
   close_all();
@@ -515,6 +650,9 @@ void usage(FILE* out) {
           "  --reopen-prob P    per cent of operations that close and reopen (default 5)\n"
           "  --trunc-prob P     per cent of reopens with O_TRUNC (default 10)\n"
           "  --append-prob P    per cent of reopens with O_APPEND (default 10)\n"
+          "  --no-attrs         no times set, no mode changes (and neither checked)\n"
+          "  --other-uid UID    also writes by this user (the file's modes then let others\n"
+          "                     write; its setuid and setgid must go by the kernel's rule)\n"
           "  --remount-cmd CMD  at random points close everything, run CMD with /bin/sh\n"
           "                     (it remounts), reopen and verify the whole file; again at the end\n"
           "  --remount-every N  a remount every N operations on average (default 500)\n"
@@ -554,7 +692,7 @@ double parse_pct(const char* name, const char* s) {
 
 void parse_args(int argc, char** argv) {
   enum { SEED = 256, OPS, MAXLEN, MAXSIZE, FDS, MMAP, NOMMAP, MSYNC, NOMSYNC, DIRECT, ALIGN, REOPEN, TRUNCP,
-         APPENDP, RCMD, REVERY, VEVERY, PROGRESS, LOG, QUIET, VERBOSE, HELP };
+         APPENDP, RCMD, REVERY, VEVERY, PROGRESS, LOG, QUIET, VERBOSE, HELP, NOATTRS, OTHERUID };
   static const option longopts[] = {
       {"seed", required_argument, nullptr, SEED},        {"ops", required_argument, nullptr, OPS},
       {"maxlen", required_argument, nullptr, MAXLEN},    {"maxsize", required_argument, nullptr, MAXSIZE},
@@ -567,6 +705,7 @@ void parse_args(int argc, char** argv) {
       {"verify-every", required_argument, nullptr, VEVERY}, {"progress", required_argument, nullptr, PROGRESS},
       {"log", required_argument, nullptr, LOG},          {"quiet", no_argument, nullptr, QUIET},
       {"verbose", no_argument, nullptr, VERBOSE},        {"help", no_argument, nullptr, HELP},
+      {"no-attrs", no_argument, nullptr, NOATTRS},       {"other-uid", required_argument, nullptr, OTHERUID},
       {nullptr, 0, nullptr, 0}};
   bool mmap_given = false;
   int c;
@@ -596,6 +735,8 @@ void parse_args(int argc, char** argv) {
       case LOG: opt.log_len = parse_num(name, optarg); break;
       case 'q': case QUIET: opt.quiet = true; break;
       case 'v': case VERBOSE: opt.verbose = true; break;
+      case NOATTRS: opt.attrs = false; break;
+      case OTHERUID: opt.other_uid = static_cast<long>(parse_num(name, optarg)); break;
       case 'h': case HELP: usage(stdout); exit(0);
       default: usage(stderr); exit(2);
     }
@@ -622,6 +763,8 @@ void parse_args(int argc, char** argv) {
     if (opt.maxsize < opt.align) bad("--maxsize is smaller than --align");
   }
   if (opt.maxlen > opt.maxsize) opt.maxlen = opt.maxsize;
+  if (opt.other_uid >= 0 && !opt.attrs) bad("--other-uid needs the attributes (not with --no-attrs)");
+  if (opt.other_uid >= 0 && geteuid() != 0) bad("--other-uid needs root (to become that user)");
   if (!opt.seed_given)
     opt.seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                (static_cast<uint64_t>(getpid()) << 32);
@@ -651,6 +794,12 @@ int main(int argc, char** argv) {
   if (unlink(opt.path.c_str()) != 0 && errno != ENOENT) fail_errno("unlink " + opt.path);
   int fd0 = open(opt.path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
   if (fd0 < 0) fail_errno("create " + opt.path);
+  if (opt.other_uid >= 0 && fchmod(fd0, 0666) != 0) fail_errno("fchmod");  // (others write too)
+  {
+    struct stat st;
+    if (fstat(fd0, &st) != 0) fail_errno("fstat");
+    want_mode = st.st_mode & 07777;  // (0644 less the umask)
+  }
   if (close(fd0) != 0) fail_errno("close");
   fds.resize(static_cast<size_t>(opt.fds));
   for (auto& f : fds) open_fd(f, false, false);
@@ -661,6 +810,11 @@ int main(int argc, char** argv) {
     unsigned weight;
   };
   std::vector<Choice> choices = {{op_write, 30}, {op_read, 20}, {op_truncate, 8}, {op_sync, 4}, {op_fadvise, 2}};
+  if (opt.attrs) {
+    choices.push_back({op_times, 4});
+    choices.push_back({op_chmod, 2});
+  }
+  if (opt.other_uid >= 0) choices.push_back({op_other_write, 4});
   if (opt.mmap) {
     choices.push_back({op_mapread, 8});
     choices.push_back({op_mapwrite, 8});
@@ -707,9 +861,11 @@ int main(int argc, char** argv) {
   if (!opt.quiet)
     printf("mpnfs_fsx: writes %" PRIu64 " appends %" PRIu64 " reads %" PRIu64 " mapreads %" PRIu64
            " mapwrites %" PRIu64 " truncates %" PRIu64 " syncs %" PRIu64 " fadvises %" PRIu64 " reopens %" PRIu64
-           " remounts %" PRIu64 " verifies %" PRIu64 " skipped %" PRIu64 "\n",
+           " remounts %" PRIu64 " verifies %" PRIu64 " skipped %" PRIu64 " times %" PRIu64 " chmods %" PRIu64
+           " other-user writes %" PRIu64 "\n",
            count.write, count.append, count.read, count.mapread, count.mapwrite, count.truncate, count.sync,
-           count.fadvise, count.reopen, count.remount, count.verify, count.skipped);
+           count.fadvise, count.reopen, count.remount, count.verify, count.skipped, count.times, count.chmod,
+           count.other_write);
   printf("mpnfs_fsx: %" PRIu64 " ops OK in %.1f s (seed %" PRIu64 ")\n", opt.ops, secs, opt.seed);
   return 0;
 }

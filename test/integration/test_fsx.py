@@ -1,7 +1,8 @@
 """mpnfs_fsx (test/fsx), the randomized file-operation tester, on real mounts:
 overlapping writes, reads, truncates, mmap, several descriptors, reopen (with
-O_TRUNC and O_APPEND), fsync and page-cache drops, each checked against the
-tester's in-memory copy of the file. One fixed seed per mode, so a failure
+O_TRUNC and O_APPEND), fsync and page-cache drops, times set right after
+writes, mode changes and writes by another user, each checked against the
+tester's in-memory copy of the file, its mode and its mtime. One fixed seed per mode, so a failure
 reproduces: its output names the seed and the command line.
 
 Modes: a default mount, four paths, direct_io, each cache_mode, remounts in
@@ -74,6 +75,13 @@ MODES = {
     "readonly": ("cache_dir={cache},cache_size=64M,cache_mode=readonly", 9105, ()),
     "writethrough": ("cache_dir={cache},cache_size=64M,cache_mode=writethrough", 9106, ()),
     "writeback": ("cache_dir={cache},cache_size=64M,cache_block=64,cache_mode=writeback", 9107, ()),
+    # Writes by another user too (setuid and setgid must go at once), every
+    # cache mode; the other modes set times and modes as the owner.
+    "other_user": ("allow_other", 9108, ("--other-uid", "20003")),
+    "other_user_writethrough": ("allow_other,cache_dir={cache},cache_size=64M,cache_mode=writethrough", 9109,
+                                ("--other-uid", "20003")),
+    "other_user_writeback": ("allow_other,cache_dir={cache},cache_size=64M,cache_block=64,cache_mode=writeback",
+                             9110, ("--other-uid", "20003")),
 }
 
 
