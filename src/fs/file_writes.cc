@@ -27,8 +27,10 @@ void FileWrites::Durable(WriteOrder::Seq seq, uint64_t off, uint64_t len) {
   if (MayResend()) newer_log_.push_back(Newer{seq, off, len});
 }
 
-void FileWrites::Foreign(uint64_t off, uint64_t len) {
+bool FileWrites::Foreign(uint64_t off, uint64_t len) {
+  if (order_.WriteOverlaps(off, len)) return false;
   if (MayResend()) newer_log_.push_back(Newer{order_.Reserve(), off, len});
+  return true;
 }
 
 void FileWrites::Truncated(WriteOrder::Seq tseq, uint64_t size) {

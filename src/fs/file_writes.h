@@ -92,9 +92,14 @@ class FileWrites {
   // A WRITE of `seq` answered FILE_SYNC: durable, and newer than anything
   // kept before it, so no resend may write over it.
   void Durable(WriteOrder::Seq seq, uint64_t off, uint64_t len) REQUIRES(mu);
-  // A write outside this order (the SSD cache flusher's) is about to be
-  // sent: no resend may write older data over it.
-  void Foreign(uint64_t off, uint64_t len) REQUIRES(mu);
+  // A write outside this order (the SSD cache flusher's) would be sent now.
+  // False if a write of this order (a write, a resend; not a truncate)
+  // overlapping it is on its way or waiting: the two could land in either
+  // order, and an older one land last, so it must wait for a later round
+  // (the flusher's pages stay dirty; waiting in the order instead could
+  // close a cycle with a truncate that waits for the flush). Else records
+  // it as newer data (no resend may write older data over it) and true.
+  bool Foreign(uint64_t off, uint64_t len) REQUIRES(mu);
   // A truncate (its place `tseq`) was answered: a resend never writes data
   // older than it past `size`; sizes from before it no longer count.
   void Truncated(WriteOrder::Seq tseq, uint64_t size) REQUIRES(mu);

@@ -81,7 +81,7 @@ TEST_F(FileWritesTest, AResendLeavesOutWhatALaterTruncateCutAndLaterDurableOrFor
     ASSERT_TRUE(w_.Admit(0, 10, [](WriteOrder::Seq) {}, &s));
     w_.Durable(s, 0, 10);  // answered FILE_SYNC
     EXPECT_TRUE(w_.Finish(s).empty());
-    w_.Foreign(30, 5);  // the flusher's
+    EXPECT_TRUE(w_.Foreign(30, 5));  // the flusher's
   }
   auto kept = Begin();
   EXPECT_EQ(Pieces(kept, 2), (P{{10, 20}, {35, 35}}));
@@ -90,19 +90,32 @@ TEST_F(FileWritesTest, AResendLeavesOutWhatALaterTruncateCutAndLaterDurableOrFor
 TEST_F(FileWritesTest, TheResendLogsGoOnceNothingCanBeResent) {
   {
     MutexLock lock(w_.mu);
-    w_.Foreign(0, 10);  // nothing kept: no resend can happen, nothing to log
+    EXPECT_TRUE(w_.Foreign(0, 10));  // nothing kept: no resend can happen, nothing to log
     EXPECT_TRUE(w_.ResendLogsEmpty());
   }
   Kept(0, 10, 1);
   {
     MutexLock lock(w_.mu);
-    w_.Foreign(0, 10);
+    EXPECT_TRUE(w_.Foreign(0, 10));
     EXPECT_FALSE(w_.ResendLogsEmpty());
   }
   auto kept = Begin();
   MutexLock lock(w_.mu);
   EXPECT_TRUE(w_.EndCommit().empty());
   EXPECT_TRUE(w_.ResendLogsEmpty());
+}
+
+TEST_F(FileWritesTest, AForeignWriteWaitsForAnOverlappingWriteButNotForATruncate) {
+  MutexLock lock(w_.mu);
+  WriteOrder::Seq s = 0, t = 0;
+  ASSERT_TRUE(w_.Admit(100, 50, [](WriteOrder::Seq) {}, &s));  // out (a resend, say)
+  EXPECT_FALSE(w_.Foreign(120, 10));
+  EXPECT_FALSE(w_.Foreign(0, 101));
+  EXPECT_TRUE(w_.Foreign(150, 10));  // adjacent: no overlap
+  EXPECT_TRUE(w_.Finish(s).empty());
+  ASSERT_TRUE(w_.AdmitTail(0, [](WriteOrder::Seq) {}, &t));  // a truncate waiting for the flush
+  EXPECT_TRUE(w_.Foreign(120, 10));
+  EXPECT_TRUE(w_.Finish(t).empty());
 }
 
 TEST_F(FileWritesTest, OneRoundAtATimeAndAFailedRoundKeepsItsWritesFirst) {

@@ -82,9 +82,9 @@ Filesystem::Filesystem(nfs::Client& nfs, nfs::Fh root, FsOptions opts,
     flusher_.store(std::make_shared<Flusher>(
         nfs_, cache, opts_.wsize, root, [this](const std::string& fh, uint64_t off, uint64_t len) {
           auto inode = inodes_.Find(fh);
-          if (!inode) return;  // not known here: nothing kept to resend
+          if (!inode) return true;  // not known here: no write of it is out, nothing kept
           MutexLock lock(inode->writes.mu);
-          inode->writes.Foreign(off, len);
+          return inode->writes.Foreign(off, len);
         }));
   }
 }

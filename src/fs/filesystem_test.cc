@@ -2218,6 +2218,51 @@ TEST_F(WriteBackTest, AWriteRefusedBeforeItIsSentDropsTheKernelsPagesAtTheNextOp
 
 // A write that goes around the cache (a non-root write to a setuid file)
 // keeps its own O_DSYNC: FILE_SYNC.
+// The flusher's WRITE of newer cached data never goes while a resend of
+// older data over the same bytes is on its way: the two could land in
+// either order, and the resend last. The older data here is a write around
+// the cache (another user's, to a setuid file), lost by a server restart
+// and resent at fsync; the newer is a cached write over it, flushed while
+// the resend is held.
+TEST_F(WriteBackTest, AFlushWaitsForAResendOfOlderDataOverTheSameBytes) {
+  const std::string older = Pattern(8192, 21), newer = Pattern(8192, 22);
+  const uint64_t ino = SetuidFile(*fs_, "over", 04777);
+  auto o = Open(ino, O_RDWR);
+  ASSERT_TRUE(o.ok()) << o.error().what;
+  ASSERT_TRUE(Write(o->file, older, 0).ok());  // around the cache (setuid): UNSTABLE, kept
+  ASSERT_EQ(Dirty(), 0u);
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Restart();  // lost
+  ASSERT_TRUE(Write(o->file, newer, 0).ok());  // setuid is gone: to the cache
+  ASSERT_GT(Dirty(), 0u);
+  nfs_.Pause();
+  auto synced = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, o->file, [synced](Result<Ok> r) { synced->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  ASSERT_TRUE(nfs_.StepOne(IndexOf(nfs_, Proc::kCommit)));  // a new verifier: the resend
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  ASSERT_EQ(nfs_.Queued()[0].proc, Proc::kWrite);
+  ASSERT_TRUE(nfs_.Queued()[0].stable) << "not the resend";
+  auto flushed = std::async(std::launch::async, [&] { return fs_->FlushCache(); });
+  std::this_thread::sleep_for(200ms);
+  // Whatever the flusher sent meanwhile goes first, then the resend.
+  for (size_t i = 0; i < nfs_.Queued().size(); ++i) {
+    if (!nfs_.Queued()[i].stable && nfs_.Queued()[i].proc == Proc::kWrite) {
+      ASSERT_TRUE(nfs_.StepOne(i));
+      break;
+    }
+  }
+  nfs_.Resume();
+  ASSERT_EQ(flushed.wait_for(30s), std::future_status::ready);
+  EXPECT_TRUE(flushed.get().ok());
+  auto fs = synced->get_future();
+  ASSERT_EQ(fs.wait_for(30s), std::future_status::ready);
+  EXPECT_TRUE(fs.get().ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_TRUE(ContentsOf("over") == newer) << "the resend of the older data landed over the newer";
+  Close(o->file);
+}
+
 TEST_F(WriteBackTest, AWriteAroundTheCacheKeepsItsOwnDsyncFlag) {
   const uint64_t ino = SetuidFile(*fs_, "suid-dsync", 04777);
   auto o = Open(ino, O_WRONLY | O_DIRECT);

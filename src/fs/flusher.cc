@@ -102,7 +102,7 @@ Result<Ok> Flusher::FlushAll() {
 Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
                                 std::chrono::steady_clock::time_point older_than, bool* pending,
                                 const std::set<std::string>& skip, Kept* kept,
-                                std::set<std::string>* files_sent) {
+                                std::set<std::string>* files_sent, bool* deferred) {
   if (interrupted_) return Error::Errno(EINTR, "flushing interrupted");
   bool failed = false;
   std::vector<cache::DirtyRun> runs = cache_->CollectDirty(max_bytes, fh, older_than, &skip, &failed);
@@ -168,7 +168,13 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
         at += runs[k].data.size();
       }
       c.buf = bytes;
-      if (before_write_) before_write_(c.fh, c.off, len);
+      if (before_write_ && !before_write_(c.fh, c.off, len)) {
+        // Held back (see WriteHook): neither clean nor failed this round.
+        if (deferred) *deferred = true;
+        MutexLock lock(st->mu);
+        if (--st->left == 0) st->cv.SignalAll();
+        continue;
+      }
       WholeWrite w;
       w.fh = c.fh;
       w.off = c.off;
@@ -321,12 +327,20 @@ Result<Ok> Flusher::Drain(const std::string& fh) {
   Kept kept;  // files whose writes had to be kept: left out of the next rounds
   std::set<std::string> skip;
   while (true) {
-    bool pending = false;
+    bool pending = false, deferred = false;
     const size_t kept_before = kept.size();
-    auto r = Round(fh, kUrgentRound, std::chrono::steady_clock::now(), &pending, skip, &kept);
+    auto r = Round(fh, kUrgentRound, std::chrono::steady_clock::now(), &pending, skip, &kept, nullptr,
+                   &deferred);
     if (!r) return r.error();
     for (const auto& [f, e] : kept) skip.insert(f);
     if (!pending) break;
+    if (deferred) {
+      // Writes of the filesystem's own are on their way over some pages:
+      // those go once they are answered, however long that takes (as any
+      // write on a hard mount). Not a round without progress.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
     if (*r == 0 && kept.size() == kept_before && ++fruitless >= kMaxFruitlessRounds) {
       return Error::Errno(EIO, "flushing makes no progress (the server keeps losing unstable writes)");
     }

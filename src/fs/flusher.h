@@ -61,10 +61,14 @@ namespace mpnfs::fs {
 
 class Flusher {
  public:
-  // Told of each WRITE just before it is sent (file handle, offset, length):
-  // the filesystem records it as newer than any kept write of that file, so
-  // that a resend after a server restart never writes older data over it.
-  using WriteHook = std::function<void(const std::string&, uint64_t, uint64_t)>;
+  // Asked before each WRITE is sent (file handle, offset, length), under
+  // the flusher's send lock: false if a write of the filesystem's own that
+  // overlaps it is on its way (a resend after a server restart, a write
+  // around the cache): the WRITE is not sent this round, its pages stay
+  // dirty and the flush goes round again (fs/file_writes.h, Foreign). True:
+  // the filesystem has recorded it as newer than any kept write of that
+  // file, so that a resend never writes older data over it.
+  using WriteHook = std::function<bool(const std::string&, uint64_t, uint64_t)>;
   // `root`: the export's root handle (asked before dropping a gone file's
   // writes).
   Flusher(nfs::Client& nfs, std::shared_ptr<cache::BlockCache> cache, uint32_t wsize,
@@ -99,10 +103,11 @@ class Flusher {
   // matched or none were. `*pending` says whether anything matched at all;
   // files kept are added to `*kept` (not an error of the round), and the
   // files it sent to `*files_sent` (if given).
+  // `*deferred` (if given): a WRITE was held back by the hook.
   Result<uint64_t> Round(const std::string& fh, uint64_t max_bytes,
                          std::chrono::steady_clock::time_point older_than, bool* pending,
                          const std::set<std::string>& skip, Kept* kept,
-                         std::set<std::string>* files_sent = nullptr);
+                         std::set<std::string>* files_sent = nullptr, bool* deferred = nullptr);
   Result<Ok> Drain(const std::string& fh);
 
   nfs::Client& nfs_;

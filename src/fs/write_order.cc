@@ -87,6 +87,16 @@ void WriteOrder::ForEachNewer(Seq after, uint64_t off, uint64_t len,
   });
 }
 
+bool WriteOrder::WriteOverlaps(uint64_t off, uint64_t len) const {
+  const uint64_t end = len > UINT64_MAX - off ? UINT64_MAX : off + len;
+  if (end <= off) return false;
+  const uint64_t lo = off > max_len_ ? off - max_len_ : 0;
+  for (auto it = by_off_.lower_bound(lo); it != by_off_.end() && it->first < end; ++it) {
+    if (by_seq_.at(it->second).end > off) return true;
+  }
+  return false;
+}
+
 size_t WriteOrder::waiting() const {
   size_t n = 0;
   for (const auto& [s, e] : by_seq_) n += e.blockers > 0;

@@ -55,6 +55,9 @@ class WriteOrder {
   // that overlaps [off, off+len): fn(off, len).
   void ForEachNewer(Seq after, uint64_t off, uint64_t len,
                     const std::function<void(uint64_t, uint64_t)>& fn) const;
+  // Whether an unfinished write (started or waiting; not a truncate)
+  // overlaps [off, off+len).
+  bool WriteOverlaps(uint64_t off, uint64_t len) const;
   bool empty() const { return by_seq_.empty(); }
   size_t size() const { return by_seq_.size(); }
   Seq last_seq() const { return next_seq_ - 1; }
