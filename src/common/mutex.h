@@ -30,7 +30,7 @@
 //     cache::CrcStore has no lock: it runs under BlockCache::mu_.
 //   Leaves (nothing is taken under them): Loop::mu_, history_mu_,
 //     HiddenNames::mu_, Gather::mu_, fs::Filesystem::postop_mu_ and its
-//     ReadOp::mu, GoneCheck's State::mu, Flusher::mu_ and RoundState::mu,
+//     ReadOp::mu and reaper_mu_, GoneCheck's State::mu, Flusher::mu_ and RoundState::mu,
 //     BlockCache::Reader::mu_, fuse::CredCache::mu_,
 //     cli::ControlSocket::mu_, calibrate's StepState::mu, LogState::mu,
 //     WriteBack's page-map lock (fs/write.cc), and in the fakes

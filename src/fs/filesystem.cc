@@ -93,6 +93,12 @@ Filesystem::~Filesystem() {
   // The flusher's thread first: its hook uses the inode table, a member
   // destroyed before the flusher otherwise would be.
   flusher_.store(nullptr);
+  std::vector<std::thread> reapers;
+  {
+    MutexLock lock(reaper_mu_);
+    reapers.swap(reapers_);
+  }
+  for (auto& t : reapers) t.join();
 }
 
 Result<Ok> Filesystem::FlushCache() {
@@ -141,6 +147,19 @@ Result<Ok> Filesystem::DetachCache() {
   // that closing it (a sync of its files) happens here, not on an event loop.
   for (int i = 0; i < 500 && old.use_count() > 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (old.use_count() > 1) {
+    // Some still hold it (calls a server does not answer): the last of them
+    // would close it on an engine event loop. A thread of its own waits for
+    // them and closes it (nothing takes a new reference: it is gone from
+    // cache_ and the flusher). Joined by ~Filesystem.
+    log_->warn("SSD cache detached; operations still using it finish first, then it is closed");
+    MutexLock lock(reaper_mu_);
+    reapers_.emplace_back([old = std::move(old)]() mutable {
+      while (old.use_count() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      old.reset();
+    });
+    return Ok{};
   }
   old.reset();
   log_->warn("SSD cache detached; running uncached");

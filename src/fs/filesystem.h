@@ -57,6 +57,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -142,8 +143,10 @@ class Filesystem {
   std::shared_ptr<cache::BlockCache> cache() const { return cache_.load(); }
   // Stops using the SSD cache (online detach). A write-back cache takes no
   // new dirty data and is flushed first (an error leaves it attached).
-  // Returns once the operations still holding it have finished (at most a
-  // few seconds) and it has been closed.
+  // Returns once the operations still holding it have finished and it has
+  // been closed; after 5 s of them (calls a server does not answer), at
+  // once, leaving it to a thread of its own that waits for them and closes
+  // it (never the last of them: an engine event loop).
   Result<Ok> DetachCache();
   // Write-back: every dirty page to the server now (waits); Ok without one.
   Result<Ok> FlushCache();
@@ -351,6 +354,9 @@ class Filesystem {
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
   std::function<void(uint64_t ino)> invalidate_attrs_;
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
+  // Threads closing caches a detach left to operations still using them.
+  Mutex reaper_mu_;
+  std::vector<std::thread> reapers_ GUARDED_BY(reaper_mu_);
   InodeTable inodes_;
   GoneCheck gone_;  // (DropCacheIfGone's; the flusher has its own)
   HiddenNames hidden_;  // hidden names of files removed while open, until removed

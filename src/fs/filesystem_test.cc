@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/disk.h"
 #include "test/fakes/fake_nfs.h"
 
 namespace mpnfs::fs {
@@ -2274,6 +2275,87 @@ TEST_F(WriteBackTest, AWriteAroundTheCacheKeepsItsOwnDsyncFlag) {
   EXPECT_EQ(after.writes_unstable, before.writes_unstable);
   EXPECT_GT(after.writes_file_sync, before.writes_file_sync);
   fs_->Release(o->file);
+}
+
+// ------------------------------------------------------------ detach
+
+// The real disk, noting the thread that closes the cache's files (its
+// destructor's).
+class ClosingThreadDisk : public cache::Disk {
+ public:
+  std::atomic<bool> closed{false};
+  std::atomic<std::thread::id> closed_on{};
+  Result<std::unique_ptr<cache::File>> Open(const std::string& path, int flags) override {
+    auto f = cache::RealDisk().Open(path, flags);
+    if (!f) return f.error();
+    return std::unique_ptr<cache::File>(std::make_unique<Noted>(std::move(*f), this));
+  }
+  bool Exists(const std::string& p) override { return cache::RealDisk().Exists(p); }
+  bool Rename(const std::string& a, const std::string& b) override { return cache::RealDisk().Rename(a, b); }
+  bool Remove(const std::string& p) override { return cache::RealDisk().Remove(p); }
+  bool SyncDir(const std::string& d) override { return cache::RealDisk().SyncDir(d); }
+  uint64_t Allocated(const std::string& p) override { return cache::RealDisk().Allocated(p); }
+
+ private:
+  class Noted : public cache::File {
+   public:
+    Noted(std::unique_ptr<cache::File> f, ClosingThreadDisk* d) : f_(std::move(f)), d_(d) {}
+    ~Noted() override {
+      d_->closed_on = std::this_thread::get_id();
+      d_->closed = true;
+    }
+    bool ReadAt(char* p, size_t n, uint64_t off) override { return f_->ReadAt(p, n, off); }
+    bool WriteAt(const char* p, size_t n, uint64_t off) override { return f_->WriteAt(p, n, off); }
+    bool Sync() override { return f_->Sync(); }
+    bool Truncate(uint64_t size) override { return f_->Truncate(size); }
+    bool Allocate(uint64_t size) override { return f_->Allocate(size); }
+    uint64_t Size() override { return f_->Size(); }
+
+   private:
+    std::unique_ptr<cache::File> f_;
+    ClosingThreadDisk* d_;
+  };
+};
+
+// A detach whose wait for the operations still holding the cache gives up
+// (5 s: a server that does not answer them) does not leave the cache to be
+// closed by the last of them, which is an engine event loop (closing syncs
+// the cache's files): a thread of the filesystem's own closes it.
+TEST_F(FilesystemTest, ADetachThatGivesUpWaitingDoesNotLeaveTheCacheToAnEventLoop) {
+  char tmpl[] = "/tmp/mpnfs-fs-detach-test-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  ClosingThreadDisk disk;
+  {
+    cache::CacheOptions o;
+    o.disk = &disk;
+    o.dir = dir;
+    o.size = 1 << 20;
+    o.block = 64 << 10;
+    o.mode = cache::CacheMode::kReadOnly;
+    auto c = cache::BlockCache::Open(o);
+    ASSERT_TRUE(c.ok()) << c.error().what;
+    ASSERT_TRUE(nfs_.Quiesce());
+    fs_ = std::make_unique<Filesystem>(nfs_, nfs_.root(), FsOptions{}, std::move(c.value()));
+  }
+  // An operation that holds the cache for 6 s, on a thread of its own (as
+  // a call's completion holds it on an event loop).
+  std::promise<void> holding;
+  std::thread::id holder_id;
+  std::thread holder([&, held = fs_->cache()]() mutable {
+    holder_id = std::this_thread::get_id();
+    holding.set_value();
+    std::this_thread::sleep_for(6s);
+    held.reset();
+  });
+  holding.get_future().wait();
+  EXPECT_TRUE(fs_->DetachCache().ok());
+  holder.join();
+  for (int i = 0; i < 500 && !disk.closed; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(disk.closed) << "the cache was never closed";
+  EXPECT_NE(disk.closed_on.load(), holder_id) << "closed by the operation that held it last";
+  fs_.reset();  // (before the disk it used)
+  Mount(FsOptions{});
+  std::filesystem::remove_all(dir);
 }
 
 // ------------------------------------------------------------ fill=block
