@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -399,6 +401,86 @@ bool ScratchFileIsOurs(const nfs::Attr& a) {
   return a.type == nfs::Ftype::kReg && a.uid == 0 && a.nlink == 1 && a.size == 0;
 }
 
+namespace {
+constexpr char kScratchPrefix[] = ".mpnfs-calibrate-";
+}  // namespace
+
+std::string ScratchHost() {
+  char h[256] = {};
+  if (gethostname(h, sizeof h - 1) != 0) return "unknown";
+  std::string s(h);
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
+  }
+  return s.empty() ? "unknown" : s;
+}
+
+std::optional<ScratchMaker> ParseScratchName(const std::string& name) {
+  if (name.rfind(kScratchPrefix, 0) != 0) return std::nullopt;
+  const std::string rest = name.substr(sizeof kScratchPrefix - 1);
+  const auto r = rest.rfind('-');
+  if (r == std::string::npos || r == 0) return std::nullopt;
+  const auto p = rest.rfind('-', r - 1);
+  if (p == std::string::npos || p == 0) return std::nullopt;
+  const std::string pid = rest.substr(p + 1, r - p - 1);
+  if (pid.empty() || pid.size() > 10 || pid.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return ScratchMaker{rest.substr(0, p), std::stol(pid)};
+}
+
+namespace {
+
+// Scratch files a calibrate of this host left when its process died
+// (killed, crashed: the file's removal never ran), up to 1 GiB each, go
+// before this one begins; each is reported on a progress line. Those of
+// other hosts, and of processes still running here, are left alone.
+// Best effort: a listing or a removal that fails stops nothing.
+bool RemoveLeftovers(nfs::Client& admin, const nfs::Fh& root,
+                     const std::function<bool(const std::string&)>& progress) {
+  const engine::Cred root_cred{};
+  const std::string host = ScratchHost();
+  std::vector<std::string> names;
+  uint64_t cookie = 0, verf = 0;
+  for (int page = 0; page < 100000; ++page) {
+    auto p = nfs::Wait<nfs::DirPage>([&](nfs::Cb<nfs::DirPage> cb) {
+      admin.Readdir(root, cookie, verf, 32768, root_cred, std::move(cb));
+    });
+    if (!p) return true;
+    for (const auto& e : p->entries) {
+      if (e.name.rfind(kScratchPrefix, 0) == 0) names.push_back(e.name);
+      cookie = e.cookie;
+    }
+    verf = p->verf;
+    if (p->eof || p->entries.empty()) break;
+  }
+  for (const auto& name : names) {
+    const auto maker = ParseScratchName(name);
+    if (!maker || maker->host != host || maker->pid == static_cast<long>(getpid())) continue;
+    if (maker->pid <= 0 || kill(static_cast<pid_t>(maker->pid), 0) == 0 || errno != ESRCH) continue;
+    // Only a file as calibrate makes it (a regular file of root's with one link).
+    auto lk = nfs::Wait<nfs::LookupReply>([&](nfs::Cb<nfs::LookupReply> cb) {
+      admin.Lookup(root, name, root_cred, std::move(cb));
+    });
+    if (!lk) continue;
+    std::optional<nfs::Attr> a = lk->attr;
+    if (!a) {
+      auto ga = nfs::Wait<nfs::Attr>([&](nfs::Cb<nfs::Attr> cb) { admin.Getattr(lk->fh, root_cred, std::move(cb)); });
+      if (!ga) continue;
+      a = *ga;
+    }
+    if (a->type != nfs::Ftype::kReg || a->uid != 0 || a->nlink != 1) continue;
+    auto rm = nfs::Wait<nfs::Wcc>([&](nfs::Cb<nfs::Wcc> cb) { admin.Remove(root, name, root_cred, std::move(cb)); });
+    if (!rm) continue;
+    Log("mount")->info("calibrate: removed {} ({} bytes), left by process {} of this host, gone", name, a->size,
+                       maker->pid);
+    if (!progress(fmt::format("progress step=leftover removed={} bytes={} pid={}", name, a->size, maker->pid))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<engine::Endpoint> SplitHostPort(const std::string& addr) {
   engine::Endpoint ep;
   ep.host = addr;
@@ -419,7 +501,8 @@ Result<CalibrateResult> RunCalibrate(nfs::Client& admin, const nfs::Fh& root,
                                      const CalibrateOptions& o,
                                      const std::function<bool(const std::string&)>& progress) {
   std::mt19937_64 rng(std::random_device{}());
-  const std::string name = fmt::format(".mpnfs-calibrate-{:016x}", rng());
+  if (!RemoveLeftovers(admin, root, progress)) return Error::Errno(ECANCELED, "calibrate stopped");
+  const std::string name = fmt::format("{}{}-{}-{:016x}", kScratchPrefix, ScratchHost(), getpid(), rng());
   const engine::Cred root_cred{};
   nfs::SetAttr sa;
   sa.mode = 0600;

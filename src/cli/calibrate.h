@@ -2,8 +2,10 @@
 // gateway (`mpnfsctl calibrate MOUNTPOINT`), over the NFS client interface.
 //
 // What is measured, on a scratch file created in the export root as root
-// (".mpnfs-calibrate-<random>", removed at the end, on error and when the
-// client goes away), for each target (each path alone, with its calls pinned
+// (".mpnfs-calibrate-HOST-PID-RANDOM", removed at the end, on error and
+// when the client goes away; one that a calibrate of this host left when
+// its process died is removed by the next calibrate there, before it
+// begins), for each target (each path alone, with its calls pinned
 // to it, then all paths together; a one-path mount or --path has one target):
 //   1. sequential WRITE of large calls (min(rsize, wsize)) at depth 8, for
 //      --time seconds or until --size is written (the first target's step
@@ -85,6 +87,17 @@ struct CalibrateResult {
 // Whether a scratch file found by name (not by our CREATE's reply) is the
 // one our GUARDED CREATE made: an empty regular file of root's, one link.
 bool ScratchFileIsOurs(const nfs::Attr& a);
+
+// This host's name as scratch files carry it (anything but letters,
+// digits, '.' and '_' made '_').
+std::string ScratchHost();
+// The host and process a scratch file name says made it; nullopt for a
+// name of another form.
+struct ScratchMaker {
+  std::string host;
+  long pid = 0;
+};
+std::optional<ScratchMaker> ParseScratchName(const std::string& name);
 
 // "--path" "HOST" or "HOST:PORT" -> the endpoint (port 0: any port);
 // nullopt for a bad port.

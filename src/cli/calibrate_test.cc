@@ -1,9 +1,12 @@
 #include "cli/calibrate.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <map>
 
+#include "nfs/wait.h"
 #include "test/fakes/fake_nfs.h"
 
 namespace mpnfs::cli {
@@ -294,6 +297,67 @@ TEST(CalibrateTest, MeasuresEachTargetAndRemovesTheScratchFile) {
   EXPECT_FALSE(f.FhOf(name)) << "scratch file left behind";
   EXPECT_GT(f.stats().commits, 0u);  // UNSTABLE random writes end with a COMMIT
   EXPECT_GT(f.stats().writes_unstable, 0u);
+}
+
+TEST(CalibrateTest, ScratchNamesSayTheirHostAndProcess) {
+  auto m = ParseScratchName(".mpnfs-calibrate-db_1.example-4242-00ff00ff00ff00ff");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->host, "db_1.example");
+  EXPECT_EQ(m->pid, 4242);
+  EXPECT_FALSE(ParseScratchName(".mpnfs-calibrate-00ff00ff00ff00ff").has_value());
+  EXPECT_FALSE(ParseScratchName(".mpnfs-calibrate-host-x1-00ff").has_value());
+  EXPECT_FALSE(ParseScratchName("data-1-2").has_value());
+  EXPECT_EQ(ScratchHost().find_first_not_of(
+                "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._"),
+            std::string::npos);
+}
+
+// A scratch file a calibrate of this host left when its process died
+// (killed or crashed during the run, so its removal never ran) goes at the
+// next calibrate there; those of other hosts and of processes still
+// running are left alone.
+TEST(CalibrateTest, AScratchFileLeftByADeadProcessOfThisHostGoesAtTheNextRun) {
+  FakeNfs f;
+  f.set_history_limit(size_t{1} << 30);
+  const pid_t dead = fork();  // a process that is gone by the run
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string host = ScratchHost();
+  const std::string left = ".mpnfs-calibrate-" + host + "-" + std::to_string(dead) + "-0123456789abcdef";
+  const std::string live = ".mpnfs-calibrate-" + host + "-1-0123456789abcdef";  // init: running
+  const std::string other = ".mpnfs-calibrate-another_host-" + std::to_string(dead) + "-0123456789abcdef";
+  const std::string user = ".mpnfs-calibrate-" + host + "-" + std::to_string(dead) + "-fedcba9876543210";
+  for (const auto& made : std::vector<std::pair<std::string, uint32_t>>{
+           {left, 0}, {live, 0}, {other, 0}, {user, 1000}}) {
+    const std::string& name = made.first;
+    const uint32_t uid = made.second;
+    nfs::SetAttr sa;
+    sa.mode = 0600;
+    auto c = nfs::Wait<nfs::NewObject>([&](nfs::Cb<nfs::NewObject> cb) {
+      f.Create(f.root(), name, nfs::CreateMode::kGuarded, sa, 0, engine::Cred{uid, uid, {}}, std::move(cb));
+    });
+    ASSERT_TRUE(c.ok()) << name;
+  }
+  std::vector<std::string> lines;
+  auto r = RunCalibrate(f, f.root(), {{"p0", &f}}, Small(), [&](const std::string& l) {
+    lines.push_back(l);
+    return true;
+  });
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  f.Quiesce();
+  EXPECT_FALSE(f.FhOf(left)) << "the dead process's scratch file is still there";
+  EXPECT_TRUE(f.FhOf(live)) << "a running process's scratch file was removed";
+  EXPECT_TRUE(f.FhOf(other)) << "another host's scratch file was removed";
+  EXPECT_TRUE(f.FhOf(user)) << "a file not made as calibrate makes it was removed";
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.front().rfind("progress step=leftover removed=" + left, 0), 0u) << lines.front();
+  std::string name;  // the run's own: the last CREATE
+  for (const auto& c : f.History()) {
+    if (c.proc == FakeNfs::Proc::kCreate) name = c.name;
+  }
+  EXPECT_EQ(name.rfind(".mpnfs-calibrate-" + host + "-" + std::to_string(getpid()) + "-", 0), 0u) << name;
+  EXPECT_FALSE(f.FhOf(name)) << "the run's own scratch file left behind";
 }
 
 TEST(CalibrateTest, AClientThatGoesAwayStopsTheRunAndTheFileGoes) {
