@@ -582,10 +582,10 @@ bool BlockCache::Sequential(const std::string& fh, uint64_t off, size_t len, boo
   FileState::SeqRun* run = nullptr;
   for (FileState::SeqRun& r : f.runs) {
     if (r.length == 0) continue;
+    auto in_hole = [&](const auto& h) { return h.first < h.second && off < h.second && end > h.first; };
     const bool near = (off + slack >= r.next && off <= r.next + slack) ||
                       (r.length > opts_.seq_cutoff && now - r.jumped <= kKeepFor &&
-                       std::any_of(r.holes.begin(), r.holes.end(),
-                                   [&](const auto& h) { return off < h.second && end > h.first; }));
+                       std::any_of(r.holes.begin(), r.holes.end(), in_hole));
     if (near && (run == nullptr || r.length > run->length)) run = &r;
   }
   if (run != nullptr) {

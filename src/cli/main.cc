@@ -585,9 +585,11 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   fuse_loop_cfg_destroy(cfg);
   metrics.reset();
   // A stop signal from here on, during the unmount too, is recorded, not
-  // lost to FUSE's handler nor fatal (StopSignals).
-  fuse_remove_signal_handlers(se);
+  // lost to FUSE's handler nor fatal (StopSignals). Ours go in first:
+  // fuse_remove_signal_handlers then leaves them (it resets only FUSE's
+  // own), so no signal finds the default action in between.
   StopSignals signals;
+  fuse_remove_signal_handlers(se);
   fuse_session_unmount(se);
   // Commands still running are told their client is gone and given a few
   // seconds with the engine still up (a calibrate removes its scratch file).

@@ -96,9 +96,10 @@ class FileWrites {
   // False if a write of this order (a write, a resend; not a truncate)
   // overlapping it is on its way or waiting: the two could land in either
   // order, and an older one land last, so it must wait for a later round
-  // (the flusher's pages stay dirty; waiting in the order instead could
-  // close a cycle with a truncate that waits for the flush). Else records
-  // it as newer data (no resend may write older data over it) and true.
+  // (the flusher's pages stay dirty). This cannot close a cycle because no
+  // place in the order waits for the flusher: a truncate that must flush
+  // gives its place up first (Filesystem::SendSetattr). Else records it as
+  // newer data (no resend may write older data over it) and true.
   bool Foreign(uint64_t off, uint64_t len) REQUIRES(mu);
   // A truncate (its place `tseq`) was answered: a resend never writes data
   // older than it past `size`; sizes from before it no longer count.

@@ -379,9 +379,11 @@ void Filesystem::SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa,
 
 void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                              WriteOrder::Seq tseq, Cb<AttrOut> cb) {
-  if (tseq) {
-    // Finish the truncate's place in the order once answered, whatever the answer.
-    cb = [inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
+  // The truncate's place in the order ends once it is answered, whatever
+  // the answer.
+  auto answered = [inode, tseq](Cb<AttrOut> cb) -> Cb<AttrOut> {
+    if (!tseq) return cb;
+    return [inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
       std::vector<std::function<void()>> run;
       {
         MutexLock lock(inode->writes.mu);
@@ -390,17 +392,13 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
       cb(std::move(r));
       for (auto& fn : run) fn();
     };
-  }
-  ForgetCachedThenSetattr(c, inode, sa, tseq, std::move(cb));
-}
-
-void Filesystem::ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
-                                         WriteOrder::Seq tseq, Cb<AttrOut> cb) {
-  // (Dropped here, after the writes the truncate waited for: their data
-  // past the new size must not stay in the SSD cache. The truncate leaves
-  // once that is durable: a crash must not bring the cut data back.)
+  };
+  // A truncate: the SSD cache forgets the file's data past the new size
+  // first (after the writes the truncate waited for: their data there must
+  // not stay in the cache), and the SETATTR leaves once that is durable (a
+  // crash must not bring the cut data back).
   if (auto cache = cache_.load(); cache && sa.size) {
-    auto send = [this, c, inode, sa, tseq, cache, cb]() mutable {
+    auto send = [this, c, inode, sa, tseq, cache, cb = answered(cb)]() mutable {
       // (The reference moves on: a barrier job of the cache's own queue must
       // not keep the cache alive once it ran.)
       SendSetattrCall(c, inode, sa, tseq,
@@ -411,15 +409,26 @@ void Filesystem::ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, con
     };
     if (!cache->Truncating(inode->fh(), std::move(send))) {
       // Write-back writes acknowledged since the flush before the truncate:
-      // they reach the server first, then the truncate is tried again.
-      return FlushFile(inode, [this, c, inode, sa, tseq, cb = std::move(cb)](Result<Ok> r) mutable {
+      // they reach the server first, then the truncate takes a new place and
+      // is tried again. The place goes first: no place in the write order
+      // waits for the flusher, whose WRITEs wait for places over their bytes
+      // (FileWrites::Foreign).
+      if (tseq) {
+        std::vector<std::function<void()>> run;
+        {
+          MutexLock lock(inode->writes.mu);
+          run = inode->writes.Finish(tseq);
+        }
+        for (auto& fn : run) fn();
+      }
+      return FlushFile(inode, [this, c, inode, sa, cb = std::move(cb)](Result<Ok> r) mutable {
         if (!r) return cb(r.error());
-        ForgetCachedThenSetattr(c, inode, sa, tseq, std::move(cb));
+        SetattrNow(c, inode->ino(), sa, std::move(cb));
       });
     }
     return;
   }
-  SendSetattrCall(c, inode, sa, tseq, std::move(cb));
+  SendSetattrCall(c, inode, sa, tseq, answered(std::move(cb)));
 }
 
 void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
@@ -1070,9 +1079,11 @@ OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c)
 void Filesystem::Release(OpenFile* f) {
   std::optional<Inode::Silly> silly;
   bool deferred = false;  // to the end of a rename over the file (EndRenameOver)
+  bool last;
   {
     MutexLock lock(f->inode->mu);
-    if (--f->inode->opens == 0) {
+    last = --f->inode->opens == 0;
+    if (last) {
       if (f->inode->silly && f->inode->renaming_over) {
         f->inode->closed_while_renaming = true;
         deferred = true;
@@ -1090,10 +1101,14 @@ void Filesystem::Release(OpenFile* f) {
   open_files_--;
   auto inode = f->inode;
   delete f;
-  AfterRelease(inode, std::move(silly));
+  // (A release that is not the last commits nothing: a reader's close must
+  // not make the server sync other users' data.)
+  if (last && !deferred) AfterRelease(inode, std::move(silly));
 }
 
 void Filesystem::AfterRelease(const InodeP& inode, std::optional<Inode::Silly> silly) {
+  // (The last close: nothing waited for writes a nocto close left, or a
+  // shared mapping's pages written back after the FLUSH.)
   // The last close of a file removed while open: remove its hidden name,
   // after the data is committed (the handle dies with the last name).
   auto remove_hidden = [this, silly, fh = inode->fh(), ino = inode->ino()]() {
@@ -1129,18 +1144,43 @@ void Filesystem::EndRenameOver(const Cred& c, const InodeP& hidden, bool ok, con
     closed = hidden->closed_while_renaming;
     hidden->closed_while_renaming = false;
     // Failed: the file gets its name back, open or not. Succeeded: the
-    // hidden name is the file's only one; it goes now if the last close
-    // came meanwhile, else at the last close.
-    if (!ok || closed) silly.swap(hidden->silly);
+    // hidden name is the file's only one; it goes now if the file is
+    // closed, else at its last close (also when the last close came
+    // meanwhile and a new open since: the removal it left is over).
+    if (!ok || (closed && hidden->opens == 0)) {
+      silly.swap(hidden->silly);
+    } else if (closed && hidden->silly) {
+      hidden_.Done(hidden->silly->dir, hidden->ino());
+    }
   }
   if (!silly) return;
   if (ok) return AfterRelease(hidden, std::move(silly));
-  nfs_.Rename(silly->dir, silly->name, todir->fh(), newname, c,
-              [this, todir, silly, closed, ino = hidden->ino()](Result<nfs::RenameReply> r) {
-                ForgetDirAttr(todir->ino());
-                if (!r) log_->warn("giving {} its name back after a failed rename failed: {}", silly->name,
-                                   r.error().what);
-                if (closed) hidden_.Done(silly->dir, ino);
+  // The name back, unless it is taken: a RENAME reissued after its answer
+  // was lost, which did rename, is answered ENOENT, and giving the name
+  // back would replace the file renamed there. Then it is as if the rename
+  // succeeded.
+  nfs_.Lookup(todir->fh(), newname, c,
+              [this, c, hidden, todir, newname, silly, closed](Result<nfs::LookupReply> lk) {
+                if (lk || lk.error().err != ENOENT) {
+                  bool now_closed;
+                  {
+                    MutexLock lock(hidden->mu);
+                    now_closed = hidden->opens == 0;
+                    if (!now_closed && !hidden->silly) hidden->silly = silly;
+                  }
+                  if (now_closed) return AfterRelease(hidden, silly);
+                  if (closed) hidden_.Done(silly->dir, hidden->ino());
+                  return;
+                }
+                nfs_.Rename(silly->dir, silly->name, todir->fh(), newname, c,
+                            [this, todir, silly, closed, ino = hidden->ino()](Result<nfs::RenameReply> r) {
+                              ForgetDirAttr(todir->ino());
+                              if (!r) {
+                                log_->warn("giving {} its name back after a failed rename failed: {}",
+                                           silly->name, r.error().what);
+                              }
+                              if (closed) hidden_.Done(silly->dir, ino);
+                            });
               });
 }
 

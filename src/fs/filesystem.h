@@ -235,13 +235,12 @@ class Filesystem {
   void BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
                      std::function<void(Result<Ok>)> done);
   void SetattrNow(const Cred& c, uint64_t ino, const nfs::SetAttr& sa, Cb<AttrOut> cb);
-  // The SETATTR itself; `tseq`: the truncate's place in the write order (0: none).
+  // The SETATTR; `tseq`: the truncate's place in the write order (0:
+  // none). A truncate: the SSD cache forgets the file's data past the new
+  // size first (if write-back writes came since the last flush, the place
+  // is given up, they are flushed, and the truncate starts again).
   void SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                    WriteOrder::Seq tseq, Cb<AttrOut> cb);
-  // A truncate: the SSD cache forgets the file (flushing again first if
-  // write-back writes came since the last flush), then the SETATTR goes.
-  void ForgetCachedThenSetattr(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
-                               WriteOrder::Seq tseq, Cb<AttrOut> cb);
   // The SETATTR call itself (after the SSD cache forgot a truncated file).
   void SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::SetAttr& sa,
                        WriteOrder::Seq tseq, Cb<AttrOut> cb);
@@ -277,7 +276,7 @@ class Filesystem {
   // succeeded and the last close came meanwhile, the hidden name goes.
   void EndRenameOver(const Cred& c, const InodeP& hidden, bool ok, const InodeP& todir,
                      const std::string& newname);
-  // After a RELEASE (the last one: `silly` is the hidden name to remove):
+  // After the last RELEASE (`silly`: the hidden name to remove, if any):
   // the file's writes on their way land and are committed, then the hidden
   // name goes.
   void AfterRelease(const InodeP& inode, std::optional<Inode::Silly> silly);

@@ -761,6 +761,13 @@ TEST_F(FilesystemTest, ReadOnlyCloseDoesNotCommitAndFsyncCommitsAsTheWriter) {
   const auto before = nfs_.stats().commits;
   ASSERT_TRUE(Wait<Ok>([&](auto cb) { fs_->Flush(reader, ro->file, cb); }).ok());
   EXPECT_EQ(nfs_.stats().commits, before) << "a read-only close sent a COMMIT";
+  // Nor does its RELEASE (not the file's last).
+  auto ro2 = Wait<OpenOut>([&](auto cb) { fs_->Open(reader, c->first.ino, O_RDONLY, cb); });
+  ASSERT_TRUE(ro2.ok()) << ro2.error().what;
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { fs_->Flush(reader, ro2->file, cb); }).ok());
+  fs_->Release(ro2->file);
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(nfs_.stats().commits, before) << "a read-only release sent a COMMIT";
   ASSERT_TRUE(Wait<Ok>([&](auto cb) { fs_->Fsync(reader, ro->file, cb); }).ok());
   bool saw = false;
   for (const auto& rec : nfs_.History()) {
@@ -1152,7 +1159,6 @@ TEST_F(FilesystemTest, DirectoryPostOpAttributesAreNotUsedWithoutAttributeCachin
   EXPECT_EQ(CountOf(nfs_, Proc::kGetattr), before + 1);
 }
 
-// The hidden name of a file removed while another user has it open.
 // The last RELEASE of a file removed while open can come with writes still
 // on their way (a shared mapping's pages written back after the last
 // close's FLUSH): the hidden name goes once they are answered and
@@ -1234,13 +1240,17 @@ TEST_F(FilesystemTest, ALastCloseDuringARenameOverTheFileLeavesItToTheRename) {
       ASSERT_TRUE(got.ok());
       EXPECT_NE(got->ino, 0u) << "\"dst\" lost its file";
       EXPECT_EQ(ContentsOf("dst" + tag), fails ? "old" : "new");
+      // (A removal marked and never ended would hold this listing for 10 s.)
+      const auto t0 = std::chrono::steady_clock::now();
       auto l = List(kRoot, false);
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << "a hidden name's removal was left open";
       ASSERT_TRUE(l.ok());
       for (const auto& n : *l) EXPECT_NE(n.rfind(".mpnfs", 0), 0u) << "hidden name left behind: " << n;
     }
   }
 }
 
+// The hidden name of a file removed while another user has it open.
 TEST_F(FilesystemTest, HiddenNameIsRemovedAsTheUserWhoRemovedTheFile) {
   auto d = Mkdir(kRoot, "d", 0755);
   ASSERT_TRUE(d.ok());
@@ -2217,8 +2227,6 @@ TEST_F(WriteBackTest, AWriteRefusedBeforeItIsSentDropsTheKernelsPagesAtTheNextOp
   fs_->Release(o->file);
 }
 
-// A write that goes around the cache (a non-root write to a setuid file)
-// keeps its own O_DSYNC: FILE_SYNC.
 // The flusher's WRITE of newer cached data never goes while a resend of
 // older data over the same bytes is on its way: the two could land in
 // either order, and the resend last. The older data here is a write around
@@ -2264,6 +2272,8 @@ TEST_F(WriteBackTest, AFlushWaitsForAResendOfOlderDataOverTheSameBytes) {
   Close(o->file);
 }
 
+// A write that goes around the cache (a non-root write to a setuid file)
+// keeps its own O_DSYNC: FILE_SYNC.
 TEST_F(WriteBackTest, AWriteAroundTheCacheKeepsItsOwnDsyncFlag) {
   const uint64_t ino = SetuidFile(*fs_, "suid-dsync", 04777);
   auto o = Open(ino, O_WRONLY | O_DIRECT);

@@ -324,9 +324,14 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
 
 Result<Ok> Flusher::Drain(const std::string& fh) {
   int fruitless = 0;
+  auto hold = std::chrono::milliseconds(10);  // the wait after a round held WRITEs back
   Kept kept;  // files whose writes had to be kept: left out of the next rounds
   std::set<std::string> skip;
   while (true) {
+    {
+      MutexLock lock(mu_);
+      if (stop_) return Error::Errno(EIO, "the flusher stopped");
+    }
     bool pending = false, deferred = false;
     const size_t kept_before = kept.size();
     auto r = Round(fh, kUrgentRound, std::chrono::steady_clock::now(), &pending, skip, &kept, nullptr,
@@ -337,8 +342,15 @@ Result<Ok> Flusher::Drain(const std::string& fh) {
     if (deferred) {
       // Writes of the filesystem's own are on their way over some pages:
       // those go once they are answered, however long that takes (as any
-      // write on a hard mount). Not a round without progress.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // write on a hard mount). Not a round without progress; the wait
+      // doubles, up to 1 s, while it lasts (each round reads the dirty
+      // pages back from the cache disk).
+      if (*r == 0) {
+        std::this_thread::sleep_for(hold);
+        hold = std::min<std::chrono::milliseconds>(hold * 2, std::chrono::seconds(1));
+      } else {
+        hold = std::chrono::milliseconds(10);
+      }
       continue;
     }
     if (*r == 0 && kept.size() == kept_before && ++fruitless >= kMaxFruitlessRounds) {

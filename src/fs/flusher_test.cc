@@ -544,12 +544,10 @@ TEST_F(FlusherTest, AFileDroppedWhileTheFlusherAsksIsNotAnError) {
   nfs_.Quiesce();
 }
 
-// Interrupt() (SIGTERM at unmount) also stops the questions: nothing more
-// is sent, and the writes stay.
 // An interrupted flusher sends nothing more, and its thread does not go
-// round at once either: with dirty blocks past dirty_age and flush
-// requests coming, it would otherwise spin on rounds that end at once
-// (EINTR), taking a core while the process ends.
+// round at once either: with dirty blocks past dirty_age it would
+// otherwise spin on rounds that end at once (EINTR), taking a core while
+// the process ends. (The process's CPU time: nothing else runs in it.)
 TEST_F(FlusherTest, AnInterruptedFlusherDoesNotSpin) {
   auto cache = OpenCache(/*dirty_age_s=*/1);
   ASSERT_NE(cache, nullptr);
@@ -577,6 +575,8 @@ TEST_F(FlusherTest, AnInterruptedFlusherDoesNotSpin) {
   nfs_.Quiesce();
 }
 
+// Interrupt() (SIGTERM at unmount) also stops the questions: nothing more
+// is sent, and the writes stay.
 TEST_F(FlusherTest, InterruptStopsTheQuestionsAboutAGoneFile) {
   GoneFlush g(*this, 'i');
   ASSERT_NE(g.cache, nullptr);

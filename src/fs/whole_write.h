@@ -18,8 +18,9 @@
 //   order, before the next part is sent; a part answered UNSTABLE carries
 //   its own verifier, which a later COMMIT must match for that part.
 //
-// Threads: `answered` and `done` run on the engine's completion thread (or
-// inline, for an error found before sending); no lock is held.
+// Threads: `answered` and `done` run on the engine's completion thread, or
+// inline on the caller's for an error found before sending (with whatever
+// lock the caller holds: the flusher sends under its send lock).
 #pragma once
 
 #include <functional>
