@@ -384,13 +384,7 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
   auto answered = [inode, tseq](Cb<AttrOut> cb) -> Cb<AttrOut> {
     if (!tseq) return cb;
     return [inode, tseq, cb = std::move(cb)](Result<AttrOut> r) {
-      std::vector<std::function<void()>> run;
-      {
-        MutexLock lock(inode->writes.mu);
-        run = inode->writes.Finish(tseq);
-      }
-      cb(std::move(r));
-      for (auto& fn : run) fn();
+      EndPlace(inode, tseq, [&] { cb(std::move(r)); });
     };
   };
   // A truncate: the SSD cache forgets the file's data past the new size
@@ -413,14 +407,7 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
       // is tried again. The place goes first: no place in the write order
       // waits for the flusher, whose WRITEs wait for places over their bytes
       // (FileWrites::Foreign).
-      if (tseq) {
-        std::vector<std::function<void()>> run;
-        {
-          MutexLock lock(inode->writes.mu);
-          run = inode->writes.Finish(tseq);
-        }
-        for (auto& fn : run) fn();
-      }
+      if (tseq) EndPlace(inode, tseq);
       return FlushFile(inode, [this, c, inode, sa, cb = std::move(cb)](Result<Ok> r) mutable {
         if (!r) return cb(r.error());
         SetattrNow(c, inode->ino(), sa, std::move(cb));

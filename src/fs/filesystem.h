@@ -313,6 +313,9 @@ class Filesystem {
   void SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
                  nfs::Buffer data, size_t buf_off, size_t len, bool stable,
                  std::function<void(Result<Ok>)> done, bool admit = false);
+  // Ends `seq`'s place in the file's write order, calls `then` (if given),
+  // then starts what the place held back.
+  static void EndPlace(const InodeP& inode, WriteOrder::Seq seq, const std::function<void()>& then = nullptr);
   // SendWrite without finishing `seq` (the caller does, once all the
   // calls made under it are answered).
   void SendWriteCall(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,

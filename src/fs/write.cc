@@ -13,18 +13,22 @@
 
 namespace mpnfs::fs {
 
+void Filesystem::EndPlace(const InodeP& inode, WriteOrder::Seq seq, const std::function<void()>& then) {
+  std::vector<std::function<void()>> run;
+  {
+    MutexLock lock(inode->writes.mu);
+    run = inode->writes.Finish(seq);
+  }
+  if (then) then();
+  for (auto& fn : run) fn();
+}
+
 void Filesystem::SendWrite(const InodeP& inode, const Cred& c, WriteOrder::Seq seq, uint64_t off,
                            nfs::Buffer data, size_t buf_off, size_t len, bool stable,
                            std::function<void(Result<Ok>)> done, bool admit) {
   SendWriteCall(inode, c, seq, off, std::move(data), buf_off, len, stable,
                 [inode, seq, done = std::move(done)](Result<Ok> res) {
-                  std::vector<std::function<void()>> run;
-                  {
-                    MutexLock lock(inode->writes.mu);
-                    run = inode->writes.Finish(seq);
-                  }
-                  done(std::move(res));
-                  for (auto& fn : run) fn();
+                  EndPlace(inode, seq, [&] { done(std::move(res)); });
                 },
                 admit);
 }
@@ -381,12 +385,7 @@ void Filesystem::BeforeSetattr(const InodeP& inode, const nfs::SetAttr& sa,
       // O_SYNC, another user's, resends) land first too: a place in the
       // write order after all of them, let go as soon as it is reached.
       auto reached = [this, inode, done](WriteOrder::Seq s) mutable {
-        std::vector<std::function<void()>> run;
-        {
-          MutexLock lock(inode->writes.mu);
-          run = inode->writes.Finish(s);
-        }
-        for (auto& fn : run) fn();
+        EndPlace(inode, s);
         Commit(inode, [inode, done = std::move(done)](Result<Ok> c) {
           if (c) return done(Ok{});
           // Data still kept (a COMMIT that failed, retried later) could be
@@ -524,13 +523,7 @@ void Filesystem::ResendOne(const InodeP& inode, const std::vector<FileWrites::Bu
     pieces = inode->writes.ResendPieces(kept, b);
   }
   auto finish = [inode, seq, done = std::move(done)](Result<Ok> r) {
-    std::vector<std::function<void()>> run;
-    {
-      MutexLock lock(inode->writes.mu);
-      run = inode->writes.Finish(seq);
-    }
-    done(std::move(r));
-    for (auto& fn : run) fn();
+    EndPlace(inode, seq, [&] { done(std::move(r)); });
   };
   if (pieces.empty()) return finish(Ok{});
   auto g = std::make_shared<Gather>(pieces.size());

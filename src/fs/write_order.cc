@@ -79,14 +79,6 @@ std::vector<std::function<void()>> WriteOrder::Finish(Seq seq) {
   return run;
 }
 
-void WriteOrder::ForEachNewer(Seq after, uint64_t off, uint64_t len,
-                              const std::function<void(uint64_t, uint64_t)>& fn) const {
-  const uint64_t end = len > UINT64_MAX - off ? UINT64_MAX : off + len;
-  Overlapping(off, end, [&](Seq s, const Entry& e) {
-    if (s > after) fn(e.off, e.end - e.off);
-  });
-}
-
 bool WriteOrder::WriteOverlaps(uint64_t off, uint64_t len) const {
   const uint64_t end = len > UINT64_MAX - off ? UINT64_MAX : off + len;
   if (end <= off) return false;

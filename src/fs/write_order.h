@@ -51,10 +51,6 @@ class WriteOrder {
   // order, the writes it was the last to block, their sequence numbers bound.
   std::vector<std::function<void()>> Finish(Seq seq);
 
-  // Visits every unfinished write (started or waiting) newer than `after`
-  // that overlaps [off, off+len): fn(off, len).
-  void ForEachNewer(Seq after, uint64_t off, uint64_t len,
-                    const std::function<void(uint64_t, uint64_t)>& fn) const;
   // Whether an unfinished write (started or waiting; not a truncate)
   // overlaps [off, off+len).
   bool WriteOverlaps(uint64_t off, uint64_t len) const;
