@@ -601,10 +601,9 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 void Filesystem::DropCacheIfGone(const nfs::Fh& fh) {
   auto cache = cache_.load();
   if (!cache) return;
-  // A file looked up again meanwhile (a new inode for the handle) is
-  // someone's: kept.
+  // A file looked up again meanwhile is someone's: kept.
   gone_.AskToDrop(
-      cache, fh, [this, fh] { return inodes_.Find(fh) == nullptr; },
+      cache, fh, [this, fh] { return !inodes_.Known(fh); },
       [](GoneCheck::Outcome o) {
         if (o.dropped != cache::BlockCache::DropResult::kNothing) {
           Log("fs")->debug("a removed file's unflushed cached writes are dropped");

@@ -1193,6 +1193,52 @@ TEST_F(FilesystemTest, TheHiddenNameGoesAfterTheWritesStillOnTheirWay) {
   EXPECT_EQ(l->size(), 2u) << "hidden name left behind: " << l->back();
 }
 
+// The kernel may forget a file (its last close and its dentry gone) while
+// its writes are still on their way. Looked up again, it is the same file
+// with the same write order: a new write over the same bytes waits for
+// them.
+TEST_F(FilesystemTest, AFileForgottenWithWritesOnTheirWayKeepsTheirOrderWhenLookedUpAgain) {
+  auto c = Create(kRoot, "f", O_CREAT | O_RDWR);
+  ASSERT_TRUE(c.ok());
+  const uint64_t ino = c->first.ino;
+  ASSERT_TRUE(Write(c->second.file, "x", 0).ok());  // (the small first write goes FILE_SYNC)
+  ASSERT_TRUE(nfs_.Quiesce());
+  nfs_.Pause();
+  ASSERT_TRUE(Write(c->second.file, Pattern(8192, 5), 0).ok());  // written behind: held
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  fs_->Release(c->second.file);  // (no FLUSH)
+  fs_->Forget(ino, 1);
+  // Runs `fn` while the server answers everything but WRITEs.
+  auto answering = [&](auto fn) {
+    auto f = std::async(std::launch::async, fn);
+    while (f.wait_for(5ms) != std::future_status::ready) {
+      const auto q = nfs_.Queued();
+      for (size_t i = 0; i < q.size(); ++i) {
+        if (q[i].proc != Proc::kWrite) {
+          nfs_.StepOne(i);
+          break;
+        }
+      }
+    }
+    return f.get();
+  };
+  auto again = answering([&] { return Lookup(kRoot, "f"); });
+  ASSERT_TRUE(again.ok()) << again.error().what;
+  EXPECT_EQ(again->ino, ino) << "a second inode for a file whose writes are on their way";
+  auto o = answering([&] { return Open(again->ino, O_RDWR); });
+  ASSERT_TRUE(o.ok()) << o.error().what;
+  auto w = std::async(std::launch::async, [&] { return Write(o->file, Pattern(8192, 6), 0, O_DSYNC); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(nfs_.overlap_violations(), 0u) << "the new write went out over the old one on its way";
+  nfs_.Resume();
+  ASSERT_EQ(w.wait_for(30s), std::future_status::ready);
+  ASSERT_TRUE(w.get().ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_EQ(nfs_.overlap_violations(), 0u);
+  EXPECT_TRUE(ContentsOf("f") == Pattern(8192, 6)) << "the older write landed last";
+  Close(o->file);
+}
+
 // A rename over a file open here hides that file first. When its last
 // close comes before the rename is answered (or even before the hiding
 // is), the rename's end decides: failed, the file gets its name back (the

@@ -1,5 +1,7 @@
 #include "fs/inode_table.h"
 
+#include <algorithm>
+
 namespace mpnfs::fs {
 
 InodeTable::InodeTable(nfs::Fh root_fh) {
@@ -12,9 +14,17 @@ InodeTable::InodeTable(nfs::Fh root_fh) {
 std::shared_ptr<Inode> InodeTable::Find(const nfs::Fh& fh) const {
   MutexLock lock(mu_);
   auto it = by_fh_.find(fh);
-  if (it == by_fh_.end()) return nullptr;
+  if (it == by_fh_.end()) {
+    auto f = forgotten_.find(fh);
+    return f == forgotten_.end() ? nullptr : f->second.lock();
+  }
   auto in = by_ino_.find(it->second);
   return in == by_ino_.end() ? nullptr : in->second;
+}
+
+bool InodeTable::Known(const nfs::Fh& fh) const {
+  MutexLock lock(mu_);
+  return by_fh_.count(fh) != 0;
 }
 
 std::shared_ptr<Inode> InodeTable::Intern(const nfs::Fh& fh) {
@@ -24,6 +34,16 @@ std::shared_ptr<Inode> InodeTable::Intern(const nfs::Fh& fh) {
     auto& inode = by_ino_.at(it->second);
     ++inode->nlookup_;
     return inode;
+  }
+  if (auto f = forgotten_.find(fh); f != forgotten_.end()) {
+    std::shared_ptr<Inode> inode = f->second.lock();
+    forgotten_.erase(f);
+    if (inode) {
+      inode->nlookup_ = 1;
+      by_fh_.emplace(fh, inode->ino());
+      by_ino_.emplace(inode->ino(), inode);
+      return inode;
+    }
   }
   uint64_t ino = next_ino_++;
   auto inode = std::make_shared<Inode>(ino, fh);
@@ -48,6 +68,11 @@ std::shared_ptr<Inode> InodeTable::Forget(uint64_t ino, uint64_t n) {
   if (inode->nlookup_ != 0 || ino == kRootIno) return nullptr;
   by_fh_.erase(inode->fh());
   by_ino_.erase(it);
+  if (forgotten_.size() >= sweep_at_) {
+    std::erase_if(forgotten_, [](const auto& e) { return e.second.expired(); });
+    sweep_at_ = std::max<size_t>(64, 2 * forgotten_.size());
+  }
+  forgotten_[inode->fh()] = inode;
   return inode;
 }
 

@@ -3,8 +3,15 @@
 // FUSE gives each inode a lookup count: every successful reply that names an
 // inode (lookup, create, mkdir, readdirplus entry, ...) adds one, and forget
 // subtracts. The table keeps an Inode while its count is above zero; the root
-// (ino 1) is pinned. Numbers are never reused within a mount, so a late
-// request for a forgotten inode gets ESTALE, never another file.
+// (ino 1) is pinned. Numbers are never reused within a mount for another
+// file, so a late request for a forgotten inode gets ESTALE, never another
+// file.
+//
+// A forgotten inode that is still in use (its writes on their way, a COMMIT
+// or a hidden name's removal pending: whatever holds a reference to it) is
+// remembered by handle until the last reference goes. Find() still finds
+// it, and Intern() of its handle brings it back, number and state: a file
+// has one write order, however often the kernel forgets it.
 //
 // Lock order: InodeTable::mu_ before Inode::mu (the program's whole order:
 // common/mutex.h). Forget re-checks the count under mu_, so a concurrent
@@ -99,8 +106,11 @@ class InodeTable {
   std::shared_ptr<Inode> Intern(const nfs::Fh& fh);
   // nullptr when `ino` is unknown (forgotten or never issued).
   std::shared_ptr<Inode> Get(uint64_t ino) const;
-  // The inode for `fh` if this mount knows it (no lookup count taken); else null.
+  // The inode for `fh` if this mount knows it, or forgot it while it is
+  // still in use (no lookup count taken); else null.
   std::shared_ptr<Inode> Find(const nfs::Fh& fh) const;
+  // Whether the kernel holds an inode for `fh` (a lookup count above zero).
+  bool Known(const nfs::Fh& fh) const;
   // Drops `n` lookups; removes the inode at zero (never the root) and
   // returns it then (else null).
   std::shared_ptr<Inode> Forget(uint64_t ino, uint64_t n);
@@ -112,6 +122,10 @@ class InodeTable {
   mutable Mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> by_ino_ GUARDED_BY(mu_);
   std::unordered_map<std::string, uint64_t> by_fh_ GUARDED_BY(mu_);
+  // Forgotten inodes, by handle, while something still holds them; expired
+  // entries are swept when the map reaches sweep_at_.
+  std::unordered_map<std::string, std::weak_ptr<Inode>> forgotten_ GUARDED_BY(mu_);
+  size_t sweep_at_ GUARDED_BY(mu_) = 64;
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
 };
 

@@ -33,8 +33,32 @@ TEST(InodeTableTest, ForgetRemovesAtZeroAndNumbersAreNotReused) {
   EXPECT_NE(t.Get(ino), nullptr);
   t.Forget(ino, 1);
   EXPECT_EQ(t.Get(ino), nullptr);
+  a.reset();  // nothing uses it any more
+  EXPECT_EQ(t.Find("fh-a"), nullptr);
   auto again = t.Intern("fh-a");
   EXPECT_NE(again->ino(), ino);  // a late request for `ino` gets ESTALE, not this file
+}
+
+TEST(InodeTableTest, AForgottenInodeStillInUseComesBackAsItWas) {
+  InodeTable t("root");
+  auto a = t.Intern("fh-a");  // (held, as a write on its way holds it)
+  const uint64_t ino = a->ino();
+  EXPECT_EQ(t.Forget(ino, 1), a);
+  EXPECT_EQ(t.Get(ino), nullptr);
+  EXPECT_EQ(t.Find("fh-a"), a);
+  EXPECT_FALSE(t.Known("fh-a"));
+  auto again = t.Intern("fh-a");
+  EXPECT_EQ(again, a);
+  EXPECT_EQ(t.Get(ino), a);
+  EXPECT_EQ(t.LookupCount(ino), 1u);
+  EXPECT_TRUE(t.Known("fh-a"));
+  // Many forgotten and released: swept, and none comes back.
+  for (int i = 0; i < 1000; ++i) {
+    auto n = t.Intern("fh-" + std::to_string(i));
+    t.Forget(n->ino(), 1);
+  }
+  EXPECT_EQ(t.Find("fh-7"), nullptr);
+  EXPECT_EQ(t.size(), 2u);
 }
 
 TEST(InodeTableTest, ConcurrentInternAndForgetKeepCountsExact) {
