@@ -56,10 +56,11 @@ void FileWrites::CommitFailed(const std::vector<BufferedP>& kept) {
   uncommitted_.insert(uncommitted_.begin(), kept.begin(), kept.end());
 }
 
-std::vector<FileWrites::BufferedP> FileWrites::Lost(const std::vector<BufferedP>& kept, uint64_t verf) {
+std::vector<FileWrites::BufferedP> FileWrites::Lost(const std::vector<BufferedP>& kept,
+                                                    const nfs::CommitReply& commit) {
   std::vector<BufferedP> lost;
   for (const auto& b : kept) {
-    if (b->verf != verf) lost.push_back(b);
+    if (!nfs::CommitCovers(b->verf, commit)) lost.push_back(b);
   }
   std::sort(lost.begin(), lost.end(), [](const auto& x, const auto& y) { return x->seq < y->seq; });
   return lost;

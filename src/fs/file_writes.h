@@ -114,9 +114,9 @@ class FileWrites {
   Begin BeginCommit(std::function<void(Result<Ok>)>* cb, std::vector<BufferedP>* kept) REQUIRES(mu);
   // The COMMIT failed: its writes are kept again (before newer ones).
   void CommitFailed(const std::vector<BufferedP>& kept) REQUIRES(mu);
-  // The kept writes the server lost (their verifier is not the COMMIT's),
-  // oldest first.
-  static std::vector<BufferedP> Lost(const std::vector<BufferedP>& kept, uint64_t verf);
+  // The kept writes the server lost (not covered by the COMMIT's answer:
+  // nfs::CommitCovers), oldest first.
+  static std::vector<BufferedP> Lost(const std::vector<BufferedP>& kept, const nfs::CommitReply& commit);
   // A part of a lost write to send again, FILE_SYNC.
   struct Piece {
     BufferedP b;

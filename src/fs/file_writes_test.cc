@@ -25,7 +25,7 @@ class FileWritesTest : public ::testing::Test {
                                                     uint64_t verf) {
     MutexLock lock(w_.mu);
     std::vector<std::pair<uint64_t, uint64_t>> out;
-    for (const auto& b : FileWrites::Lost(kept, verf)) {
+    for (const auto& b : FileWrites::Lost(kept, nfs::CommitReply{verf, {}})) {
       for (const auto& p : w_.ResendPieces(kept, b)) out.emplace_back(p.off, p.len);
     }
     return out;
@@ -45,7 +45,7 @@ using P = std::vector<std::pair<uint64_t, uint64_t>>;
 TEST_F(FileWritesTest, OnlyWritesWithAnotherVerifierAreLost) {
   auto a = Kept(0, 100, 7);
   auto b = Kept(100, 100, 8);
-  const auto lost = FileWrites::Lost({a, b}, 8);
+  const auto lost = FileWrites::Lost({a, b}, nfs::CommitReply{8, {}});
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0], a);
 }

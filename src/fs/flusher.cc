@@ -32,6 +32,7 @@ struct Call {
   std::vector<uint64_t> verfs;
   bool ok = false;
   std::optional<Error> err;
+  bool resent = false;  // written again FILE_SYNC after the COMMIT
 };
 
 }  // namespace
@@ -153,54 +154,58 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     while (!(st->left == 0 || interrupted_)) st->cv.Wait(st->mu);
     return st->left == 0;
   };
+  // Sends call `i` (under send_mu_, with st->left counting it).
+  auto send_call = [this, &st, deferred](size_t i, bool stable) {
+    Call& c = st->calls[i];
+    if (before_write_ && !before_write_(c.fh, c.off, c.len)) {
+      // Held back (see WriteHook): neither clean nor failed this round.
+      if (deferred) *deferred = true;
+      MutexLock lock(st->mu);
+      if (--st->left == 0) st->cv.SignalAll();
+      return;
+    }
+    WholeWrite w;
+    w.fh = c.fh;
+    w.off = c.off;
+    w.data = c.buf;
+    w.len = c.len;
+    w.stable = stable;
+    w.cred = c.cred;
+    w.cache = cache_;
+    w.invalidate = false;  // (it carries what the cache holds)
+    SendWholeWrite(
+        nfs_, std::move(w),
+        [st, i](const nfs::WriteReply& r, uint64_t, size_t) {
+          if (r.stable) return;
+          MutexLock lock(st->mu);
+          st->calls[i].verfs.push_back(r.verf);
+        },
+        [st, i](Result<Ok> r) {
+          MutexLock lock(st->mu);
+          Call& c = st->calls[i];
+          if (r) {
+            c.ok = true;
+          } else {
+            c.err = r.error();
+          }
+          if (--st->left == 0) st->cv.SignalAll();
+        });
+  };
+  for (Call& c : st->calls) {
+    auto bytes = std::make_shared<nfs::Bytes>(c.len);
+    size_t at = 0;
+    for (size_t k : c.runs) {
+      std::copy(runs[k].data.begin(), runs[k].data.end(), bytes->data() + at);
+      at += runs[k].data.size();
+    }
+    c.buf = bytes;
+  }
   const bool sent = send([&] {
     {
       MutexLock lock(st->mu);  // (no call is out yet)
       st->left = st->calls.size();
     }
-    for (size_t i = 0; i < st->calls.size(); ++i) {
-      Call& c = st->calls[i];
-      const size_t len = c.len;
-      auto bytes = std::make_shared<nfs::Bytes>(len);
-      size_t at = 0;
-      for (size_t k : c.runs) {
-        std::copy(runs[k].data.begin(), runs[k].data.end(), bytes->data() + at);
-        at += runs[k].data.size();
-      }
-      c.buf = bytes;
-      if (before_write_ && !before_write_(c.fh, c.off, len)) {
-        // Held back (see WriteHook): neither clean nor failed this round.
-        if (deferred) *deferred = true;
-        MutexLock lock(st->mu);
-        if (--st->left == 0) st->cv.SignalAll();
-        continue;
-      }
-      WholeWrite w;
-      w.fh = c.fh;
-      w.off = c.off;
-      w.data = c.buf;
-      w.len = len;
-      w.cred = c.cred;
-      w.cache = cache_;
-      w.invalidate = false;  // (it carries what the cache holds)
-      SendWholeWrite(
-          nfs_, std::move(w),
-          [st, i](const nfs::WriteReply& r, uint64_t, size_t) {
-            if (r.stable) return;
-            MutexLock lock(st->mu);
-            st->calls[i].verfs.push_back(r.verf);
-          },
-          [st, i](Result<Ok> r) {
-            MutexLock lock(st->mu);
-            Call& c = st->calls[i];
-            if (r) {
-              c.ok = true;
-            } else {
-              c.err = r.error();
-            }
-            if (--st->left == 0) st->cv.SignalAll();
-          });
-    }
+    for (size_t i = 0; i < st->calls.size(); ++i) send_call(i, /*stable=*/false);
   });
   if (!sent || !wait()) return Error::Errno(EINTR, "flushing interrupted");
   // COMMIT each file that took UNSTABLE writes.
@@ -222,8 +227,35 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
     }
   });
   if (!committing || !wait()) return Error::Errno(EINTR, "flushing interrupted");
-  auto& calls_done = st->calls;
   auto& commits = st->commits;
+  // Data the COMMIT does not cover (the server restarted and may have lost
+  // it) is written again at once, FILE_SYNC (nfs::CommitCovers).
+  std::vector<size_t> again;
+  for (size_t i = 0; i < st->calls.size(); ++i) {
+    Call& c = st->calls[i];
+    if (!c.ok || c.verfs.empty()) continue;
+    auto& commit = commits.at(c.fh);
+    if (commit && !std::all_of(c.verfs.begin(), c.verfs.end(),
+                               [&](uint64_t v) { return nfs::CommitCovers(v, *commit); })) {
+      c.ok = false;
+      c.verfs.clear();
+      c.resent = true;
+      again.push_back(i);
+    }
+  }
+  if (!again.empty()) {
+    Log("flush")->warn("the server's write verifier changed while flushing (a restart?): writing {} "
+                       "call(s) again, FILE_SYNC", again.size());
+    const bool resent = send([&] {
+      {
+        MutexLock lock(st->mu);  // (no call is out yet)
+        st->left = again.size();
+      }
+      for (size_t i : again) send_call(i, /*stable=*/true);
+    });
+    if (!resent || !wait()) return Error::Errno(EINTR, "flushing interrupted");
+  }
+  auto& calls_done = st->calls;
   std::vector<cache::DirtyRun> clean;
   std::optional<Error> first_err;
   std::map<std::string, uint64_t> stale;  // file -> bytes of its calls answered ESTALE
@@ -231,17 +263,18 @@ Result<uint64_t> Flusher::Round(const std::string& fh, uint64_t max_bytes,
   for (auto& c : calls_done) {
     bool ok = c.ok;
     if (ok && !c.verfs.empty()) {
+      // Answered UNSTABLE: clean only if the COMMIT covers it (a resend
+      // answered UNSTABLE again, by a server that breaks FILE_SYNC, is
+      // covered by no COMMIT of this round: dirty, for the next).
       auto it = commits.find(c.fh);
-      if (!it->second) {
+      if (it == commits.end() || c.resent) {
+        ok = false;
+      } else if (!it->second) {
         ok = false;
         c.err = it->second.error();
-      } else if (std::any_of(c.verfs.begin(), c.verfs.end(),
-                             [&](uint64_t v) { return v != it->second->verf; })) {
-        // The server restarted and may have lost a part: the run stays
-        // dirty, its copy kept for resending, and is written again next
-        // round (the flusher's form of FileWrites' resend).
+      } else if (!std::all_of(c.verfs.begin(), c.verfs.end(),
+                              [&](uint64_t v) { return nfs::CommitCovers(v, *it->second); })) {
         ok = false;
-        Log("flush")->warn("server write verifier changed while flushing: writing again");
       }
     }
     if (c.err && c.err->err == ESTALE) {

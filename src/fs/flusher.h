@@ -11,9 +11,11 @@
 // How. A round takes dirty runs in file-offset order (BlockCache::
 // CollectDirty), joins neighbours into WRITE calls of up to wsize, sends
 // them UNSTABLE as the user who wrote them (uid, gid and groups are kept
-// with the pages), then COMMITs each file. A run becomes clean only if the COMMIT's verifier is
-// the one its WRITE returned: a server that restarted in between lost it,
-// and it is sent again in the next round. Rounds flushing by age carry at
+// with the pages), then COMMITs each file. A run becomes clean only if the
+// COMMIT covers what its WRITE returned (nfs::CommitCovers): a server that
+// restarted in between may have lost it, and it is written again at once,
+// FILE_SYNC (a server that answers that UNSTABLE leaves it dirty, for the
+// next round). Rounds flushing by age carry at
 // most 1 MiB, rounds above the high watermark 8 MiB, so the application's
 // calls are not queued behind a long flush on a slow path.
 //

@@ -468,7 +468,7 @@ void Filesystem::Commit(const InodeP& inode, std::function<void(Result<Ok>)> cb)
       return EndCommit(inode, r.error(), std::move(cb));
     }
     log_->debug("COMMIT of {} kept writes: verifier {:#x}", kept.size(), r->verf);
-    std::vector<FileWrites::BufferedP> lost = FileWrites::Lost(kept, r->verf);
+    std::vector<FileWrites::BufferedP> lost = FileWrites::Lost(kept, *r);
     if (lost.empty()) return EndCommit(inode, Ok{}, std::move(cb));
     Resend(inode, kept, std::move(lost), std::move(cb));
   });

@@ -104,6 +104,15 @@ struct CommitReply {
   Wcc wcc;
 };
 
+// The rule for data written UNSTABLE (RFC 1813, 3.3.21): it is on stable
+// storage once a COMMIT answers with the verifier its WRITE got. Any other
+// verifier means the server restarted in between and may have lost it:
+// whoever holds the data writes it again at once, FILE_SYNC (the
+// filesystem's kept writes: fs/file_writes.h, Lost; the write-back cache's
+// flusher: fs/flusher.cc).
+inline bool CommitCovers(const WriteReply& w, const CommitReply& c) { return w.verf == c.verf; }
+inline bool CommitCovers(uint64_t write_verf, const CommitReply& c) { return write_verf == c.verf; }
+
 struct DirEntry {
   uint64_t fileid = 0;
   std::string name;
