@@ -475,6 +475,7 @@ bool BlockCache::ForgetFile(FileState& f) {
 
 bool BlockCache::Truncating(const std::string& fh, std::function<void()> then) {
   MutexLock lock(mu_);
+  if (broken_claims_.count(fh)) return false;  // (StaleClaims: the flush fails or empties the index)
   FileState& f = State(fh);
   for (uint32_t s = f.head; s != kNoSlot; s = slots_[s].next) {
     if (AnyBit(DirtyBits(slots_[s]))) return false;  // written since the flush: flush again

@@ -113,7 +113,10 @@
 //     cache can be followed by a resurrected stale dirty page; and a
 //     truncate's freeing of pages not durably clean is synced before the
 //     truncate is sent (Truncating()'s callback), and unflushed writes are
-//     never dropped by a truncate (they are flushed before it).
+//     never dropped by a truncate (they are flushed before it). An index
+//     broken by a disk error takes no clean marks at all: until it is
+//     emptied (once nothing is dirty), the files it may declare unflushed
+//     take no write around the cache and no truncate (StaleClaims).
 //  4. An index is never emptied while it holds dirty records, and one that
 //     cannot be read (or is of an unknown format) is refused, not replaced.
 //  5. A loaded index and data file are synced before anything is written
@@ -324,9 +327,10 @@ class BlockCache {
   };
   DropResult DropAsOf(const std::string& fh, uint64_t stamp);
   // This client truncates `fh` (after flushing it): forget its blocks. If
-  // the file holds unflushed writes (they came after that flush) nothing is
-  // forgotten and false is returned: flush again, then call again (a write
-  // acknowledged before the truncate must reach the server before it).
+  // the file holds unflushed writes (they came after that flush) or stale
+  // claims, nothing is forgotten and false is returned: flush again, then
+  // call again (a write acknowledged before the truncate must reach the
+  // server before it; a flush fails while stale claims stay).
   // Otherwise `then` runs once the forgetting is durable where it must be
   // (pages whose clean marks were not yet durable were freed: after the
   // index sync, on the writer thread; else at once, in the caller's
@@ -376,8 +380,17 @@ class BlockCache {
   // thread once they are in the data file (durable at the next commit:
   // Durable()), or with why not.
   void WriteBack(WbWrite w, std::function<void(WbOutcome)> done);
-  // Whether [off, off+len) holds dirty pages (such a write must not bypass).
+  // Whether [off, off+len) holds dirty pages (such a write must not bypass),
+  // or the file has stale claims (below): a write must not bypass either.
   bool HasDirty(const std::string& fh, uint64_t off, size_t len);
+  // Whether the index, broken by a disk error and not emptied yet, may
+  // still declare pages of `fh` ("": of any file) unflushed that were
+  // flushed since (their clean marks could not be written): a restart would
+  // send them again, over whatever was written to the server after them.
+  // Such a file takes no write around the cache and no truncate (Truncating
+  // says "flush again") until the index is emptied, which takes every
+  // file's pages flushed; this tries to empty it first.
+  bool StaleClaims(const std::string& fh);
   // The users whose writes `fh` holds not yet durably on the server, each
   // once (uid, gid, groups: as the flusher will send them); empty if none.
   struct Writer {
@@ -794,6 +807,9 @@ class BlockCache {
   bool wb_stopped_ GUARDED_BY(mu_) = false;
   bool index_broken_ GUARDED_BY(mu_) = false;  // a record write failed: write no more
   bool index_discarded_ GUARDED_BY(mu_) = false;
+  // The files the broken index may declare unflushed pages of (StaleClaims):
+  // those with dirty pages when it broke. Cleared when it is emptied.
+  std::unordered_set<std::string> broken_claims_ GUARDED_BY(mu_);
   bool discard_warned_ GUARDED_BY(mu_) = false;
   std::set<uint32_t> queued_groups_ GUARDED_BY(mu_);  // index pages to write
   // Rule 2a. Record writes are numbered (batches); an index page written in

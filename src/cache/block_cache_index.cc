@@ -173,6 +173,12 @@ void BlockCache::IndexFailed(const char* what, int err) {
   DeviceError(what, err);
   health_ = Health::kOut;
   index_broken_ = true;
+  // What its records may declare unflushed from now on, whatever is
+  // flushed: every file with dirty pages (or an old claim of a moved block).
+  for (uint32_t s : dirty_set_) broken_claims_.insert(Fh(slots_[s]));
+  for (const Retire& r : wb_retire_) {
+    if (slots_[r.slot].gen == r.gen && slots_[r.slot].file != kNoFile) broken_claims_.insert(Fh(slots_[r.slot]));
+  }
   queued_groups_.clear();
   wb_unsynced_ = false;
 }
@@ -203,6 +209,7 @@ void BlockCache::DiscardBrokenIndex() {
   mu_.Lock();
   if (ok) {
     index_discarded_ = true;
+    broken_claims_.clear();
     // (An empty index holds no older claims: held slots go back.)
     for (const auto& [t, tomb] : tombs_) policy_->Unpin(t);
     tombs_.clear();

@@ -1288,7 +1288,7 @@ struct GateFile : File {
   bool ReadAt(char* p, size_t n, uint64_t off) override;
   bool WriteAt(const char* p, size_t n, uint64_t off) override;
   bool Sync() override;
-  bool Truncate(uint64_t size) override { return f->Truncate(size); }
+  bool Truncate(uint64_t size) override;
   bool Allocate(uint64_t size) override { return f->Allocate(size); }
   uint64_t Size() override { return f->Size(); }
 };
@@ -1303,6 +1303,7 @@ struct GateDisk : Disk {
   bool read_armed = false, read_held = false, read_release = false;  // the next data read
   std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
   std::atomic<int> fail_crc_reads{0};  // the next N reads of the page checksum file fail
+  std::atomic<bool> fail_index_truncate{false};  // the index cannot be emptied
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
     auto r = RealDisk().Open(path, flags);
     if (!r) return r;
@@ -1360,6 +1361,13 @@ bool GateFile::ReadAt(char* p, size_t n, uint64_t off) {
   }
   return f->ReadAt(p, n, off);
 }
+bool GateFile::Truncate(uint64_t size) {
+  if (index && d->fail_index_truncate) {
+    errno = EIO;
+    return false;
+  }
+  return f->Truncate(size);
+}
 bool GateFile::Sync() {
   if (crcs) return f->Sync();
   if (!index && d->fail_data_sync) {
@@ -1410,6 +1418,16 @@ class WbRaceTest : public WriteBackTest {
     c->Observe("fhA", kV1);
     if (Wb(*c, "fhA", 0, Pattern(8192, 'a')).kind != WbOutcome::kStored) return nullptr;
     return c;
+  }
+  // The next commit's data sync fails (the index breaks): true if the
+  // fsync waiting for it heard so.
+  static bool FailTheCommit(BlockCache& c, GateDisk& disk) {
+    disk.fail_data_sync = true;
+    std::promise<bool> d;
+    c.Durable("fhA", [&d](bool ok) { d.set_value(ok); });
+    const bool failed = !d.get_future().get();
+    disk.fail_data_sync = false;
+    return failed;
   }
   // A write-back write whose outcome arrives through `p`.
   static void WbAsync(BlockCache& c, const std::string& fh, uint64_t off, const std::string& data,
@@ -1744,11 +1762,7 @@ TEST_F(WbRaceTest, DirtyPagesLostAfterAFailedDataSyncAreReportedToFsync) {
   GateDisk disk;
   auto c = OpenWithAWriteNotCommitted(disk);
   ASSERT_NE(c, nullptr);
-  disk.fail_data_sync = true;
-  std::promise<bool> d;
-  c->Durable("fhA", [&d](bool ok) { d.set_value(ok); });
-  EXPECT_FALSE(d.get_future().get());
-  disk.fail_data_sync = false;
+  ASSERT_TRUE(FailTheCommit(*c, disk));
   // The data file cannot be read: the flush sends nothing, the pages stay.
   disk.fail_data_read = true;
   EXPECT_TRUE(c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now()).empty());
@@ -1766,6 +1780,35 @@ TEST_F(WbRaceTest, DirtyPagesLostAfterAFailedDataSyncAreReportedToFsync) {
   EXPECT_TRUE(c->TakeLost("fhA")) << "the lost write was not reported";
   EXPECT_FALSE(c->TakeLost("fhA")) << "reported twice";
   EXPECT_FALSE(c->TakeLost("fhB"));
+}
+
+// An index broken by a disk error keeps declaring dirty the pages it
+// declared dirty, however they are flushed: a restart would send them
+// again. Until it is emptied, nothing may go to the server over them.
+TEST_F(WbRaceTest, PagesFlushedUnderABrokenIndexTakeNoWriteAroundTheCacheUntilItIsEmptied) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(FailTheCommit(*c, disk));  // the index is broken
+  disk.fail_index_truncate = true;  // ... and cannot be emptied yet
+  auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
+  ASSERT_FALSE(runs.empty());
+  c->Flushed(runs);  // (the flusher wrote them to the server)
+  EXPECT_EQ(c->Stats().dirty_bytes, 0u);
+  EXPECT_TRUE(c->StaleClaims("fhA"));
+  EXPECT_TRUE(c->StaleClaims(""));
+  EXPECT_FALSE(c->StaleClaims("fhB"));
+  EXPECT_TRUE(c->HasDirty("fhA", 60000, 10)) << "a write around the cache could be undone by a restart";
+  EXPECT_FALSE(c->HasDirty("fhB", 0, 10));
+  bool sent = false;
+  EXPECT_FALSE(c->Truncating("fhA", [&sent] { sent = true; }));
+  EXPECT_FALSE(sent);
+  disk.fail_index_truncate = false;
+  EXPECT_FALSE(c->StaleClaims("fhA")) << "the index was not emptied once it could be";
+  EXPECT_FALSE(c->HasDirty("fhA", 0, 8192));
+  EXPECT_TRUE(c->Truncating("fhA", [&sent] { sent = true; }));
+  EXPECT_TRUE(sent);
+  c->TruncateDone("fhA");
 }
 
 // fsx (seed 4105, cache_block=64, write-back) READ BAD DATA: a read that

@@ -542,8 +542,15 @@ void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) 
   cv_.SignalAll();
 }
 
+bool BlockCache::StaleClaims(const std::string& fh) {
+  MutexLock lock(mu_);
+  DiscardBrokenIndex();  // (if nothing is dirty any more)
+  return fh.empty() ? !broken_claims_.empty() : broken_claims_.count(fh) != 0;
+}
+
 bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {
   MutexLock lock(mu_);
+  if (broken_claims_.count(fh)) return true;
   if (dirty_slots_ == 0) return false;
   const uint64_t block = opts_.block;
   for (uint64_t b = off / block; b * block < off + len; ++b) {

@@ -390,6 +390,19 @@ Result<Ok> Flusher::Drain(const std::string& fh) {
       return Error::Errno(EIO, "flushing makes no progress (the server keeps losing unstable writes)");
     }
   }
+  if (cache_->StaleClaims(fh)) {
+    // The cache disk's index broke before it could say these pages are
+    // clean, and a restart would send them again: nothing may be written
+    // over them until it is emptied, which takes every file flushed.
+    if (!fh.empty()) {
+      auto all = Drain("");
+      if (!all) return all.error();
+    }
+    if (cache_->StaleClaims(fh)) {
+      return Error::Errno(EIO, "the cache disk's index broke and cannot be emptied: it may still declare "
+                               "flushed writes unflushed, which a restart would send again over newer data");
+    }
+  }
   if (!kept.empty()) {
     // (The caller logs it.)
     const Error& e = kept.begin()->second;

@@ -82,7 +82,9 @@ class Flusher {
 
   // Writes every dirty page (only `fh`'s, if not empty) to the server;
   // `done` runs on the flusher thread once they are clean there, or with
-  // the error that stopped it.
+  // the error that stopped it. A file with stale claims in a broken index
+  // (BlockCache::StaleClaims) makes it flush every file, for the index to
+  // be emptied, and fail (EIO) if it cannot be.
   void Flush(const std::string& fh, std::function<void(Result<Ok>)> done);
   // Flush("") and wait.
   Result<Ok> FlushAll();

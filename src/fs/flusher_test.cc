@@ -239,6 +239,74 @@ TEST_F(FlusherTest, DataLostBeforeItsCommitIsWrittenAgainFileSyncAtOnce) {
   EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
 }
 
+// A cache disk whose data file syncs (which make the index durable) and
+// index truncation (which empties it) fail while the flags are set.
+struct FailingIndexDisk : cache::Disk {
+  std::atomic<bool> fail_sync{false}, fail_empty{false};
+  struct F : cache::File {
+    std::unique_ptr<cache::File> f;
+    FailingIndexDisk* d = nullptr;
+    bool data = false, index = false;
+    bool ReadAt(char* p, size_t n, uint64_t off) override { return f->ReadAt(p, n, off); }
+    bool WriteAt(const char* p, size_t n, uint64_t off) override { return f->WriteAt(p, n, off); }
+    bool Sync() override { return data && d->fail_sync ? (errno = EIO, false) : f->Sync(); }
+    bool Truncate(uint64_t size) override {
+      return index && d->fail_empty ? (errno = EIO, false) : f->Truncate(size);
+    }
+    bool Allocate(uint64_t size) override { return f->Allocate(size); }
+    uint64_t Size() override { return f->Size(); }
+  };
+  Result<std::unique_ptr<cache::File>> Open(const std::string& path, int flags) override {
+    auto r = cache::RealDisk().Open(path, flags);
+    if (!r) return r;
+    auto f = std::make_unique<F>();
+    f->f = std::move(*r);
+    f->d = this;
+    f->data = path.ends_with("/data");
+    f->index = path.ends_with("/index");
+    return std::unique_ptr<cache::File>(std::move(f));
+  }
+  bool Exists(const std::string& p) override { return cache::RealDisk().Exists(p); }
+  bool Rename(const std::string& a, const std::string& b) override { return cache::RealDisk().Rename(a, b); }
+  bool Remove(const std::string& p) override { return cache::RealDisk().Remove(p); }
+  bool SyncDir(const std::string& dir) override { return cache::RealDisk().SyncDir(dir); }
+  uint64_t Allocated(const std::string& p) override { return cache::RealDisk().Allocated(p); }
+};
+
+// Pages flushed after the cache disk's index broke are still declared
+// unflushed on the disk: a flush of the file (before a write around the
+// cache or a truncate) fails while the index cannot be emptied, rather
+// than let something be written over them that a restart would undo.
+TEST_F(FlusherTest, AFlushFailsWhileABrokenIndexStillDeclaresItsPagesUnflushed) {
+  FailingIndexDisk disk;
+  auto cache = OpenCache(/*dirty_age_s=*/3600, &disk);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f"), g = Create("g");
+  Store(*cache, f, std::string(8192, 'f'));
+  Store(*cache, g, std::string(8192, 'g'));
+  disk.fail_sync = true;
+  std::promise<bool> durable;
+  cache->Durable(f, [&durable](bool ok) { durable.set_value(ok); });
+  ASSERT_FALSE(durable.get_future().get());  // the index is broken
+  disk.fail_sync = false;
+  disk.fail_empty = true;
+  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
+  auto flush = [&](const nfs::Fh& fh) {
+    std::promise<Result<Ok>> p;
+    flusher.Flush(fh, [&p](Result<Ok> r) { p.set_value(std::move(r)); });
+    return p.get_future().get();
+  };
+  auto r = flush(f);
+  ASSERT_FALSE(static_cast<bool>(r)) << "a flush said a file may be written over while a restart would undo it";
+  EXPECT_EQ(r.error().err, EIO);
+  EXPECT_EQ(nfs_.Contents(g), std::string(8192, 'g')) << "the other files are flushed for the index to be emptied";
+  disk.fail_empty = false;
+  r = flush(f);
+  EXPECT_TRUE(static_cast<bool>(r)) << r.error().what;
+  EXPECT_FALSE(cache->StaleClaims(""));
+  nfs_.Quiesce();
+}
+
 // Flush requests that keep coming (fsx under write-back sends one before
 // every truncate) must not starve the background rounds: a block dirty for
 // longer than dirty_age is flushed while they come.
