@@ -2318,6 +2318,78 @@ TEST_F(WriteBackTest, AFlushWaitsForAResendOfOlderDataOverTheSameBytes) {
   Close(o->file);
 }
 
+// A truncate that finds writes in the cache made after its flush flushes
+// again. It gives up its place in the write order first: a resend admitted
+// after it (over the same bytes) waits for that place, and the flusher's
+// WRITE of those bytes waits for the resend (FileWrites::Foreign), so a
+// truncate that kept its place while waiting for the flush would wait for
+// ever.
+TEST_F(WriteBackTest, ATruncateThatMustFlushAgainDoesNotWaitForAResendBehindIt) {
+  ASSERT_TRUE(nfs_.Quiesce());
+  fs_.reset();
+  FsOptions o;
+  o.write_behind = 0;  // (every write holds its place until answered)
+  fs_ = std::make_unique<Filesystem>(nfs_, nfs_.root(), o, cache_);
+  const Cred root{0, 0, {}};
+  const std::string older = Pattern(8192, 31), newer = Pattern(8192, 32);
+  const uint64_t ino = SetuidFile(*fs_, "over", 04777);
+  ClosedDirtyFile("c", Pattern(8192, 30));
+  auto f = Open(ino, O_RDWR);
+  ASSERT_TRUE(f.ok()) << f.error().what;
+  const nfs::Fh over = *nfs_.FhOf("over");
+  auto write_of = [&](const nfs::Fh& fh) {
+    const auto q = nfs_.Queued();
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (q[i].proc == Proc::kWrite && q[i].fh == fh) return i;
+    }
+    return q.size();
+  };
+  nfs_.Pause();
+  // The flusher is busy with another file's round.
+  auto flushed = std::async(std::launch::async, [&] { return fs_->FlushCache(); });
+  ASSERT_TRUE(nfs_.WaitPending(1));
+  // A non-root write to the setuid file goes around the cache, UNSTABLE.
+  auto k = std::async(std::launch::async, [&] { return Write(f->file, older, 0); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  // The truncate takes its place after it, and waits.
+  nfs::SetAttr sa;
+  sa.size = 4096;
+  auto truncated = std::make_shared<std::promise<Result<AttrOut>>>();
+  fs_->Setattr(cred_, ino, sa, [truncated](Result<AttrOut> r) { truncated->set_value(std::move(r)); });
+  std::this_thread::sleep_for(50ms);
+  // Root's write of the same bytes stays in the cache (after the
+  // truncate's flush: it must flush again).
+  auto b = Wait<size_t>([&](auto cb) { fs_->Write(root, f->file, Buf(newer), 0, 0, cb); });
+  ASSERT_TRUE(b.ok()) << b.error().what;
+  ASSERT_GT(Dirty(), 0u);
+  // The write around the cache is answered (kept); the truncate goes on,
+  // finds the cache's pages and asks the busy flusher for them.
+  ASSERT_TRUE(nfs_.StepOne(write_of(over)));
+  ASSERT_EQ(k.wait_for(10s), std::future_status::ready);
+  ASSERT_TRUE(k.get().ok());
+  std::this_thread::sleep_for(50ms);
+  // The server restarts; a COMMIT finds the kept write lost: its resend.
+  nfs_.Restart();
+  auto synced = std::make_shared<std::promise<Result<Ok>>>();
+  fs_->Fsync(cred_, f->file, [synced](Result<Ok> r) { synced->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  ASSERT_TRUE(nfs_.StepOne(IndexOf(nfs_, Proc::kCommit)));
+  nfs_.Resume();
+  auto t = truncated->get_future();
+  ASSERT_EQ(t.wait_for(20s), std::future_status::ready) << "the truncate waits for ever";
+  auto tr = t.get();
+  EXPECT_TRUE(tr.ok()) << tr.error().what;
+  auto s = synced->get_future();
+  ASSERT_EQ(s.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(s.get().ok());
+  ASSERT_EQ(flushed.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(flushed.get().ok());
+  ASSERT_TRUE(fs_->FlushCache().ok());
+  ASSERT_TRUE(nfs_.Quiesce());
+  EXPECT_TRUE(ContentsOf("over") == newer.substr(0, 4096)) << "the truncate or the newer data was undone";
+  Close(f->file);
+}
+
 // A write that goes around the cache (a non-root write to a setuid file)
 // keeps its own O_DSYNC: FILE_SYNC.
 TEST_F(WriteBackTest, AWriteAroundTheCacheKeepsItsOwnDsyncFlag) {
