@@ -193,6 +193,7 @@ class Explorer {
   }
 
   void Unmount() {
+    if (cache_) EndRound();
     if (cache_) {
       const CacheStats k = cache_->Stats();
       copies_ += k.copies;
@@ -216,11 +217,34 @@ class Explorer {
     cache_->WriteDone(fh, token, off, data.data(), data.size(), true, false, before, Current(fh));
   }
   bool FlushRound(const std::string& fh, uint64_t max_bytes) {
+    EndRound();  // (the flusher runs one round at a time)
     auto runs = cache_->CollectDirty(max_bytes, fh, std::chrono::steady_clock::now());
     if (runs.empty()) return false;
     for (const auto& r : runs) ServerWrite(r.fh, r.off, r.data, /*flusher=*/true);
     cache_->Flushed(runs);
     return true;
+  }
+  // The flusher's thread runs a round while the application goes on: its
+  // runs are collected, their WRITEs reach the server now or at the end,
+  // and the cache hears of them (Flushed) only at EndRound(). Meanwhile
+  // write-back writes, fills, commits and fsyncs go on; what waits for the
+  // flusher (a flush, a truncate, a write around the cache, an unmount)
+  // ends the round first.
+  void BeginRound(uint64_t max_bytes) {
+    EndRound();
+    round_ = cache_->CollectDirty(max_bytes, "", std::chrono::steady_clock::now());
+    round_sent_ = rng_() % 2 == 0;
+    if (round_sent_) {
+      for (const auto& r : round_) ServerWrite(r.fh, r.off, r.data, /*flusher=*/true);
+    }
+  }
+  void EndRound() {
+    if (round_.empty()) return;
+    if (!round_sent_) {
+      for (const auto& r : round_) ServerWrite(r.fh, r.off, r.data, /*flusher=*/true);
+    }
+    cache_->Flushed(round_);
+    round_.clear();
   }
   void FlushFile(const std::string& fh) {
     while (FlushRound(fh, UINT64_MAX)) {
@@ -240,6 +264,7 @@ class Explorer {
   // The write went around the cache: after the unflushed writes it overlaps.
   void WriteAround(size_t wid) {
     const Logical& w = writes_[wid];
+    EndRound();  // (its WRITEs may overlap: the filesystem orders them first)
     if (cache_->HasDirty(w.fh, w.off, w.len)) FlushFile(w.fh);
     ServerWrite(w.fh, w.off, Data(wid, w.off, w.len), false);
     writes_[wid].acked = disk_.Mark();
@@ -266,6 +291,12 @@ class Explorer {
   template <class P>
   void Submit(P& p, std::map<uint64_t, std::string> base) {
     const Logical& w = writes_[p.wid];
+    for (const auto& r : round_) {
+      if (r.fh == w.fh && r.off < w.off + w.len && w.off < r.off + r.data.size()) {
+        ++rounds_overtaken_;
+        break;
+      }
+    }
     WbWrite wb;
     wb.fh = w.fh;
     wb.off = w.off;
@@ -302,6 +333,7 @@ class Explorer {
   // if writes came between the flush and the forgetting, flush again. Half
   // the time the first flush is left out, as if those writes came late.
   void Truncate(const std::string& fh, uint64_t size) {
+    EndRound();  // (a truncate flushes first, through the flusher's queue)
     if (cache_->SizeFloor(fh) > 0 && rng_() % 2) FlushFile(fh);
     writes_.push_back(Logical{fh, true, size, 0, disk_.Mark()});
     std::promise<void> dropped;
@@ -354,13 +386,19 @@ class Explorer {
     Remount();
     std::uniform_int_distribution<int> pick(0, 99);
     for (size_t i = 0; i < ops; ++i) {
-      const std::string fh = kFiles[rng_() % 2];  // fhC: fills only (evictions)
+      std::string fh = kFiles[rng_() % 2];  // fhC: fills only (evictions)
       const int what = pick(rng_);
       const uint64_t span_pages = kSpan / 4096;
       if (what < 40) {
         // 1-3 disjoint whole-page writes, one batch.
         std::vector<std::pair<uint64_t, uint64_t>> ranges;
         uint64_t at = (rng_() % (span_pages / 2)) * 4096;
+        if (!round_.empty() && rng_() % 2) {
+          // Over the pages of the flush round in progress.
+          const DirtyRun& r = round_[rng_() % round_.size()];
+          fh = r.fh;
+          at = r.off / 4096 * 4096;
+        }
         for (int k = 0, n = 1 + static_cast<int>(rng_() % 3); k < n && at < kSpan; ++k) {
           const uint64_t len = (1 + rng_() % 6) * 4096;
           ranges.emplace_back(at, len);
@@ -378,7 +416,15 @@ class Explorer {
         Fill(kFiles[rng_() % 3], rng_() % (kSpan / kBlock));
         Fill("fhC", rng_() % 12);
       } else if (what < 85) {
-        FlushRound("", (1 + rng_() % 8) * 4096);
+        if (split_rounds_ && rng_() % 2) {
+          if (round_.empty()) {
+            BeginRound((1 + rng_() % 64) * 4096);  // (larger: writes come over it)
+          } else {
+            EndRound();
+          }
+        } else {
+          FlushRound("", (1 + rng_() % 8) * 4096);
+        }
       } else if (what < 91) {
         Truncate(fh, rng_() % kSpan);
       } else if (what < 92) {
@@ -576,6 +622,8 @@ class Explorer {
   uint64_t copies_ = 0, copies_to_partner_ = 0, rewrites_in_place_ = 0;  // over the workload's mounts
   uint64_t tombstones_ = 0;
   bool recovery_crashes_ = false;  // Explore: also crash during each recovery
+  bool split_rounds_ = false;      // Run: flush rounds that span other operations (BeginRound)
+  uint64_t rounds_overtaken_ = 0;  // runs of split rounds written again before their round ended
   size_t recovery_states_ = 0;     // states checked after a second crash
   std::string dir_;
   uint64_t checksum_failures_ = 0;
@@ -588,13 +636,21 @@ class Explorer {
   std::vector<Logical> writes_;
   std::vector<size_t> undurable_;  // write-back writes answered, not yet made durable
   std::vector<ServerEvent> events_;
+  std::vector<DirtyRun> round_;  // a split round's runs, until EndRound
+  bool round_sent_ = false;
 };
 
 void ExploreWith(uint32_t per_page, uint64_t default_seed = 20261130, uint64_t default_ops = 80,
-                 bool paged_crcs = false) {
+                 bool paged_crcs = false, bool split_rounds = false) {
   const uint64_t seed = Env("MPNFS_CRASH_SEED", default_seed);
   Explorer x(seed, per_page, paged_crcs);
+  x.split_rounds_ = split_rounds;
   x.Run(Env("MPNFS_CRASH_OPS", default_ops));
+  if (split_rounds) {
+    EXPECT_GT(x.rounds_overtaken_, 0u) << "no write came over a flush round in progress";
+    std::printf("%llu writes came over a flush round in progress\n",
+                static_cast<unsigned long long>(x.rounds_overtaken_));
+  }
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   size_t states = 0;
   const std::string why = x.Explore(Env("MPNFS_CRASH_SAMPLES", 8), &states);
@@ -630,6 +686,13 @@ TEST(CrashExplorerTest, TheSameHoldsWithFullIndexPages) { ExploreWith(0); }
 TEST(CrashExplorerTest, TheSameHoldsWithChecksumsOutOfRam) {
   if (kSanitized) GTEST_SKIP() << "minutes more under a sanitizer: the plain build runs it";
   ExploreWith(1, 20261203, 80, true);
+}
+
+// Flush rounds that span other operations, as the flusher's thread runs
+// beside the application: write-back writes (over the pages in flight too),
+// fills, commits and fsyncs come between a round's collecting and its end.
+TEST(CrashExplorerTest, TheSameHoldsWithFlushRoundsAcrossOtherOperations) {
+  ExploreWith(1, 20261205, 80, false, /*split_rounds=*/true);
 }
 
 // A longer workload: this seed reaches the orders in which a record could
