@@ -294,6 +294,8 @@ void BlockCache::SettleTombs() {
 
 void BlockCache::RetireFree(uint32_t s) {
   older_frees_[Key(Fh(slots_[s]), slots_[s].block)].push_back(OlderFree{s, batches_});
+  uint64_t& need = unsettled_frees_[Fh(slots_[s])];  // (an older copy's claim: StaleClaims)
+  need = std::max(need, batches_ + 1);
   FreeSlot(s, /*persist=*/true);
   policy_->Release(s);
 }
@@ -329,6 +331,15 @@ bool BlockCache::FreeSlot(uint32_t s, bool persist) {
         persist = held = true;
         stats_.tombstones++;
       }
+    }
+  }
+  if (persist || slot.dirty_pin) {
+    // Its record may declare pages dirty until the free is durable (a
+    // broken index then keeps declaring them: StaleClaims).
+    auto w = wb_.find(s);
+    if (slot.dirty_pin || (w != wb_.end() && AnyBit(w->second.claimed))) {
+      uint64_t& need = unsettled_frees_[Fh(slot)];
+      need = std::max(need, batches_ + 1);
     }
   }
   TableErase(s);

@@ -389,8 +389,11 @@ class BlockCache {
   // send them again, over whatever was written to the server after them.
   // Such a file takes no write around the cache and no truncate (Truncating
   // says "flush again") until the index is emptied, which takes every
-  // file's pages flushed; this tries to empty it first.
+  // file's pages flushed (EmptyBrokenIndex).
   bool StaleClaims(const std::string& fh);
+  // Tries to empty a broken index that declares nothing unflushed any more
+  // (disk I/O: the flusher's thread). StaleClaims answers the result.
+  void EmptyBrokenIndex();
   // The users whose writes `fh` holds not yet durably on the server, each
   // once (uid, gid, groups: as the flusher will send them); empty if none.
   struct Writer {
@@ -808,8 +811,11 @@ class BlockCache {
   bool index_broken_ GUARDED_BY(mu_) = false;  // a record write failed: write no more
   bool index_discarded_ GUARDED_BY(mu_) = false;
   // The files the broken index may declare unflushed pages of (StaleClaims):
-  // those with dirty pages when it broke. Cleared when it is emptied.
+  // those with dirty pages when it broke, and those whose claims were freed
+  // by records not yet synced then (unsettled_frees_: file -> the record
+  // batch that makes the free durable). Cleared when it is emptied.
   std::unordered_set<std::string> broken_claims_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint64_t> unsettled_frees_ GUARDED_BY(mu_);
   bool discard_warned_ GUARDED_BY(mu_) = false;
   std::set<uint32_t> queued_groups_ GUARDED_BY(mu_);  // index pages to write
   // Rule 2a. Record writes are numbered (batches); an index page written in

@@ -140,6 +140,7 @@ bool BlockCache::WriteRecords(bool sync) {
     wb_unsynced_ = false;
     last_sync_ = std::chrono::steady_clock::now();
     synced_batch_ = std::max(synced_batch_, batch);
+    std::erase_if(unsettled_frees_, [this](const auto& e) REQUIRES(mu_) { return e.second <= synced_batch_; });
     SettleTombs();
   }
   if (!ok && !index_broken_) {
@@ -176,6 +177,9 @@ void BlockCache::IndexFailed(const char* what, int err) {
   // What its records may declare unflushed from now on, whatever is
   // flushed: every file with dirty pages (or an old claim of a moved block).
   for (uint32_t s : dirty_set_) broken_claims_.insert(Fh(slots_[s]));
+  for (const auto& [fh, need] : unsettled_frees_) {
+    if (need > synced_batch_) broken_claims_.insert(fh);
+  }
   for (const Retire& r : wb_retire_) {
     if (slots_[r.slot].gen == r.gen && slots_[r.slot].file != kNoFile) broken_claims_.insert(Fh(slots_[r.slot]));
   }
@@ -210,6 +214,7 @@ void BlockCache::DiscardBrokenIndex() {
   if (ok) {
     index_discarded_ = true;
     broken_claims_.clear();
+    unsettled_frees_.clear();
     // (An empty index holds no older claims: held slots go back.)
     for (const auto& [t, tomb] : tombs_) policy_->Unpin(t);
     tombs_.clear();

@@ -1303,7 +1303,8 @@ struct GateDisk : Disk {
   bool read_armed = false, read_held = false, read_release = false;  // the next data read
   std::atomic<bool> fail_data_sync{false}, fail_data_read{false};
   std::atomic<int> fail_crc_reads{0};  // the next N reads of the page checksum file fail
-  std::atomic<bool> fail_index_truncate{false};  // the index cannot be emptied
+  std::atomic<bool> fail_index_truncate{false};  // the index cannot be truncated ...
+  std::atomic<bool> fail_index_remove{false};    // ... nor removed
   Result<std::unique_ptr<File>> Open(const std::string& path, int flags) override {
     auto r = RealDisk().Open(path, flags);
     if (!r) return r;
@@ -1320,7 +1321,10 @@ struct GateDisk : Disk {
   }
   bool Exists(const std::string& p) override { return RealDisk().Exists(p); }
   bool Rename(const std::string& a, const std::string& b) override { return RealDisk().Rename(a, b); }
-  bool Remove(const std::string& p) override { return RealDisk().Remove(p); }
+  bool Remove(const std::string& p) override {
+    if (fail_index_remove && p.ends_with("/index")) return errno = EIO, false;
+    return RealDisk().Remove(p);
+  }
   bool SyncDir(const std::string& d) override { return RealDisk().SyncDir(d); }
   uint64_t Allocated(const std::string& p) override { return RealDisk().Allocated(p); }
   void Arm(size_t len) {
@@ -1421,10 +1425,10 @@ class WbRaceTest : public WriteBackTest {
   }
   // The next commit's data sync fails (the index breaks): true if the
   // fsync waiting for it heard so.
-  static bool FailTheCommit(BlockCache& c, GateDisk& disk) {
+  static bool FailTheCommit(BlockCache& c, GateDisk& disk, const std::string& fh = "fhA") {
     disk.fail_data_sync = true;
     std::promise<bool> d;
-    c.Durable("fhA", [&d](bool ok) { d.set_value(ok); });
+    c.Durable(fh, [&d](bool ok) { d.set_value(ok); });
     const bool failed = !d.get_future().get();
     disk.fail_data_sync = false;
     return failed;
@@ -1790,7 +1794,7 @@ TEST_F(WbRaceTest, PagesFlushedUnderABrokenIndexTakeNoWriteAroundTheCacheUntilIt
   auto c = OpenWithAWriteNotCommitted(disk);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(FailTheCommit(*c, disk));  // the index is broken
-  disk.fail_index_truncate = true;  // ... and cannot be emptied yet
+  disk.fail_index_truncate = disk.fail_index_remove = true;  // ... and cannot be emptied yet
   auto runs = c->CollectDirty(UINT64_MAX, "", std::chrono::steady_clock::now());
   ASSERT_FALSE(runs.empty());
   c->Flushed(runs);  // (the flusher wrote them to the server)
@@ -1803,12 +1807,37 @@ TEST_F(WbRaceTest, PagesFlushedUnderABrokenIndexTakeNoWriteAroundTheCacheUntilIt
   bool sent = false;
   EXPECT_FALSE(c->Truncating("fhA", [&sent] { sent = true; }));
   EXPECT_FALSE(sent);
-  disk.fail_index_truncate = false;
+  c->EmptyBrokenIndex();
+  EXPECT_TRUE(c->StaleClaims("fhA"));
+  disk.fail_index_remove = false;  // (it cannot be truncated, but removed)
+  c->EmptyBrokenIndex();
   EXPECT_FALSE(c->StaleClaims("fhA")) << "the index was not emptied once it could be";
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/index"));
   EXPECT_FALSE(c->HasDirty("fhA", 0, 8192));
   EXPECT_TRUE(c->Truncating("fhA", [&sent] { sent = true; }));
   EXPECT_TRUE(sent);
   c->TruncateDone("fhA");
+}
+
+// A file whose dirty claims were freed (its writes dropped, a truncate)
+// by records not yet synced when the index breaks: the broken index may
+// still declare them, so the file is fenced too.
+TEST_F(WbRaceTest, ClaimsFreedNotYetDurablyWhenTheIndexBreaksAreFencedToo) {
+  GateDisk disk;
+  auto c = OpenWithAWriteNotCommitted(disk);
+  ASSERT_NE(c, nullptr);
+  std::promise<bool> d;
+  c->Durable("fhA", [&d](bool ok) { d.set_value(ok); });
+  ASSERT_TRUE(d.get_future().get());  // the index declares fhA's pages dirty
+  uint64_t stamp = 0;
+  ASSERT_FALSE(c->DirtyWriters("fhA", &stamp).empty());
+  ASSERT_NE(c->DropAsOf("fhA", stamp), BlockCache::DropResult::kNothing);  // freed, in memory
+  ASSERT_EQ(Wb(*c, "fhB", 0, Pattern(8192, 'b')).kind, WbOutcome::kStored);
+  disk.fail_index_truncate = disk.fail_index_remove = true;
+  ASSERT_TRUE(FailTheCommit(*c, disk, "fhB"));  // the free never became durable
+  EXPECT_TRUE(c->StaleClaims("fhA")) << "a file the broken index may still declare dirty is not fenced";
+  EXPECT_TRUE(c->HasDirty("fhA", 0, 10));
+  EXPECT_TRUE(c->StaleClaims("fhB"));
 }
 
 // fsx (seed 4105, cache_block=64, write-back) READ BAD DATA: a read that

@@ -544,8 +544,12 @@ void BlockCache::Durable(const std::string& fh, std::function<void(bool)> done) 
 
 bool BlockCache::StaleClaims(const std::string& fh) {
   MutexLock lock(mu_);
-  DiscardBrokenIndex();  // (if nothing is dirty any more)
   return fh.empty() ? !broken_claims_.empty() : broken_claims_.count(fh) != 0;
+}
+
+void BlockCache::EmptyBrokenIndex() {
+  MutexLock lock(mu_);
+  DiscardBrokenIndex();  // (if nothing is dirty any more)
 }
 
 bool BlockCache::HasDirty(const std::string& fh, uint64_t off, size_t len) {

@@ -164,7 +164,7 @@ Status Index::Upgrade(Disk& disk, const std::string& dir) {
     return Error::Errno(EIO, dir + "/data is shorter than its format-3 index says");
   }
   if (!(*data)->Truncate(size) || !(*data)->Allocate(size)) return Failed("growing " + dir + "/data");
-  Index fresh(nullptr, data->get(), g, NewName());
+  Index fresh(nullptr, data->get(), g, NewName(), disk, dir);
   // The old layout: groups of PerPage(g, 16) records, copy c of group i
   // at page 1 + i + c * groups. Each group's newest sound copy is kept;
   // a group damaged in both copies refuses the conversion (as a load would).
@@ -235,12 +235,15 @@ Result<std::unique_ptr<Index>> Index::Open(Disk& disk, const std::string& dir, c
   }
   auto f = disk.Open(dir + "/" + kName, 0);
   if (!f) return f.error();
-  return std::unique_ptr<Index>(new Index(std::move(*f), data, g, (*h)->name));
+  return std::unique_ptr<Index>(new Index(std::move(*f), data, g, (*h)->name, disk, dir));
 }
 
-Index::Index(std::unique_ptr<File> header, File* data, const Geometry& g, uint64_t name)
+Index::Index(std::unique_ptr<File> header, File* data, const Geometry& g, uint64_t name, Disk& disk,
+             std::string dir)
     : header_(std::move(header)),
       data_(data),
+      disk_(disk),
+      dir_(std::move(dir)),
       g_(g),
       name_(name),
       record_bytes_(RecordBytes(g.pages())),
@@ -482,6 +485,9 @@ bool Index::Sync() {
   return true;
 }
 
-bool Index::Discard() { return header_->Truncate(0) && header_->Sync(); }
+bool Index::Discard() {
+  if (header_->Truncate(0) && header_->Sync()) return true;
+  return disk_.Remove(dir_ + "/" + kName) && disk_.SyncDir(dir_);
+}
 
 }  // namespace mpnfs::cache

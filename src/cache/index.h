@@ -139,11 +139,13 @@ class Index {
   bool MarkBehind() const { return marked_ < synced_; }
   bool Mark();
   // Empties the index (after a failed write, when it holds nothing dirty):
-  // the next mount starts with an empty cache.
+  // the next mount starts with an empty cache. If the index file cannot be
+  // truncated, it is removed (and the directory synced) instead.
   bool Discard();
 
  private:
-  Index(std::unique_ptr<File> header, File* data, const Geometry& g, uint64_t name);
+  Index(std::unique_ptr<File> header, File* data, const Geometry& g, uint64_t name, Disk& disk,
+        std::string dir);
   uint64_t CopyOffset(uint32_t group, int copy) const;
   uint64_t MarkOffset() const;
   char* StartPage();  // page_, cleared, with this index's page head
@@ -162,6 +164,8 @@ class Index {
 
   std::unique_ptr<File> header_;
   File* data_;
+  Disk& disk_;
+  const std::string dir_;
   Geometry g_;
   uint64_t name_ = 0;
   uint32_t record_bytes_ = 0, per_page_ = 0;

@@ -392,27 +392,35 @@ void Filesystem::SendSetattr(const Cred& c, const InodeP& inode, const nfs::SetA
   // not stay in the cache), and the SETATTR leaves once that is durable (a
   // crash must not bring the cut data back).
   if (auto cache = cache_.load(); cache && sa.size) {
-    auto send = [this, c, inode, sa, tseq, cache, cb = answered(cb)]() mutable {
+    // Flushes the file, then tries again from a new place in the order. The
+    // place goes first: no place in the write order waits for the flusher,
+    // whose WRITEs wait for places over their bytes (FileWrites::Foreign).
+    auto again = [this, c, inode, sa, tseq](Cb<AttrOut> cb) {
+      if (tseq) EndPlace(inode, tseq);
+      FlushFile(inode, [this, c, inode, sa, cb = std::move(cb)](Result<Ok> r) mutable {
+        if (!r) return cb(r.error());
+        SetattrNow(c, inode->ino(), sa, std::move(cb));
+      });
+    };
+    auto send = [this, c, inode, sa, tseq, cache, again, answered, cb]() mutable {
+      if (cache->StaleClaims(inode->fh())) {
+        // The cache disk's index broke before forgetting the file was
+        // durable: a restart could bring the cut data back. The flush
+        // empties the index or fails.
+        cache->TruncateDone(inode->fh());
+        return again(std::move(cb));
+      }
       // (The reference moves on: a barrier job of the cache's own queue must
       // not keep the cache alive once it ran.)
       SendSetattrCall(c, inode, sa, tseq,
-                      [inode, cache = std::move(cache), cb = std::move(cb)](Result<AttrOut> r) mutable {
+                      [inode, cache = std::move(cache), cb = answered(std::move(cb))](Result<AttrOut> r) mutable {
                         cache->TruncateDone(inode->fh());  // (fills of the file resume)
                         cb(std::move(r));
                       });
     };
-    if (!cache->Truncating(inode->fh(), std::move(send))) {
-      // Write-back writes acknowledged since the flush before the truncate:
-      // they reach the server first, then the truncate takes a new place and
-      // is tried again. The place goes first: no place in the write order
-      // waits for the flusher, whose WRITEs wait for places over their bytes
-      // (FileWrites::Foreign).
-      if (tseq) EndPlace(inode, tseq);
-      return FlushFile(inode, [this, c, inode, sa, cb = std::move(cb)](Result<Ok> r) mutable {
-        if (!r) return cb(r.error());
-        SetattrNow(c, inode->ino(), sa, std::move(cb));
-      });
-    }
+    // False: write-back writes acknowledged since the flush before the
+    // truncate (they reach the server first), or stale claims.
+    if (!cache->Truncating(inode->fh(), std::move(send))) again(std::move(cb));
     return;
   }
   SendSetattrCall(c, inode, sa, tseq, answered(std::move(cb)));

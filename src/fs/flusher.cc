@@ -390,6 +390,7 @@ Result<Ok> Flusher::Drain(const std::string& fh) {
       return Error::Errno(EIO, "flushing makes no progress (the server keeps losing unstable writes)");
     }
   }
+  cache_->EmptyBrokenIndex();
   if (cache_->StaleClaims(fh)) {
     // The cache disk's index broke before it could say these pages are
     // clean, and a restart would send them again: nothing may be written
@@ -397,6 +398,7 @@ Result<Ok> Flusher::Drain(const std::string& fh) {
     if (!fh.empty()) {
       auto all = Drain("");
       if (!all) return all.error();
+      cache_->EmptyBrokenIndex();
     }
     if (cache_->StaleClaims(fh)) {
       return Error::Errno(EIO, "the cache disk's index broke and cannot be emptied: it may still declare "

@@ -49,6 +49,22 @@ class FlusherTest : public ::testing::Test {
     EXPECT_TRUE(r && r->fh);
     return r && r->fh ? *r->fh : nfs::Fh();
   }
+  // Flushes everything while the server loses the first WRITE (answered
+  // UNSTABLE, then a restart) before its COMMIT: the flush's result, and
+  // the stability of each WRITE the server got.
+  Result<Ok> FlushLosingTheFirstWrite(Flusher& flusher, std::vector<bool>* writes) {
+    auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
+    const bool stepped = nfs_.WaitPending(1) && nfs_.StepOne();
+    if (stepped) nfs_.Restart();
+    nfs_.Resume();
+    auto r = flush.get();
+    EXPECT_TRUE(stepped);
+    nfs_.Quiesce();
+    for (const auto& h : nfs_.History()) {
+      if (h.proc == testing::FakeNfs::Proc::kWrite) writes->push_back(h.stable);
+    }
+    return r;
+  }
   static void Store(cache::BlockCache& c, const nfs::Fh& fh, const std::string& data, uint32_t uid = 0,
                     uint64_t off = 0) {
     c.Observe(fh, cache::FileVersion{});
@@ -221,26 +237,40 @@ TEST_F(FlusherTest, DataLostBeforeItsCommitIsWrittenAgainFileSyncAtOnce) {
   Store(*cache, f, data);
   nfs_.Pause();
   Flusher flusher(nfs_, cache, 1 << 20, nfs_.root());
-  auto flush = std::async(std::launch::async, [&] { return flusher.FlushAll(); });
-  const bool stepped = nfs_.WaitPending(1) && nfs_.StepOne();  // the WRITE, answered UNSTABLE
-  if (stepped) nfs_.Restart();                                   // ... and lost
-  nfs_.Resume();
-  auto r = flush.get();
-  ASSERT_TRUE(stepped);
+  std::vector<bool> writes;  // each WRITE's stability
+  auto r = FlushLosingTheFirstWrite(flusher, &writes);
   EXPECT_TRUE(static_cast<bool>(r)) << (r ? "" : r.error().what);
   EXPECT_TRUE(nfs_.StableContents(f) == data);
-  nfs_.Quiesce();
-  std::vector<bool> writes;  // each WRITE's stability
-  for (const auto& h : nfs_.History()) {
-    if (h.proc == testing::FakeNfs::Proc::kWrite) writes.push_back(h.stable);
-  }
   EXPECT_EQ(writes, (std::vector<bool>{false, true})) << "not written again FILE_SYNC";
   EXPECT_EQ(nfs_.stats().Calls(testing::FakeNfs::Proc::kCommit), 1u) << "a second COMMIT round";
   EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
 }
 
-// A cache disk whose data file syncs (which make the index durable) and
-// index truncation (which empties it) fail while the flags are set.
+// The FILE_SYNC resend of data a COMMIT did not cover asks the hook too: a
+// write of the filesystem's own over those bytes holds it back, and the
+// pages stay dirty for a later round (not taken as clean).
+TEST_F(FlusherTest, AResendTheHookHoldsBackStaysDirtyForALaterRound) {
+  auto cache = OpenCache(/*dirty_age_s=*/3600);
+  ASSERT_NE(cache, nullptr);
+  const nfs::Fh f = Create("f");
+  const std::string data(8192, 'h');
+  Store(*cache, f, data);
+  std::atomic<int> asked{0};
+  nfs_.Pause();
+  Flusher flusher(nfs_, cache, 1 << 20, nfs_.root(),
+                  [&asked](const std::string&, uint64_t, uint64_t) { return ++asked != 2; });
+  std::vector<bool> writes;
+  auto r = FlushLosingTheFirstWrite(flusher, &writes);
+  EXPECT_TRUE(static_cast<bool>(r)) << (r ? "" : r.error().what);
+  EXPECT_EQ(asked, 3) << "the resend was not asked about, or the next round did not come";
+  EXPECT_EQ(writes, (std::vector<bool>{false, false})) << "the held-back resend was sent";
+  EXPECT_TRUE(nfs_.StableContents(f) == data);
+  EXPECT_EQ(cache->Stats().dirty_bytes, 0u);
+}
+
+// A cache disk whose data file syncs (which make the index durable), and
+// index truncation and removal (which empty it), fail while the flags are
+// set.
 struct FailingIndexDisk : cache::Disk {
   std::atomic<bool> fail_sync{false}, fail_empty{false};
   struct F : cache::File {
@@ -268,7 +298,10 @@ struct FailingIndexDisk : cache::Disk {
   }
   bool Exists(const std::string& p) override { return cache::RealDisk().Exists(p); }
   bool Rename(const std::string& a, const std::string& b) override { return cache::RealDisk().Rename(a, b); }
-  bool Remove(const std::string& p) override { return cache::RealDisk().Remove(p); }
+  bool Remove(const std::string& p) override {
+    if (fail_empty && p.ends_with("/index")) return errno = EIO, false;
+    return cache::RealDisk().Remove(p);
+  }
   bool SyncDir(const std::string& dir) override { return cache::RealDisk().SyncDir(dir); }
   uint64_t Allocated(const std::string& p) override { return cache::RealDisk().Allocated(p); }
 };

@@ -76,6 +76,11 @@ std::shared_ptr<Inode> InodeTable::Forget(uint64_t ino, uint64_t n) {
   return inode;
 }
 
+size_t InodeTable::ForgottenEntries() const {
+  MutexLock lock(mu_);
+  return forgotten_.size();
+}
+
 size_t InodeTable::size() const {
   MutexLock lock(mu_);
   return by_ino_.size();

@@ -11,7 +11,9 @@
 // or a hidden name's removal pending: whatever holds a reference to it) is
 // remembered by handle until the last reference goes. Find() still finds
 // it, and Intern() of its handle brings it back, number and state: a file
-// has one write order, however often the kernel forgets it.
+// has one write order, however often the kernel forgets it (and keeps what
+// its writes' state says, such as a refusal of write-behind after an
+// error, until that state's own rule clears it).
 //
 // Lock order: InodeTable::mu_ before Inode::mu (the program's whole order:
 // common/mutex.h). Forget re-checks the count under mu_, so a concurrent
@@ -117,6 +119,7 @@ class InodeTable {
 
   size_t size() const;
   uint64_t LookupCount(uint64_t ino) const;  // for tests
+  size_t ForgottenEntries() const;           // for tests: remembered forgotten handles
 
  private:
   mutable Mutex mu_;
