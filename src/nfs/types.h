@@ -1,7 +1,8 @@
 // NFSv3 values in the gateway's own types.
 //
-// The filesystem layer works with these, never with libnfs's XDR structs, so
-// that libnfs stays inside src/nfs/. Conversions live in nfs3.cc.
+// The filesystem layer works with these, never with wire structs. The
+// protocol codecs (src/proto/) encode and decode them directly; nfs3.cc
+// converts libnfs's structs to them.
 #pragma once
 
 #include <sys/types.h>
@@ -49,6 +50,7 @@ struct Attr {
   uint32_t rdev_major = 0, rdev_minor = 0;
   uint64_t fsid = 0, fileid = 0;
   Time atime, mtime, ctime;
+  bool operator==(const Attr&) const = default;
 };
 
 // What a SETATTR changes; unset members are left alone.
@@ -58,6 +60,7 @@ struct SetAttr {
   enum class TimeHow { kDontChange, kServer, kClient };
   TimeHow atime_how = TimeHow::kDontChange, mtime_how = TimeHow::kDontChange;
   Time atime, mtime;
+  bool operator==(const SetAttr&) const = default;
 };
 
 // Weak cache consistency data: attributes before and after an operation.
@@ -65,9 +68,11 @@ struct Wcc {
   struct Before {
     uint64_t size;
     Time mtime, ctime;
+    bool operator==(const Before&) const = default;
   };
   std::optional<Before> before;
   std::optional<Attr> after;
+  bool operator==(const Wcc&) const = default;
 };
 
 struct NewObject {  // CREATE, MKDIR, SYMLINK, MKNOD
@@ -77,12 +82,14 @@ struct NewObject {  // CREATE, MKDIR, SYMLINK, MKNOD
   // What the name held when a reissued call was answered EEXIST
   // (nfs/reissue.h): made by our first call, or there before it.
   bool looked_up = false;
+  bool operator==(const NewObject&) const = default;
 };
 
 struct LookupReply {
   Fh fh;
   std::optional<Attr> attr;
   std::optional<Attr> dir;
+  bool operator==(const LookupReply&) const = default;
 };
 
 struct ReadReply {  // data points into the RPC receive buffer: valid only inside the callback
@@ -119,6 +126,7 @@ struct DirEntry {
   uint64_t cookie = 0;
   std::optional<Attr> attr;  // READDIRPLUS only
   std::optional<Fh> fh;      // READDIRPLUS only
+  bool operator==(const DirEntry&) const = default;
 };
 
 struct DirPage {
@@ -126,34 +134,41 @@ struct DirPage {
   bool eof = false;
   std::vector<DirEntry> entries;
   std::optional<Attr> dir;
+  bool operator==(const DirPage&) const = default;
 };
 
 struct FsStat {
   uint64_t tbytes = 0, fbytes = 0, abytes = 0, tfiles = 0, ffiles = 0, afiles = 0;
+  bool operator==(const FsStat&) const = default;
 };
 
 struct FsInfo {
   uint32_t rtmax = 0, rtpref = 0, wtmax = 0, wtpref = 0, dtpref = 0;
   uint64_t maxfilesize = 0;
   Time time_delta;
+  bool operator==(const FsInfo&) const = default;
 };
 
 struct PathConf {
   uint32_t linkmax = 0, name_max = 255;
+  bool operator==(const PathConf&) const = default;
 };
 
 struct RenameReply {
   Wcc from, to;
+  bool operator==(const RenameReply&) const = default;
 };
 
 struct LinkReply {
   std::optional<Attr> attr;
   Wcc dir;
+  bool operator==(const LinkReply&) const = default;
 };
 
 struct AccessReply {
   uint32_t access = 0;
   std::optional<Attr> attr;
+  bool operator==(const AccessReply&) const = default;
 };
 
 enum class CreateMode { kUnchecked, kGuarded, kExclusive };
