@@ -50,8 +50,8 @@ class XdrOut {
   // A fixed-length opaque of `n` bytes, padded.
   bool Fixed(const void* p, size_t n) {
     if (!Room(n + Pad4(n))) return false;
-    std::memcpy(buf_.data() + pos_, p, n);
-    std::memset(buf_.data() + pos_ + n, 0, Pad4(n));
+    if (n > 0) std::memcpy(buf_.data() + pos_, p, n);  // (an empty view may have no data pointer)
+    if (Pad4(n) > 0) std::memset(buf_.data() + pos_ + n, 0, Pad4(n));
     pos_ += n + Pad4(n);
     return true;
   }
@@ -124,7 +124,7 @@ class XdrIn {
   }
   bool Fixed(void* p, size_t n) {
     if (!Have(n) || buf_.size() - pos_ - n < Pad4(n)) return Fail();
-    std::memcpy(p, buf_.data() + pos_, n);
+    if (n > 0) std::memcpy(p, buf_.data() + pos_, n);
     pos_ += n + Pad4(n);
     return true;
   }
