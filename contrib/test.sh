@@ -9,7 +9,7 @@
 # Everything: installs what is missing; builds with GCC and runs the unit
 # tests; builds with clang under AddressSanitizer + UndefinedBehaviorSanitizer
 # with -Wthread-safety -Werror (the lock annotations are checked there) and
-# runs the unit tests again, and the protocol decoders' fuzz targets for 40 s
+# runs the unit tests again, and the protocol decoders' fuzz targets for 30 s
 # each; builds the concurrent parts under clang's
 # ThreadSanitizer and runs their tests; then runs the integration tests (a
 # real NFS-Ganesha in network namespaces, real FUSE mounts, real programs)
@@ -62,15 +62,15 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   build-clang/src/crash_test --gtest_filter="-$CRASH_LONG" --gtest_brief=1
 
-step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 40 s per target)"
+step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 30 s per target)"
 # From the committed corpus and every regression input; new inputs go to
 # a scratch directory, and a failing input is left there and printed.
 fuzz_tmp=$(mktemp -d /tmp/mpnfs-fuzz.XXXXXX)
-for t in fuzz_rpc_reply fuzz_nfs3_results fuzz_readdir; do
+for t in fuzz_rpc_reply fuzz_nfs3_results fuzz_readdir fuzz_mount; do
   mkdir -p "$fuzz_tmp/$t"
   dirs=("test/fuzz/corpus/$t")
   [ -d "test/fuzz/regressions/$t" ] && dirs+=("test/fuzz/regressions/$t")
-  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=40 -timeout=10 \
+  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=30 -timeout=10 \
       -rss_limit_mb=2048 -artifact_prefix="$fuzz_tmp/" "$fuzz_tmp/$t" "${dirs[@]}" >"$fuzz_tmp/$t.log" 2>&1; then
     tail -40 "$fuzz_tmp/$t.log"
     echo "fuzz target $t failed; its input and log are in $fuzz_tmp" >&2

@@ -400,22 +400,30 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     m.engine.paths.push_back(
         engine::Endpoint{path_addrs[k], m.port, local, k < m.weights.size() ? m.weights[k] : 1});
   }
-  // MOUNT is asked over the server's address, then over each path in turn,
-  // so that a mount succeeds while some of them are down.
-  std::vector<std::string> mount_addrs;
-  if (addr) mount_addrs.push_back(*addr);
-  for (const auto& a : path_addrs) {
-    if (std::find(mount_addrs.begin(), mount_addrs.end(), a) == mount_addrs.end()) {
-      mount_addrs.push_back(a);
+  // MOUNT is asked over the server's address, then over each path in turn
+  // (bound as that path is), so that a mount succeeds while some of them
+  // are down.
+  std::vector<std::pair<std::string, std::string>> mount_addrs;  // address, local=
+  auto asked = [&](const std::string& a) {
+    return std::any_of(mount_addrs.begin(), mount_addrs.end(), [&](const auto& m) { return m.first == a; });
+  };
+  if (addr) {
+    std::string local;  // (the server's own address is a path without path=)
+    for (const auto& p : m.engine.paths) {
+      if (p.host == *addr) local = p.local;
     }
+    mount_addrs.emplace_back(*addr, local);
+  }
+  for (const auto& p : m.engine.paths) {
+    if (!asked(p.host)) mount_addrs.emplace_back(p.host, p.local);
   }
   const auto timeout = std::chrono::seconds(m.mount_timeout_s);
   const auto per_try = std::max<std::chrono::milliseconds>(
       std::chrono::milliseconds(timeout) / static_cast<int>(mount_addrs.size()),
       std::chrono::seconds(1));
   Result<nfs::Fh> root = Error::Errno(EIO, "no address to try");
-  for (const auto& a : mount_addrs) {
-    root = nfs::MountExport(a, m.mount_port, m.export_path, per_try);
+  for (const auto& [a, local] : mount_addrs) {
+    root = nfs::MountExport(a, m.mount_port, m.export_path, per_try, local);
     // An answer from the server (even "not exported") ends the search.
     if (root || (root.error().err != ETIMEDOUT && root.error().err != EHOSTUNREACH &&
                  root.error().err != ECONNREFUSED)) {

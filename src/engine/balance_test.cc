@@ -212,8 +212,8 @@ class ReadCall : public RpcCall {
       : bytes_(bytes), done_(std::move(done)) {}
   const char* Name() const override { return "READ"; }
   size_t BytesIn() const override { return bytes_; }
-  bool EncodeArgs(ZDR*) override { return false; }
-  bool DecodeResult(ZDR*, void*) override { return false; }
+  bool EncodeArgs(proto::XdrOut&) override { return false; }
+  bool DecodeResult(proto::XdrIn&, void*) override { return false; }
   void Complete(const CallOutcome& o) override {
     if (o.status != CallStatus::kOk) failed.fetch_add(1);
     done_->release();

@@ -30,8 +30,8 @@ class StatCall : public RpcCall {
     EXPECT_NE(result, nullptr);
     return ReplySummary{nfs_status, data_bytes};
   }
-  bool EncodeArgs(ZDR*) override { return false; }
-  bool DecodeResult(ZDR*, void*) override { return false; }
+  bool EncodeArgs(proto::XdrOut&) override { return false; }
+  bool DecodeResult(proto::XdrIn&, void*) override { return false; }
   void Complete(const CallOutcome& o) override { done.set_value(o.status); }
 
   Stability stability = Stability::kUnstable;

@@ -27,8 +27,8 @@ class ProbeCall : public RpcCall {
   const char* Name() const override { return "PROBE"; }
   Proc Procedure() const override { return proc_; }
   size_t BytesIn() const override { return bytes_in_; }
-  bool EncodeArgs(ZDR*) override { return false; }  // fake never calls
-  bool DecodeResult(ZDR*, void*) override { return false; }
+  bool EncodeArgs(proto::XdrOut&) override { return false; }  // fake never calls
+  bool DecodeResult(proto::XdrIn&, void*) override { return false; }
   void Complete(const CallOutcome& o) override {
     ++completions;
     completed_on = std::this_thread::get_id();

@@ -3,8 +3,9 @@
 // The engine never looks inside a call. It owns where and when a call is
 // sent (connection choice, in-flight limit, timeouts, retransmission,
 // reconnect) and tells the call, exactly once, how it ended. The NFS layer
-// (src/nfs/) implements RpcCall; it alone knows the XDR argument and
-// result types (libnfs's), so the engine compiles without libnfs headers.
+// (src/nfs/) implements RpcCall; it alone knows the argument and result
+// types and their codecs (src/proto/); the engine sees only the XDR
+// streams.
 // The transport frames a call (RPC header, credentials) and hands its
 // argument encoding and reply decoding to the call. For the
 // statistics a call says which procedure it is (Procedure(), WRITE's
@@ -23,7 +24,10 @@
 #include <span>
 #include <string_view>
 
-struct ZDR;  // libnfs's XDR stream (nfsc/libnfs-zdr.h); opaque here
+namespace mpnfs::proto {
+class XdrIn;
+class XdrOut;
+}  // namespace mpnfs::proto
 
 namespace mpnfs::engine {
 
@@ -105,20 +109,24 @@ class RpcCall {
   // Encodes the procedure's arguments (RFC 1813) at the stream's position.
   // A call with a Payload() encodes everything before it, up to and
   // including the payload's length word. false: they do not fit.
-  virtual bool EncodeArgs(ZDR* z) = 0;
+  virtual bool EncodeArgs(proto::XdrOut& x) = 0;
   // WRITE only: the data, sent after the encoded arguments straight from the
   // call's own buffer (no copy), then padded to 4 bytes. It must stay
   // unchanged and alive as long as a transport holds the call (Transport::
   // Issue), which may be after Complete(): a retransmission still queued.
   virtual std::span<const char> Payload() const { return {}; }
-  // Decodes a reply's result from `z` (positioned after the RPC reply
+  // Decodes a reply's result from `x` (positioned after the RPC reply
   // header) into `result`: kMaxResultSize bytes of the transport's, aligned
-  // for any type. false: the reply does not decode. `result` is what
-  // Summarize() and Complete() get, valid until the transport destroys `z`
-  // (decoded data points into the receive buffer). Called for every reply
-  // the transport matches, also one that comes after the call completed;
-  // it must touch nothing of the call's but its arguments.
-  virtual bool DecodeResult(ZDR* z, void* result) = 0;
+  // for any type, where it constructs its result object. false: the reply
+  // does not decode (nothing is left constructed). `result` is what
+  // Summarize() and Complete() get; data it decodes in place points into
+  // the receive buffer. Once they ran, the transport calls DestroyResult()
+  // and reuses the buffer. Called for every reply the transport matches,
+  // also one that comes after the call completed; it must touch nothing of
+  // the call's but its arguments.
+  virtual bool DecodeResult(proto::XdrIn& x, void* result) = 0;
+  // Destroys what a DecodeResult() that returned true constructed.
+  virtual void DestroyResult(void* /*result*/) {}
   // The final outcome, exactly once.
   virtual void Complete(const CallOutcome& outcome) = 0;
 };

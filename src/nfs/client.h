@@ -1,8 +1,8 @@
 // nfs::Client: the NFSv3 operations the filesystem layer uses, as an
 // interface: the seam where network faults enter the filesystem's tests.
 //
-// The production implementation is Nfs3 (nfs3.h: libnfs's XDR over the
-// multipath engine). Unit tests drive fs::Filesystem with an in-memory server model
+// The production implementation is Nfs3 (nfs3.h: the codecs of src/proto/
+// over the multipath engine). Unit tests drive fs::Filesystem with an in-memory server model
 // (test/fakes/fake_nfs.h) that can reorder, delay and drop replies and
 // restart, losing UNSTABLE data under a new write verifier.
 //

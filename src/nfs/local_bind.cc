@@ -31,7 +31,7 @@ bool SameAddress(const sockaddr* a, const sockaddr_storage& b) {
 }
 
 // Whether reserved `port` (512-1023) is one a local service may listen on:
-// named in /etc/services (as libnfs skips them) or listed in
+// named in /etc/services (as other NFS clients skip them) or listed in
 // /etc/bindresvport.blacklist (as libtirpc's bindresvport does). Looked up
 // once per process, not on every connect (a services lookup can go through
 // NSS to sssd or LDAP).
@@ -130,7 +130,7 @@ Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port
                                       static_cast<socklen_t>(b.ifname.size())) != 0) {
     return fail("cannot bind to interface " + b.ifname);
   }
-  // Prefer a reserved port (as the kernel client and libnfs do): servers
+  // Prefer a reserved port (as the kernel client does): servers
   // exporting with `secure` insist on one. Each of 512-1023 is tried once
   // from a random start, skipping those named for a local service (see
   // ServicePort): holding one for the mount's life would keep that service

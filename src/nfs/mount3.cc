@@ -1,117 +1,162 @@
-#include "nfs/libnfs_api.h"
 #include "nfs/mount3.h"
-#include "nfs/xdr_bounds.h"
 
+#include <arpa/inet.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include <memory>
+#include <cstring>
+#include <vector>
+
+#include "nfs/local_bind.h"
+#include "proto/mount3.h"
+#include "proto/rpc.h"
 
 namespace mpnfs::nfs {
 namespace {
 
-struct MountState {
-  bool connected = false;
-  bool done = false;
-  Result<Fh> result = Error::Errno(EIO, "no answer");
+using Clock = std::chrono::steady_clock;
+
+// A reply record larger than this is not a MOUNT or GETPORT reply.
+constexpr size_t kMaxReply = 64 * 1024;
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
 };
 
-std::string MountStatText(int st) {
-  switch (st) {
-    case MNT3ERR_NOENT: return "the server does not export this path (no such export)";
-    // NFS-Ganesha answers ACCES for a path it does not export at all.
-    case MNT3ERR_ACCES: return "not exported to this client, or access denied by the export list";
-    case MNT3ERR_PERM: return "not permitted by the server";
-    case MNT3ERR_NOTDIR: return "export path is not a directory";
-    default: return mountstat3_to_str(st);
+// Waits for `events` on `fd` until the deadline: false when it passed.
+bool WaitFor(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return true;  // (the read or write says what)
   }
 }
 
-int MountStatErrno(int st) {
-  switch (st) {
-    case MNT3ERR_NOENT: return ENOENT;
-    case MNT3ERR_ACCES: return EACCES;
-    case MNT3ERR_PERM: return EPERM;
-    case MNT3ERR_NOTDIR: return ENOTDIR;
-    default: return EIO;
+// One call to prog/vers/proc at host:port from the binding `b`, its
+// arguments encoded by `args`, its result decoded by `res`; before the
+// deadline. The errors: EHOSTUNREACH/ECONNREFUSED (no connection),
+// ETIMEDOUT (`connected` tells which half), EIO (a broken or rejected
+// reply).
+template <class Args, class Res>
+Result<Ok> CallOnce(const LocalBinding& b, const std::string& host, int port, uint32_t prog, uint32_t vers,
+                    uint32_t proc, Args& args, Res& res, Clock::time_point deadline, const char* what) {
+  auto s = ConnectFrom(b, host, port);
+  if (!s) return Error::Errno(EHOSTUNREACH, std::string("cannot reach the ") + what + ": " + s.error().what);
+  Fd fd(*s);
+  if (!WaitFor(fd.get(), POLLOUT, deadline)) {
+    return Error::Errno(ETIMEDOUT, "server unreachable (no connection within the mount timeout)");
   }
-}
-
-void MntCb(struct rpc_context* /*rpc*/, int status, void* data, void* priv) {
-  auto* s = static_cast<MountState*>(priv);
-  s->done = true;
-  if (status != RPC_STATUS_SUCCESS) {
-    s->result = Error::Errno(EIO, std::string("MOUNT call failed: ") +
-                                      (data != nullptr ? static_cast<const char*>(data) : "?"));
-    return;
+  int soerr = 0;
+  socklen_t len = sizeof soerr;
+  getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+  if (soerr != 0) {
+    return Error::Errno(soerr == ECONNREFUSED ? ECONNREFUSED : EHOSTUNREACH,
+                        std::string("cannot reach the ") + what + ": " + std::strerror(soerr));
   }
-  auto* res = static_cast<mountres3*>(data);
-  if (res->fhs_status != MNT3_OK) {
-    s->result = Error::Errno(MountStatErrno(res->fhs_status), MountStatText(res->fhs_status));
-    return;
+  static uint32_t xid_base = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
+  proto::CallHeader h;
+  h.xid = ++xid_base;
+  h.prog = prog;
+  h.vers = vers;
+  h.proc = proc;
+  h.cred.machine = "mpnfs";
+  std::vector<char> out(4 + 2048);
+  proto::XdrOut x(std::span<char>(out.data() + 4, out.size() - 4));
+  using proto::Xdr;  // (the arguments' and result's own, by argument-dependent lookup)
+  if (!Xdr(x, h) || !Xdr(x, args)) return Error::Errno(EINVAL, std::string(what) + ": arguments too long");
+  out.resize(4 + x.size());
+  const uint32_t mark = htonl(0x80000000u | static_cast<uint32_t>(x.size()));
+  std::memcpy(out.data(), &mark, 4);
+  for (size_t at = 0; at < out.size();) {
+    if (!WaitFor(fd.get(), POLLOUT, deadline)) return Error::Errno(ETIMEDOUT, std::string("the ") + what + " did not answer in time");
+    const ssize_t n = send(fd.get(), out.data() + at, out.size() - at, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) return Error::Errno(ECONNREFUSED, std::string("cannot reach the ") + what + ": " + std::strerror(errno));
+    at += static_cast<size_t>(n);
   }
-  const auto& fh = res->mountres3_u.mountinfo.fhandle;
-  s->result = Fh(fh.fhandle3_val, fh.fhandle3_len);
-}
-
-struct ConnectCtx {
-  MountState* state;
-  std::string export_path;
-};
-
-void ConnectCb(struct rpc_context* rpc, int status, void* data, void* priv) {
-  auto* c = static_cast<ConnectCtx*>(priv);
-  if (status != RPC_STATUS_SUCCESS) {
-    c->state->done = true;
-    c->state->result = Error::Errno(
-        EHOSTUNREACH, std::string("cannot reach the MOUNT service: ") +
-                          (data != nullptr ? static_cast<const char*>(data) : "connect failed"));
-    return;
+  // The reply record, fragments joined.
+  std::vector<char> in;
+  auto read_exact = [&](char* p, size_t n) -> Result<Ok> {
+    while (n > 0) {
+      if (!WaitFor(fd.get(), POLLIN, deadline)) {
+        return Error::Errno(ETIMEDOUT, std::string("the ") + what + " did not answer in time");
+      }
+      const ssize_t r = recv(fd.get(), p, n, 0);
+      if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (r <= 0) return Error::Errno(EIO, std::string("the ") + what + " closed the connection");
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return Ok{};
+  };
+  for (bool last = false; !last;) {
+    char m[4];
+    if (auto r = read_exact(m, 4); !r) return r.error();
+    uint32_t v;
+    std::memcpy(&v, m, 4);
+    v = ntohl(v);
+    last = (v & 0x80000000u) != 0;
+    const size_t n = v & 0x7fffffffu;
+    if (in.size() + n > kMaxReply) return Error::Errno(EIO, std::string("the ") + what + "'s reply is too long");
+    const size_t at = in.size();
+    in.resize(at + n);
+    if (auto r = read_exact(in.data() + at, n); !r) return r.error();
   }
-  c->state->connected = true;
-  if (rpc_mount3_mnt_async(rpc, &MntCb, c->export_path.data(), c->state) != 0) {
-    c->state->done = true;
-    c->state->result = Error::Errno(EIO, std::string("MOUNT: ") + rpc_get_error(rpc));
+  proto::XdrIn y(in);
+  proto::ReplyHeader rh;
+  if (!Xdr(y, rh) || rh.xid != h.xid) return Error::Errno(EIO, std::string("the ") + what + "'s reply is malformed");
+  if (!rh.accepted || rh.accept != proto::AcceptStat::kSuccess) {
+    return Error::Errno(EIO, std::string(what) + ": " + proto::Describe(rh));
   }
+  if (!Xdr(y, res)) return Error::Errno(EIO, std::string("the ") + what + "'s reply does not decode");
+  return Ok{};
 }
 
 }  // namespace
 
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
-                       std::chrono::milliseconds timeout) {
-  CheckXdrBounds();  // libnfs decodes the MOUNT reply with the bounded primitives
-  // Declared before the context: destroying the context calls back what is
-  // still pending (a timed-out connect or MOUNT), and those callbacks write
-  // here, so this must outlive it.
-  MountState state;
-  ConnectCtx ctx{&state, export_path};
-  std::unique_ptr<struct rpc_context, void (*)(struct rpc_context*)> rpc(rpc_init_context(),
-                                                                         &rpc_destroy_context);
-  if (!rpc) return Error::Errno(ENOMEM, "cannot create an RPC context");
-  int rc = mount_port > 0 ? rpc_connect_port_async(rpc.get(), host.c_str(), mount_port,
-                                                   MOUNT_PROGRAM, MOUNT_V3, &ConnectCb, &ctx)
-                          : rpc_connect_program_async(rpc.get(), host.c_str(), MOUNT_PROGRAM,
-                                                      MOUNT_V3, &ConnectCb, &ctx);
-  if (rc != 0) return Error::Errno(EHOSTUNREACH, rpc_get_error(rpc.get()));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!state.done) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      return Error::Errno(ETIMEDOUT, state.connected
-                                         ? "the MOUNT service did not answer in time"
-                                         : "server unreachable (no connection within the "
-                                           "mount timeout)");
-    }
-    pollfd p{rpc_get_fd(rpc.get()), static_cast<short>(rpc_which_events(rpc.get())), 0};
-    int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
-    if (n < 0 && errno != EINTR) return Error::Errno(errno, "poll");
-    if (rpc_service(rpc.get(), n > 0 ? p.revents : 0) < 0 && !state.done) {
-      return Error::Errno(ECONNREFUSED, std::string("cannot reach the server: ") +
-                                            rpc_get_error(rpc.get()));
-    }
+                       std::chrono::milliseconds timeout, const std::string& local) {
+  const auto deadline = Clock::now() + timeout;
+  LocalBinding b;
+  if (!local.empty()) {
+    auto r = ResolveLocal(local);
+    if (!r) return r.error();
+    b = *r;
   }
-  Result<Fh> out = std::move(state.result);
-  return out;
+  if (mount_port <= 0) {
+    proto::portmap::GetportArgs ga{proto::mount3::kProgram, proto::mount3::kVersion, proto::portmap::kTcp, 0};
+    proto::portmap::GetportRes gr;
+    auto r = CallOnce(b, host, static_cast<int>(proto::portmap::kPort), proto::portmap::kProgram,
+                      proto::portmap::kVersion, proto::portmap::kProcGetport, ga, gr, deadline, "portmapper");
+    if (!r) return r.error();
+    if (gr.port == 0 || gr.port > 65535) {
+      return Error::Errno(ECONNREFUSED, "the server's portmapper knows no MOUNT v3 service over TCP");
+    }
+    mount_port = static_cast<int>(gr.port);
+  }
+  proto::mount3::MntArgs a{export_path};
+  proto::mount3::MntRes res;
+  auto r = CallOnce(b, host, mount_port, proto::mount3::kProgram, proto::mount3::kVersion, proto::mount3::kProcMnt,
+                    a, res, deadline, "MOUNT service");
+  if (!r) return r.error();
+  if (res.status != proto::mount3::kOk) {
+    return Error::Errno(proto::mount3::ErrnoOf(res.status), proto::mount3::Explain(res.status));
+  }
+  return Fh(res.fh);
 }
 
 }  // namespace mpnfs::nfs

@@ -18,10 +18,8 @@ namespace {
 // A MOUNT "service" that accepts connections and never answers.
 using SilentServer = test::LoopbackListener;
 
-// The connect or MOUNT call is still pending inside libnfs when the deadline
-// passes; destroying the context then calls it back. That callback must not
-// write into state that is already gone (under ASan, as the suite runs unit
-// tests, a string stored there would leak).
+// The MOUNT call is still unanswered when the deadline passes: a timeout
+// that says so, and nothing left behind (the suite runs this under ASan).
 TEST(MountExportTest, TimeoutWithACallPendingIsCleanAndSaysSo) {
   SilentServer s;
   for (int i = 0; i < 3; ++i) {

@@ -22,6 +22,10 @@
 #include "nfs/client.h"
 #include "nfs/types.h"
 
+namespace mpnfs::proto::nfs3 {
+struct NewObjectRes;
+}  // namespace mpnfs::proto::nfs3
+
 namespace mpnfs::nfs {
 
 class Nfs3 final : public Client {
@@ -30,7 +34,6 @@ class Nfs3 final : public Client {
   // interface (e.g. a path pin: an Nfs3 whose calls all go over one path).
   // The methods with an explicit `so` parameter (Null, Fsinfo, Pathconf and
   // the Getattr/Fsstat overloads taking one) use the `so` given instead.
-  // (Checks that its replies decode on bounded primitives: xdr_bounds.h.)
   explicit Nfs3(engine::Engine& engine, engine::SubmitOptions defaults = {});
 
   // How many ways a large request is worth splitting now (see Engine::IdleConnections).
@@ -78,10 +81,9 @@ class Nfs3 final : public Client {
   engine::Engine& engine() { return engine_; }
 
  private:
-  template <class Res, class GetOk>
-  std::function<void(const engine::CallOutcome&, Res*)> NewObjectDone(
+  std::function<void(const engine::CallOutcome&, proto::nfs3::NewObjectRes*)> NewObjectDone(
       const char* op, Cb<NewObject> cb, const Fh& dir, const std::string& name, const Cred& c,
-      bool lookup_on_reissued_exist, GetOk get_ok);
+      bool lookup_on_reissued_exist);
   void NewObjectOrLookup(const Fh& dir, const std::string& name, const Cred& c,
                          Cb<NewObject> cb);
   engine::Engine& engine_;

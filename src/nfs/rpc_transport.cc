@@ -12,16 +12,13 @@
 #include <cerrno>
 #include <cstring>
 
-#include "nfs/libnfs_api.h"
-#include "nfs/xdr_bounds.h"
 #include "nfs/local_bind.h"
+#include "proto/nfs3.h"
+#include "proto/rpc.h"
 
 namespace mpnfs::nfs {
 namespace {
 
-constexpr uint32_t kRpcVersion = 2;
-constexpr uint32_t kNfsProgram = 100003;
-constexpr uint32_t kNfsVersion = 3;
 constexpr uint32_t kLastFragment = 0x80000000u;
 // The RPC header with AUTH_SYS (at most 16 groups and a short machine name)
 // plus any NFSv3 arguments other than WRITE data (a SYMLINK's target path
@@ -42,54 +39,15 @@ void Store32(char* p, uint32_t v) {
   std::memcpy(p, &v, 4);
 }
 
-const char* AcceptStatName(uint32_t s) {
-  switch (s) {
-    case PROG_UNAVAIL:
-      return "program unavailable";
-    case PROG_MISMATCH:
-      return "program version mismatch";
-    case PROC_UNAVAIL:
-      return "procedure unavailable";
-    case GARBAGE_ARGS:
-      return "garbage arguments";
-    case SYSTEM_ERR:
-      return "system error";
-    default:
-      return "unknown accept status";
-  }
-}
-
-const char* AuthStatName(uint32_t s) {
-  switch (s) {
-    case AUTH_BADCRED:
-      return "bad credentials";
-    case AUTH_REJECTEDCRED:
-      return "credentials rejected";
-    case AUTH_BADVERF:
-      return "bad verifier";
-    case AUTH_REJECTEDVERF:
-      return "verifier rejected";
-    case AUTH_TOOWEAK:
-      return "authentication too weak";
-    default:
-      return "authentication failed";
-  }
-}
-
 }  // namespace
 
 RpcTransport::RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms)
     : sink_(sink),
       tcp_user_timeout_ms_(tcp_user_timeout_ms),
       scratch_(kScratch),
-      bulk_(new char[kBulk]) {
-  CheckXdrBounds();
-}
+      bulk_(new char[kBulk]) {}
 
-RpcTransport::~RpcTransport() {
-  Close();
-  if (auth_ != nullptr) libnfs_auth_destroy(auth_);
-}
+RpcTransport::~RpcTransport() { Close(); }
 
 bool RpcTransport::StartConnect(const engine::Endpoint& ep, std::string* error) {
   LocalBinding b;
@@ -127,25 +85,6 @@ int RpcTransport::Events() const {
   return POLLIN | (out_.empty() ? 0 : POLLOUT);
 }
 
-bool RpcTransport::SetCred(const engine::Cred& cred) {
-  if (auth_ != nullptr && cred == cred_) return true;
-  std::vector<uint32_t> groups(
-      cred.groups.begin(),
-      cred.groups.begin() +
-          static_cast<ptrdiff_t>(std::min(cred.groups.size(), engine::Cred::kMaxGroups)));
-  struct AUTH* a =
-      libnfs_authunix_create("mpnfs", cred.uid, cred.gid, static_cast<uint32_t>(groups.size()),
-                             groups.empty() ? nullptr : groups.data());
-  if (a == nullptr) {
-    last_error_ = "cannot create AUTH_SYS credentials";
-    return false;
-  }
-  if (auth_ != nullptr) libnfs_auth_destroy(auth_);
-  auth_ = a;
-  cred_ = cred;
-  return true;
-}
-
 int RpcTransport::Issue(const std::shared_ptr<engine::RpcCall>& call, uint32_t xid,
                         const engine::Cred& cred, engine::CallToken* token) {
   const int proc = static_cast<int>(call->Procedure());
@@ -158,7 +97,7 @@ int RpcTransport::Issue(const std::shared_ptr<engine::RpcCall>& call, uint32_t x
 
 int RpcTransport::IssueProbe(uint32_t xid, engine::CallToken* token) {
   // The credentials of the last call (root's before any): NULL takes any.
-  return Queue(xid, 0, nullptr, auth_ != nullptr ? cred_ : engine::Cred{}, token);
+  return Queue(xid, 0, nullptr, cred_, token);
 }
 
 int RpcTransport::Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engine::RpcCall>& call,
@@ -167,27 +106,27 @@ int RpcTransport::Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engin
     last_error_ = "not connected";
     return -1;
   }
-  if (!SetCred(cred)) return -1;
-  ZDR z;
-  libnfs_zdrmem_create(&z, scratch_.data(), static_cast<uint32_t>(scratch_.size()), ZDR_ENCODE);
-  uint32_t mark = 0, dir = CALL, rpcvers = kRpcVersion, prog = kNfsProgram, vers = kNfsVersion;
-  uint32_t verf_flavor = AUTH_NONE, verf_len = 0;
-  bool ok = libnfs_zdr_u_int(&z, &mark) && libnfs_zdr_u_int(&z, &xid) &&
-            libnfs_zdr_u_int(&z, &dir) && libnfs_zdr_u_int(&z, &rpcvers) &&
-            libnfs_zdr_u_int(&z, &prog) && libnfs_zdr_u_int(&z, &vers) &&
-            libnfs_zdr_u_int(&z, &proc) && libnfs_zdr_u_int(&z, &auth_->ah_cred.oa_flavor) &&
-            libnfs_zdr_bytes(&z, &auth_->ah_cred.oa_base, &auth_->ah_cred.oa_length, 400) &&
-            libnfs_zdr_u_int(&z, &verf_flavor) && libnfs_zdr_u_int(&z, &verf_len);
-  if (ok && call != nullptr) ok = call->EncodeArgs(&z);
+  cred_ = cred;
+  proto::CallHeader h;
+  h.xid = xid;
+  h.prog = proto::nfs3::kProgram;
+  h.vers = proto::nfs3::kVersion;
+  h.proc = proc;
+  h.cred.machine = "mpnfs";
+  h.cred.uid = cred.uid;
+  h.cred.gid = cred.gid;
+  h.cred.groups.assign(cred.groups.begin(),
+                       cred.groups.begin() + static_cast<ptrdiff_t>(std::min(cred.groups.size(), engine::Cred::kMaxGroups)));
+  proto::XdrOut x(std::span<char>(scratch_.data() + 4, scratch_.size() - 4));  // (after the record mark)
+  bool ok = proto::Xdr(x, h);
+  if (ok && call != nullptr) ok = call->EncodeArgs(x);
   const std::span<const char> payload = call != nullptr ? call->Payload() : std::span<const char>();
   if (!ok) {
-    libnfs_zdr_destroy(&z);
     last_error_ = fmt::format("cannot encode the arguments of {}", call ? call->Name() : "NULL");
     return -1;
   }
   Out o;
-  o.head_len = libnfs_zdr_getpos(&z);
-  libnfs_zdr_destroy(&z);
+  o.head_len = static_cast<uint32_t>(4 + x.size());
   o.payload = payload;
   o.call = call;
   o.pad = static_cast<uint32_t>((4 - payload.size() % 4) % 4);
@@ -376,19 +315,16 @@ bool RpcTransport::Consume(const char* p, size_t n, size_t* used) {
 }
 
 bool RpcTransport::Dispatch(char* rec, size_t len) {
-  ZDR z;
-  libnfs_zdrmem_create(&z, rec, static_cast<uint32_t>(len), ZDR_DECODE);
-  uint32_t xid = 0, dir = 0, stat = 0;
-  if (!libnfs_zdr_u_int(&z, &xid) || !libnfs_zdr_u_int(&z, &dir) || dir != REPLY ||
-      !libnfs_zdr_u_int(&z, &stat) || (stat != MSG_ACCEPTED && stat != MSG_DENIED)) {
-    libnfs_zdr_destroy(&z);
+  proto::XdrIn x(std::span<const char>(rec, len));
+  // The XID, message type and reply status first: a record that is not an
+  // RPC reply breaks the stream; one that is can fail its call alone.
+  uint32_t xid = 0, type = 0, stat = 0;
+  if (!x.U32(xid) || !x.U32(type) || type != proto::kMsgReply || !x.U32(stat) ||
+      (stat != proto::kMsgAccepted && stat != proto::kMsgDenied)) {
     return Broken("the server sent something that is not an RPC reply");
   }
   auto [lo, hi] = waiting_.equal_range(xid);
-  if (lo == hi) {
-    libnfs_zdr_destroy(&z);
-    return true;  // nothing waits for it (a second answer to a retransmission)
-  }
+  if (lo == hi) return true;  // nothing waits for it (a second answer to a retransmission)
   auto oldest = lo;
   for (auto it = lo; it != hi; ++it) {
     if (it->second.seq < oldest->second.seq) oldest = it;
@@ -396,42 +332,27 @@ bool RpcTransport::Dispatch(char* rec, size_t len) {
   const Waiting w = std::move(oldest->second);
   waiting_.erase(oldest);
   const char* name = w.call != nullptr ? w.call->Name() : "NULL";
+  proto::XdrIn hx(std::span<const char>(rec, len));
+  proto::ReplyHeader h;
   std::string err;
   void* result = nullptr;
-  if (stat == MSG_ACCEPTED) {
-    // The verifier is skipped by hand: libnfs's opaque decoding does not
-    // bound the length (and a length over 2^31 wraps its position check).
-    uint32_t flavor = 0, verf_len = 0, astat = 0;
-    bool ok = libnfs_zdr_u_int(&z, &flavor) && libnfs_zdr_u_int(&z, &verf_len) &&
-              verf_len <= 400 && libnfs_zdr_getpos(&z) + ((verf_len + 3) & ~3u) <= len;
-    if (ok) ok = libnfs_zdr_setpos(&z, libnfs_zdr_getpos(&z) + ((verf_len + 3) & ~3u));
-    if (!ok || !libnfs_zdr_u_int(&z, &astat)) {
-      err = fmt::format("RPC: the reply to {} is truncated", name);
-    } else if (astat != SUCCESS) {
-      err = fmt::format("RPC: {} ({})", AcceptStatName(astat), name);
-    } else if (w.call != nullptr) {
-      if (w.call->DecodeResult(&z, result_)) {
-        result = result_;
-      } else {
-        err = fmt::format("RPC: the reply to {} does not decode", name);
-      }
-    }
-  } else {
-    uint32_t rstat = 0, detail = 0;
-    if (!libnfs_zdr_u_int(&z, &rstat) || !libnfs_zdr_u_int(&z, &detail)) {
-      err = fmt::format("RPC: {} denied", name);
-    } else if (rstat == AUTH_ERROR) {
-      err = fmt::format("RPC: {} ({})", AuthStatName(detail), name);
+  if (!proto::Xdr(hx, h)) {
+    err = fmt::format("RPC: the reply to {} is truncated or malformed", name);
+  } else if (!h.accepted || h.accept != proto::AcceptStat::kSuccess) {
+    err = fmt::format("RPC: {} ({})", proto::Describe(h), name);
+  } else if (w.call != nullptr) {
+    if (w.call->DecodeResult(hx, result_)) {
+      result = result_;
     } else {
-      err = fmt::format("RPC: version mismatch ({})", name);
+      err = fmt::format("RPC: the reply to {} does not decode", name);
     }
   }
   if (err.empty()) {
     sink_->OnReply(w.token, engine::ReplyStatus::kSuccess, result, nullptr);
+    if (result != nullptr) w.call->DestroyResult(result);
   } else {
     sink_->OnReply(w.token, engine::ReplyStatus::kError, nullptr, err.c_str());
   }
-  libnfs_zdr_destroy(&z);
   return true;
 }
 

@@ -1,17 +1,15 @@
 // RpcTransport: engine::Transport speaking ONC RPC (RFC 5531) over one TCP
 // connection, for NFSv3 calls.
 //
-// Why not libnfs's rpc_context: libnfs 4.0 encodes a call, WRITE data
-// included, into one contiguous buffer and sends that; every written byte
-// was copied once more than needed. Here a call is framed (record mark, RPC
-// header, AUTH_SYS credentials) and its arguments encoded by the call itself
-// with libnfs's XDR routines (RpcCall::EncodeArgs), into a small header; a
-// WRITE's data follows it straight from the call's buffer, both handed to
+// A call is framed (record mark, RPC
+// header, AUTH_SYS credentials: proto/rpc.h) and its arguments encoded by
+// the call itself (RpcCall::EncodeArgs, proto/nfs3.h), into a small header;
+// a WRITE's data follows it straight from the call's buffer, both handed to
 // the socket in one sendmsg (scatter-gather: no copy in user space). Replies
-// are decoded with libnfs's XDR routines too (RpcCall::DecodeResult), where
-// they were received: a READ's data is not copied again after the socket
-// read, but for the first part of a large reply (what a bulk read brought
-// with it, at most kBulk).
+// are decoded by the call too (RpcCall::DecodeResult), where they were
+// received: a READ's data is not copied again after the socket read, but
+// for the first part of a large reply (what a bulk read brought with it, at
+// most kBulk).
 //
 // Framing: several queued records go out per sendmsg. Replies are read in
 // bulk (one recv may carry many small ones, decoded in place; an incomplete
@@ -28,11 +26,8 @@
 // fails that call only (ReplyStatus::kError); a byte stream that is not RPC
 // replies breaks the connection.
 //
-// Results are decoded by libnfs 4.0's generated XDR routines, running on
-// mpnfs's bounds-checked primitives (xdr_bounds.h: libnfs's own let a length
-// of 2^31 or more, or a directory page of a million entries, crash the
-// gateway). What this class parses itself (record marks, the reply header
-// and verifier) is bounded, and so is a READ's data length (nfs3.cc).
+// Every length in a reply is bounded before use (the codecs: proto/xdr.h),
+// record marks included (kMaxRecord).
 //
 // Connect: a non-blocking socket from ConnectFrom() (local_bind.h: bound to
 // the path's interface or address when given, from a reserved port when
@@ -61,8 +56,7 @@
 #include <vector>
 
 #include "engine/transport.h"
-
-struct AUTH;
+#include "proto/rpc.h"
 
 namespace mpnfs::nfs {
 
@@ -110,7 +104,6 @@ class RpcTransport final : public engine::Transport {
 
   int Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engine::RpcCall>& call,
             const engine::Cred& cred, engine::CallToken* token);
-  bool SetCred(const engine::Cred& cred);
   bool Flush();
   bool Receive();
   // recv() without blocking, EINTR retried: > 0 bytes read; 0 nothing to
@@ -127,8 +120,7 @@ class RpcTransport final : public engine::Transport {
   bool connecting_ = false;
   std::string last_error_;
 
-  struct AUTH* auth_ = nullptr;  // AUTH_SYS of cred_
-  engine::Cred cred_;
+  engine::Cred cred_;  // of the last call (the NULL probe goes with it)
   std::vector<char> scratch_;  // where a header is encoded before it gets its own buffer
   // Where a reply's result is decoded (RpcCall::DecodeResult).
   alignas(std::max_align_t) char result_[engine::kMaxResultSize];

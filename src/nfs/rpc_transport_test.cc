@@ -1,9 +1,9 @@
 // RpcTransport against a server on loopback that this test plays by hand:
-// it reads the records the transport writes and decodes them with libnfs's
-// XDR routines (not the transport's code), and writes replies cut, batched
-// and fragmented as a test needs. One test runs Nfs3 calls through the
-// engine over it, so the calls' own argument encoding is checked too.
-#include "nfs/libnfs_api.h"
+// it reads the records the transport writes, parses the call header word by
+// word itself, decodes arguments with the protocol codecs (proto/), and
+// writes replies cut, batched and fragmented as a test needs. One test runs
+// Nfs3 calls through the engine over it, so the calls' own argument
+// encoding is checked too.
 #include "nfs/rpc_transport.h"
 
 #include <arpa/inet.h>
@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "nfs/nfs3.h"
+#include "proto/nfs3.h"
 #include "test/fakes/loopback_listener.h"
 
 namespace mpnfs::nfs {
@@ -34,6 +35,11 @@ using engine::ReplyStatus;
 using namespace std::chrono_literals;
 
 using Listener = test::LoopbackListener;
+namespace p3 = proto::nfs3;
+
+// RFC 5531 numbers, spelled out here (not taken from the code under test).
+constexpr uint32_t kCall = 0, kReply = 1, kMsgAccepted = 0, kMsgDenied = 1, kAuthNone = 0, kAuthUnix = 1,
+                   kSuccess = 0, kProcUnavail = 3, kAuthError = 1, kAuthTooWeak = 5;
 
 void Put32(std::vector<char>* v, uint32_t x) {
   x = htonl(x);
@@ -78,61 +84,70 @@ bool ReadCall(int fd, Seen* s) {
     s->body.resize(at + len);
     if (!ReadFull(fd, s->body.data() + at, len)) return false;
   }
-  ZDR z;
-  libnfs_zdrmem_create(&z, s->body.data(), static_cast<uint32_t>(s->body.size()), ZDR_DECODE);
-  uint32_t dir = 9, cred_len = 0, stamp = 0, ngids = 0, verf_flavor = 9, verf_len = 9;
-  char* machine = nullptr;
-  bool ok = libnfs_zdr_u_int(&z, &s->xid) && libnfs_zdr_u_int(&z, &dir) && dir == CALL &&
-            libnfs_zdr_u_int(&z, &s->rpcvers) && libnfs_zdr_u_int(&z, &s->prog) &&
-            libnfs_zdr_u_int(&z, &s->vers) && libnfs_zdr_u_int(&z, &s->proc) &&
-            libnfs_zdr_u_int(&z, &s->flavor) && libnfs_zdr_u_int(&z, &cred_len) &&
-            libnfs_zdr_u_int(&z, &stamp) && libnfs_zdr_string(&z, &machine, 255) &&
-            libnfs_zdr_u_int(&z, &s->uid) && libnfs_zdr_u_int(&z, &s->gid) &&
-            libnfs_zdr_u_int(&z, &ngids);
+  // Word by word, RFC 5531's call layout with AUTH_SYS.
+  size_t at = 0;
+  auto word = [&](uint32_t* v) {
+    if (at + 4 > s->body.size()) return false;
+    std::memcpy(v, s->body.data() + at, 4);
+    *v = ntohl(*v);
+    at += 4;
+    return true;
+  };
+  uint32_t dir = 9, cred_len = 0, stamp = 0, name_len = 0, ngids = 0, verf_flavor = 9, verf_len = 9;
+  bool ok = word(&s->xid) && word(&dir) && dir == kCall && word(&s->rpcvers) && word(&s->prog) &&
+            word(&s->vers) && word(&s->proc) && word(&s->flavor) && word(&cred_len) && word(&stamp) &&
+            word(&name_len) && name_len <= 255 && at + name_len <= s->body.size();
   if (ok) {
-    s->machine = machine;
+    s->machine.assign(s->body.data() + at, name_len);
+    at += (name_len + 3) & ~3u;
+    ok = word(&s->uid) && word(&s->gid) && word(&ngids) && ngids <= 16;
     for (uint32_t i = 0; ok && i < ngids; ++i) {
       uint32_t g = 0;
-      ok = libnfs_zdr_u_int(&z, &g);
+      ok = word(&g);
       s->gids.push_back(g);
     }
   }
-  ok = ok && libnfs_zdr_u_int(&z, &verf_flavor) && libnfs_zdr_u_int(&z, &verf_len) &&
-       verf_flavor == AUTH_NONE && verf_len == 0;
-  s->args = libnfs_zdr_getpos(&z);
-  libnfs_zdr_destroy(&z);
+  ok = ok && word(&verf_flavor) && word(&verf_len) && verf_flavor == kAuthNone && verf_len == 0;
+  s->args = at;
   return ok;
+}
+
+// `v` with the encoding of `m` appended.
+template <class M>
+void Append(std::vector<char>* v, M m) {
+  const size_t at = v->size();
+  v->resize(at + 1024 + 2 * sizeof(M) + (1 << 20));
+  proto::XdrOut x(std::span<char>(v->data() + at, v->size() - at));
+  EXPECT_TRUE(p3::Xdr(x, m));
+  v->resize(at + x.size());
+}
+
+// The arguments of the call `s`, decoded.
+template <class A>
+A ArgsOf(const Seen& s, bool* whole = nullptr) {
+  proto::XdrIn x(std::span<const char>(s.body.data() + s.args, s.body.size() - s.args));
+  A a{};
+  EXPECT_TRUE(p3::Xdr(x, a));
+  if (whole) *whole = x.left() == 0;
+  return a;
 }
 
 // The start of an accepted, successful reply.
 std::vector<char> Success(uint32_t xid) {
   std::vector<char> v;
   Put32(&v, xid);
-  Put32(&v, REPLY);
-  Put32(&v, MSG_ACCEPTED);
-  Put32(&v, AUTH_NONE);
+  Put32(&v, kReply);
+  Put32(&v, kMsgAccepted);
+  Put32(&v, kAuthNone);
   Put32(&v, 0);
-  Put32(&v, SUCCESS);
+  Put32(&v, kSuccess);
   return v;
 }
 
-// A successful READ reply carrying `data`, as libnfs encodes it.
+// A successful READ reply carrying `data`.
 std::vector<char> ReadReplyBody(uint32_t xid, const std::string& data) {
   std::vector<char> v = Success(xid);
-  READ3res r;
-  std::memset(&r, 0, sizeof r);
-  r.status = NFS3_OK;
-  r.READ3res_u.resok.count = static_cast<count3>(data.size());
-  r.READ3res_u.resok.eof = 1;
-  r.READ3res_u.resok.data.data_len = static_cast<u_int>(data.size());
-  r.READ3res_u.resok.data.data_val = const_cast<char*>(data.data());
-  const size_t at = v.size();
-  v.resize(at + data.size() + 1024);
-  ZDR z;
-  libnfs_zdrmem_create(&z, v.data() + at, static_cast<uint32_t>(v.size() - at), ZDR_ENCODE);
-  EXPECT_TRUE(zdr_READ3res(&z, &r));
-  v.resize(at + libnfs_zdr_getpos(&z));
-  libnfs_zdr_destroy(&z);
+  Append(&v, p3::ReadRes{p3::kOk, std::nullopt, static_cast<uint32_t>(data.size()), true, data});
   return v;
 }
 
@@ -162,24 +177,26 @@ void WriteAll(int fd, const std::vector<char>& v) {
 }
 
 // A call as the transport sees it: a READ whose reply is decoded as
-// READ3res, or (payload set) a WRITE-shaped call with raw arguments.
+// a READ result, or (payload set) a WRITE-shaped call with raw arguments.
 class TestCall final : public engine::RpcCall {
  public:
   explicit TestCall(engine::Proc p = engine::Proc::kRead) : proc_(p) {}
   const char* Name() const override { return engine::ProcName(proc_); }
   engine::Proc Procedure() const override { return proc_; }
-  bool EncodeArgs(ZDR* z) override {
+  bool EncodeArgs(proto::XdrOut& x) override {
     for (uint32_t w : words) {
-      if (!libnfs_zdr_u_int(z, &w)) return false;
+      if (!x.U32(w)) return false;
     }
     return true;
   }
   std::span<const char> Payload() const override { return {payload.data(), payload.size()}; }
-  bool DecodeResult(ZDR* z, void* result) override {
-    auto* r = new (result) READ3res;
-    std::memset(r, 0, sizeof *r);
-    return zdr_READ3res(z, r) != 0;
+  bool DecodeResult(proto::XdrIn& x, void* result) override {
+    auto* r = new (result) p3::ReadRes;
+    if (p3::Xdr(x, *r)) return true;
+    r->~ReadRes();
+    return false;
   }
+  void DestroyResult(void* result) override { static_cast<p3::ReadRes*>(result)->~ReadRes(); }
   void Complete(const engine::CallOutcome&) override {}
 
   std::vector<uint32_t> words;  // the arguments: XDR words
@@ -192,7 +209,7 @@ class TestCall final : public engine::RpcCall {
 struct Got {
   CallToken* token;
   ReplyStatus status;
-  std::string data;  // READ3res data, copied while valid
+  std::string data;  // the READ result's data, copied while valid
   std::string error;
 };
 
@@ -205,8 +222,7 @@ class Sink final : public engine::TransportSink {
   void OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) override {
     Got g{token, status, {}, error ? error : ""};
     if (status == ReplyStatus::kSuccess) {
-      const auto* r = static_cast<const READ3res*>(result);
-      g.data.assign(r->READ3res_u.resok.data.data_val, r->READ3res_u.resok.data.data_len);
+      g.data.assign(static_cast<const p3::ReadRes*>(result)->data);
     }
     got.push_back(std::move(g));
   }
@@ -286,7 +302,7 @@ TEST_F(RpcTransportTest, AWriteIsOneRecordWithItsPayloadPaddedAndItsCallersCrede
   EXPECT_EQ(s.prog, 100003u);
   EXPECT_EQ(s.vers, 3u);
   EXPECT_EQ(s.proc, 7u);  // WRITE
-  EXPECT_EQ(s.flavor, static_cast<uint32_t>(AUTH_UNIX));
+  EXPECT_EQ(s.flavor, kAuthUnix);
   EXPECT_EQ(s.machine, "mpnfs");
   EXPECT_EQ(s.uid, 1000u);
   EXPECT_EQ(s.gid, 100u);
@@ -383,13 +399,13 @@ TEST_F(RpcTransportTest, ARejectedOrUndecodableReplyFailsOnlyItsCall) {
   ASSERT_TRUE(PumpUntil([&] { return t_.Events() == POLLIN; }));
   std::vector<char> d;
   Put32(&d, 1);
-  Put32(&d, REPLY);
-  Put32(&d, MSG_DENIED);
-  Put32(&d, AUTH_ERROR);
-  Put32(&d, AUTH_TOOWEAK);
+  Put32(&d, kReply);
+  Put32(&d, kMsgDenied);
+  Put32(&d, kAuthError);
+  Put32(&d, kAuthTooWeak);
   std::vector<char> u = Success(2);
   u.resize(u.size() - 4);
-  Put32(&u, PROC_UNAVAIL);
+  Put32(&u, kProcUnavail);
   std::vector<char> g = ReadReplyBody(3, "truncated reply");
   g.resize(g.size() - 12);  // cut inside the data
   for (auto* v : {&d, &u, &g}) WriteAll(server_, Framed(*v));
@@ -407,8 +423,8 @@ TEST_F(RpcTransportTest, ARejectedOrUndecodableReplyFailsOnlyItsCall) {
   EXPECT_EQ(sink_.got[3].data, "ok");
 }
 
-// A length of 2^31 in a reply passed libnfs 4.0's signed check: the call
-// "succeeded" with data pointing 2 GiB past the reply (xdr_bounds.h).
+// A data length of 2^31 in a reply: the call fails, alone, and nothing is
+// read past the reply.
 TEST_F(RpcTransportTest, AReplyClaimingMoreBytesThanItHoldsFailsOnlyItsCall) {
   Connect();
   CallToken huge, fine;
@@ -435,7 +451,7 @@ TEST_F(RpcTransportTest, AStreamThatIsNotRpcRepliesBreaksTheConnection) {
   ASSERT_TRUE(PumpUntil([&] { return t_.Events() == POLLIN; }));
   std::vector<char> call;
   Put32(&call, 1);
-  Put32(&call, CALL);  // a call, not a reply
+  Put32(&call, kCall);  // a call, not a reply
   Put32(&call, 2);
   WriteAll(server_, Framed(call));
   PumpUntil([] { return false; });
@@ -562,14 +578,14 @@ TEST_F(RpcTransportTest, AReplyVerifierIsSkippedByItsLengthAndBounded) {
   auto with_verf = [](uint32_t xid, uint32_t len, size_t body, const std::string& data) {
     std::vector<char> v;
     Put32(&v, xid);
-    Put32(&v, REPLY);
-    Put32(&v, MSG_ACCEPTED);
+    Put32(&v, kReply);
+    Put32(&v, kMsgAccepted);
     Put32(&v, 6);  // some flavor
     Put32(&v, len);
     v.insert(v.end(), body, 'v');
-    Put32(&v, SUCCESS);
+    Put32(&v, kSuccess);
     auto res = ReadReplyBody(xid, data);
-    v.insert(v.end(), res.begin() + 24, res.end());  // the READ3res after the header
+    v.insert(v.end(), res.begin() + 24, res.end());  // the READ result after the header
     return v;
   };
   WriteAll(server_, Framed(with_verf(1, 5, 8, "padded verifier")));
@@ -620,8 +636,8 @@ TEST_F(RpcTransportTest, ARefusedConnectIsReported) {
 }
 
 // Nfs3 over the engine over RpcTransport, against a server that decodes the
-// calls with libnfs: WRITE's hand-made argument encoding, the data sent
-// from the caller's buffer, a large READ reply, the NULL probe.
+// calls: WRITE's arguments with the data sent from the caller's buffer, a
+// large READ reply, the NULL probe.
 TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
   Listener l;
   std::mutex mu;  // the server thread's findings
@@ -635,46 +651,29 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
     ASSERT_GE(fd, 0);
     Seen s;
     while (ReadCall(fd, &s)) {
-      ZDR z;
-      libnfs_zdrmem_create(&z, s.body.data() + s.args, static_cast<uint32_t>(s.body.size() - s.args),
-                           ZDR_DECODE);
       std::vector<char> reply;
       if (s.proc == 0) {
         reply = Success(s.xid);
       } else if (s.proc == 7) {
-        WRITE3args w;
-        std::memset(&w, 0, sizeof w);
-        EXPECT_TRUE(zdr_WRITE3args(&z, &w));
-        EXPECT_EQ(libnfs_zdr_getpos(&z), s.body.size() - s.args) << "nothing after the padding";
-        EXPECT_EQ(std::string(w.file.data.data_val, w.file.data.data_len), "handle");
-        EXPECT_EQ(w.count, w.data.data_len);
+        bool whole = false;
+        const auto w = ArgsOf<p3::WriteArgs>(s, &whole);
+        EXPECT_TRUE(whole) << "something after the padding";
+        EXPECT_EQ(w.fh, "handle");
+        EXPECT_EQ(w.count, w.data.size());
         {
           std::lock_guard lock(mu);
-          written.assign(w.data.data_val, w.data.data_len);
-          written_at = w.offset;
-          stable = w.stable;
+          written.assign(w.data);
+          written_at = w.off;
+          stable = static_cast<uint32_t>(w.stable);
         }
         reply = Success(s.xid);
-        WRITE3res r;
-        std::memset(&r, 0, sizeof r);
-        r.status = NFS3_OK;
-        r.WRITE3res_u.resok.count = w.count;
-        r.WRITE3res_u.resok.committed = FILE_SYNC;
-        std::memcpy(r.WRITE3res_u.resok.verf, "verifier", 8);
-        const size_t at = reply.size();
-        reply.resize(at + 512);
-        ZDR e;
-        libnfs_zdrmem_create(&e, reply.data() + at, 512, ZDR_ENCODE);
-        EXPECT_TRUE(zdr_WRITE3res(&e, &r));
-        reply.resize(at + libnfs_zdr_getpos(&e));
-        libnfs_zdr_destroy(&e);
+        uint64_t verf;
+        std::memcpy(&verf, "verifier", 8);
+        Append(&reply, p3::WriteRes{p3::kOk, {}, w.count, p3::Stable::kFileSync, verf});
       } else if (s.proc == 6) {
-        READ3args a;
-        std::memset(&a, 0, sizeof a);
-        EXPECT_TRUE(zdr_READ3args(&z, &a));
-        reply = ReadReplyBody(s.xid, file.substr(a.offset, a.count));
+        const auto a = ArgsOf<p3::ReadArgs>(s);
+        reply = ReadReplyBody(s.xid, file.substr(a.off, a.count));
       }
-      libnfs_zdr_destroy(&z);
       WriteAll(fd, Framed(reply));
     }
     close(fd);
@@ -717,7 +716,7 @@ TEST(RpcTransportNfs3, WriteAndReadRoundTripThroughTheEngine) {
     std::lock_guard lock(mu);
     EXPECT_TRUE(written == file.substr(3, 70001));
     EXPECT_EQ(written_at, 4096u);
-    EXPECT_EQ(stable, static_cast<uint32_t>(FILE_SYNC));
+    EXPECT_EQ(stable, 2u);  // FILE_SYNC
   }
 
   nfs.Read(fh, 5, 140000, Cred{}, [&](Result<ReadReply> r) {
@@ -747,25 +746,15 @@ Result<LinkReply> ReissuedLink(const std::string& there) {
           dropped = true;  // no answer: the engine reissues it on a new connection
           break;
         }
-        const size_t at = reply.size();
-        reply.resize(at + 512);
-        ZDR e;
-        libnfs_zdrmem_create(&e, reply.data() + at, 512, ZDR_ENCODE);
         if (s.proc == 15) {
-          LINK3res r;
-          std::memset(&r, 0, sizeof r);
-          r.status = NFS3ERR_EXIST;
-          zdr_LINK3res(&e, &r);
+          p3::LinkRes r;
+          r.status = 17;  // NFS3ERR_EXIST
+          Append(&reply, r);
         } else if (s.proc == 3) {
-          LOOKUP3res r;
-          std::memset(&r, 0, sizeof r);
-          r.status = NFS3_OK;
-          r.LOOKUP3res_u.resok.object.data.data_len = static_cast<u_int>(there.size());
-          r.LOOKUP3res_u.resok.object.data.data_val = const_cast<char*>(there.data());
-          zdr_LOOKUP3res(&e, &r);
+          p3::LookupRes r;
+          r.ok.fh = there;
+          Append(&reply, r);
         }
-        reply.resize(at + libnfs_zdr_getpos(&e));
-        libnfs_zdr_destroy(&e);
         WriteAll(fd, Framed(reply));
       }
       close(fd);

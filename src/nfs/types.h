@@ -1,8 +1,7 @@
 // NFSv3 values in the gateway's own types.
 //
 // The filesystem layer works with these, never with wire structs. The
-// protocol codecs (src/proto/) encode and decode them directly; nfs3.cc
-// converts libnfs's structs to them.
+// protocol codecs (src/proto/) encode and decode them directly.
 #pragma once
 
 #include <sys/types.h>

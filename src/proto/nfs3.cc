@@ -1,5 +1,6 @@
 #include "proto/nfs3.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace mpnfs::proto::nfs3 {
@@ -322,6 +323,77 @@ bool XdrT(X& x, PathconfRes& r) {
 }
 
 }  // namespace
+
+int ErrnoOf(uint32_t status) {
+  // (RFC 1813 took its numbers from BSD's errno: several differ from Linux's.)
+  switch (status) {
+    case kOk: return 0;
+    case 1: return EPERM;
+    case 2: return ENOENT;
+    case 5: return EIO;
+    case 6: return ENXIO;
+    case 13: return EACCES;
+    case 17: return EEXIST;
+    case 18: return EXDEV;
+    case 19: return ENODEV;
+    case 20: return ENOTDIR;
+    case 21: return EISDIR;
+    case 22: return EINVAL;
+    case 27: return EFBIG;
+    case 28: return ENOSPC;
+    case 30: return EROFS;
+    case 31: return EMLINK;
+    case 63: return ENAMETOOLONG;
+    case 66: return ENOTEMPTY;
+    case 69: return EDQUOT;
+    case 70: return ESTALE;
+    case 71: return EREMOTE;
+    case 10001: return EINVAL;      // BADHANDLE
+    case 10002: return EINVAL;      // NOT_SYNC
+    case 10003: return EINVAL;      // BAD_COOKIE
+    case 10004: return EOPNOTSUPP;  // NOTSUPP
+    case 10005: return EINVAL;      // TOOSMALL
+    case 10006: return EIO;         // SERVERFAULT
+    case 10007: return EINVAL;      // BADTYPE
+    case kErrJukebox: return EAGAIN;
+    default: return EIO;
+  }
+}
+
+const char* StatusName(uint32_t status) {
+  switch (status) {
+    case kOk: return "NFS3_OK";
+    case 1: return "NFS3ERR_PERM";
+    case 2: return "NFS3ERR_NOENT";
+    case 5: return "NFS3ERR_IO";
+    case 6: return "NFS3ERR_NXIO";
+    case 13: return "NFS3ERR_ACCES";
+    case 17: return "NFS3ERR_EXIST";
+    case 18: return "NFS3ERR_XDEV";
+    case 19: return "NFS3ERR_NODEV";
+    case 20: return "NFS3ERR_NOTDIR";
+    case 21: return "NFS3ERR_ISDIR";
+    case 22: return "NFS3ERR_INVAL";
+    case 27: return "NFS3ERR_FBIG";
+    case 28: return "NFS3ERR_NOSPC";
+    case 30: return "NFS3ERR_ROFS";
+    case 31: return "NFS3ERR_MLINK";
+    case 63: return "NFS3ERR_NAMETOOLONG";
+    case 66: return "NFS3ERR_NOTEMPTY";
+    case 69: return "NFS3ERR_DQUOT";
+    case 70: return "NFS3ERR_STALE";
+    case 71: return "NFS3ERR_REMOTE";
+    case 10001: return "NFS3ERR_BADHANDLE";
+    case 10002: return "NFS3ERR_NOT_SYNC";
+    case 10003: return "NFS3ERR_BAD_COOKIE";
+    case 10004: return "NFS3ERR_NOTSUPP";
+    case 10005: return "NFS3ERR_TOOSMALL";
+    case 10006: return "NFS3ERR_SERVERFAULT";
+    case 10007: return "NFS3ERR_BADTYPE";
+    case kErrJukebox: return "NFS3ERR_JUKEBOX";
+    default: return "an unknown NFS3 status";
+  }
+}
 
 bool EncodeWriteHead(XdrOut& x, const WriteArgs& a) {
   auto& w = const_cast<WriteArgs&>(a);  // (XdrOut only reads)

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -36,6 +37,13 @@ inline constexpr uint32_t kFhMax = 64;
 inline constexpr uint32_t kNameMax = 1024;
 inline constexpr uint32_t kPathMax = 4096;
 inline constexpr uint32_t kOk = 0;
+inline constexpr uint32_t kErrJukebox = 10008;  // "busy, try again later"
+
+// nfsstat3 as an errno (as the Linux client maps it; NOTSUPP is
+// EOPNOTSUPP, JUKEBOX EAGAIN, other codes without an errno EIO or EINVAL),
+// and its RFC 1813 name ("NFS3ERR_NOENT").
+int ErrnoOf(uint32_t status);
+const char* StatusName(uint32_t status);
 
 enum class Stable : uint32_t { kUnstable = 0, kDataSync = 1, kFileSync = 2 };
 
@@ -236,5 +244,39 @@ struct PathconfRes {
   bool Xdr(XdrOut& x, T& v);
 MPNFS_NFS3_MESSAGES(MPNFS_NFS3_DECLARE)
 #undef MPNFS_NFS3_DECLARE
+
+// NULL: no arguments, no result.
+struct NullArgs {
+  bool operator==(const NullArgs&) const = default;
+};
+struct NullRes {
+  uint32_t status = kOk;
+  bool operator==(const NullRes&) const = default;
+};
+inline bool Xdr(XdrIn&, NullArgs&) { return true; }
+inline bool Xdr(XdrOut&, NullArgs&) { return true; }
+inline bool Xdr(XdrIn&, NullRes&) { return true; }
+inline bool Xdr(XdrOut&, NullRes&) { return true; }
+
+// --- what a call needs of its messages beyond their shape (nfs/nfs3.cc's
+// one call template asks these, each procedure's own rules overload them)
+// What the call encodes: all of its arguments, but WRITE's data (sent
+// after them from the caller's buffer: PayloadOf).
+template <class A>
+bool EncodeArgs(XdrOut& x, A& a) { return Xdr(x, a); }
+inline bool EncodeArgs(XdrOut& x, WriteArgs& a) { return EncodeWriteHead(x, a); }
+template <class A>
+std::span<const char> PayloadOf(const A&) { return {}; }
+inline std::span<const char> PayloadOf(const WriteArgs& a) { return {a.data.data(), a.data.size()}; }
+// Sets up the result a reply decodes into (READDIR and READDIRPLUS share
+// one shape).
+template <class A, class R>
+void PrepareResult(const A&, R&) {}
+inline void PrepareResult(const ReaddirArgs& a, ReaddirRes& r) { r.plus = a.plus; }
+// Whether a decoded result can answer these arguments: a READ that brings
+// more data than asked is a broken reply.
+template <class A, class R>
+bool Answers(const A&, const R&) { return true; }
+inline bool Answers(const ReadArgs& a, const ReadRes& r) { return r.status != kOk || r.data.size() <= a.count; }
 
 }  // namespace mpnfs::proto::nfs3

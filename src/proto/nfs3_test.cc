@@ -6,10 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <functional>
 #include <random>
 #include <vector>
 
+#include "proto/mount3.h"
 #include "proto/rpc.h"
 
 namespace mpnfs::proto {
@@ -189,12 +191,30 @@ TEST(RpcCodec, HeadersRoundTrip) {
   ExpectRoundTrip(ReplyHeader{3, false, AcceptStat::kSuccess, RejectStat::kAuthError, 0, 0, 5});
   ExpectRoundTrip(ReplyHeader{4, false, AcceptStat::kSuccess, RejectStat::kRpcMismatch, 2, 2});
   EXPECT_EQ(Describe(ReplyHeader{5, false, AcceptStat::kSuccess, RejectStat::kAuthError, 0, 0, 5}),
-            "denied: AUTH_TOOWEAK");
+            "denied: authentication too weak (AUTH_TOOWEAK)");
   // Seventeen groups is more than AUTH_SYS carries.
   c.cred.groups.push_back(17);
   std::vector<char> buf(1024);
   XdrOut out(buf);
   EXPECT_FALSE(Xdr(out, c));
+}
+
+TEST(MountCodec, MountAndPortmapMessagesRoundTrip) {
+  ExpectRoundTrip(mount3::MntArgs{"/tmp/export"});
+  ExpectRoundTrip(mount3::MntRes{mount3::kOk, kFh, {1, 390003}});
+  ExpectRoundTrip(mount3::MntRes{13, "", {}});
+  ExpectRoundTrip(portmap::GetportArgs{mount3::kProgram, mount3::kVersion, portmap::kTcp, 0});
+  ExpectRoundTrip(portmap::GetportRes{20048});
+  EXPECT_EQ(mount3::ErrnoOf(2), ENOENT);
+  EXPECT_NE(mount3::Explain(13).find("not exported"), std::string::npos);
+  // A handle over FHSIZE3, seventeen flavors: malformed.
+  std::vector<char> buf(4096);
+  XdrOut out(buf);
+  mount3::MntRes big{mount3::kOk, std::string(65, 'h'), {}};
+  EXPECT_FALSE(Xdr(out, big));
+  XdrOut out2(buf);
+  mount3::MntRes many{mount3::kOk, kFh, std::vector<uint32_t>(17, 1)};
+  EXPECT_FALSE(Xdr(out2, many));
 }
 
 // Each 32-bit word of a valid message set to a length-like value it must
@@ -272,6 +292,18 @@ TEST(Nfs3Codec, TwoHundredThousandEntriesDecodeWithoutRecursion) {
   ASSERT_TRUE(Xdr(in, got));
   EXPECT_EQ(got.page.entries.size(), 200000u);
   EXPECT_TRUE(got == r);
+}
+
+// RFC 1813's status numbers are BSD's errno values; Linux's differ for
+// several of them.
+TEST(Nfs3Codec, StatusesMapToLinuxErrnos) {
+  const std::vector<std::pair<uint32_t, int>> want = {
+      {0, 0}, {1, EPERM}, {2, ENOENT}, {5, EIO}, {6, ENXIO}, {13, EACCES}, {17, EEXIST}, {18, EXDEV},
+      {19, ENODEV}, {20, ENOTDIR}, {21, EISDIR}, {22, EINVAL}, {27, EFBIG}, {28, ENOSPC}, {30, EROFS},
+      {31, EMLINK}, {63, ENAMETOOLONG}, {66, ENOTEMPTY}, {69, EDQUOT}, {70, ESTALE}, {71, EREMOTE},
+      {10001, EINVAL}, {10004, EOPNOTSUPP}, {10006, EIO}, {10008, EAGAIN}, {12345, EIO}};
+  for (const auto& [status, err] : want) EXPECT_EQ(ErrnoOf(status), err) << StatusName(status);
+  EXPECT_STREQ(StatusName(66), "NFS3ERR_NOTEMPTY");
 }
 
 TEST(XdrStream, BooleansOtherThanZeroAndOneAreMalformed) {

@@ -96,19 +96,24 @@ template bool Xdr(XdrOut&, ReplyHeader&);
 std::string Describe(const ReplyHeader& h) {
   if (h.accepted) {
     switch (h.accept) {
-      case AcceptStat::kSuccess: return "SUCCESS";
-      case AcceptStat::kProgUnavail: return "PROG_UNAVAIL (the program is not served there)";
-      case AcceptStat::kProgMismatch: return fmt::format("PROG_MISMATCH (versions {} to {} served)", h.low, h.high);
-      case AcceptStat::kProcUnavail: return "PROC_UNAVAIL";
-      case AcceptStat::kGarbageArgs: return "GARBAGE_ARGS";
-      case AcceptStat::kSystemErr: return "SYSTEM_ERR";
+      case AcceptStat::kSuccess: return "success";
+      case AcceptStat::kProgUnavail: return "program unavailable (PROG_UNAVAIL)";
+      case AcceptStat::kProgMismatch:
+        return fmt::format("program version mismatch (PROG_MISMATCH: versions {} to {} served)", h.low, h.high);
+      case AcceptStat::kProcUnavail: return "procedure unavailable (PROC_UNAVAIL)";
+      case AcceptStat::kGarbageArgs: return "garbage arguments (GARBAGE_ARGS)";
+      case AcceptStat::kSystemErr: return "system error (SYSTEM_ERR)";
     }
   }
-  if (h.reject == RejectStat::kRpcMismatch) return fmt::format("RPC_MISMATCH (versions {} to {})", h.low, h.high);
-  static constexpr const char* kAuth[] = {"AUTH_OK", "AUTH_BADCRED", "AUTH_REJECTEDCRED", "AUTH_BADVERF",
-                                          "AUTH_REJECTEDVERF", "AUTH_TOOWEAK", "AUTH_INVALIDRESP", "AUTH_FAILED"};
+  if (h.reject == RejectStat::kRpcMismatch) {
+    return fmt::format("RPC version mismatch (RPC_MISMATCH: versions {} to {})", h.low, h.high);
+  }
+  static constexpr const char* kAuth[] = {
+      "authenticated (AUTH_OK)", "bad credentials (AUTH_BADCRED)", "credentials rejected (AUTH_REJECTEDCRED)",
+      "bad verifier (AUTH_BADVERF)", "verifier rejected (AUTH_REJECTEDVERF)", "authentication too weak (AUTH_TOOWEAK)",
+      "bad response verifier (AUTH_INVALIDRESP)", "authentication failed (AUTH_FAILED)"};
   return h.auth_stat < std::size(kAuth) ? fmt::format("denied: {}", kAuth[h.auth_stat])
-                                        : fmt::format("denied: auth error {}", h.auth_stat);
+                                        : fmt::format("denied: authentication error {}", h.auth_stat);
 }
 
 }  // namespace mpnfs::proto
