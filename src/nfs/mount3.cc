@@ -24,7 +24,12 @@ class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
   ~Fd() {
-    if (fd_ >= 0) close(fd_);
+    if (fd_ < 0) return;
+    // A reset, not a close: the reserved port is free again at once (no
+    // TIME_WAIT), as the engine's connections do.
+    linger l{1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(fd_);
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
@@ -48,8 +53,8 @@ bool WaitFor(int fd, short events, Clock::time_point deadline) {
 
 // One call to prog/vers/proc at host:port from the binding `b`, its
 // arguments encoded by `args`, its result decoded by `res`; before the
-// deadline. The errors: EHOSTUNREACH/ECONNREFUSED (no connection),
-// ETIMEDOUT (`connected` tells which half), EIO (a broken or rejected
+// deadline. The errors: EHOSTUNREACH/ECONNREFUSED (no connection, or one
+// closed before the reply), ETIMEDOUT, EIO (a malformed or rejected
 // reply).
 template <class Args, class Res>
 Result<Ok> CallOnce(const LocalBinding& b, const std::string& host, int port, uint32_t prog, uint32_t vers,
@@ -97,7 +102,12 @@ Result<Ok> CallOnce(const LocalBinding& b, const std::string& host, int port, ui
       }
       const ssize_t r = recv(fd.get(), p, n, 0);
       if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (r <= 0) return Error::Errno(EIO, std::string("the ") + what + " closed the connection");
+      if (r <= 0) {
+        // Closed or reset before its reply was whole: as unreachable (the
+        // next address is tried), not as an answer.
+        return Error::Errno(ECONNREFUSED, std::string("the ") + what + " closed the connection" +
+                                              (r < 0 ? std::string(": ") + std::strerror(errno) : ""));
+      }
       p += r;
       n -= static_cast<size_t>(r);
     }

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "test/fakes/loopback_listener.h"
 
@@ -29,6 +31,89 @@ TEST(MountExportTest, TimeoutWithACallPendingIsCleanAndSaysSo) {
   }
 }
 
+// Reads one call record; returns its XID (0 on failure).
+uint32_t ReadCallXid(int fd) {
+  std::vector<char> body;
+  for (bool last = false; !last;) {
+    uint32_t mark;
+    if (recv(fd, &mark, 4, MSG_WAITALL) != 4) return 0;
+    mark = ntohl(mark);
+    last = (mark & 0x80000000u) != 0;
+    const size_t at = body.size();
+    body.resize(at + (mark & 0x7fffffffu));
+    if (recv(fd, body.data() + at, body.size() - at, MSG_WAITALL) != static_cast<ssize_t>(body.size() - at)) return 0;
+  }
+  uint32_t xid;
+  std::memcpy(&xid, body.data(), 4);
+  return ntohl(xid);
+}
+
+void Put(std::vector<char>* v, uint32_t x) {
+  x = htonl(x);
+  const char* p = reinterpret_cast<const char*>(&x);
+  v->insert(v->end(), p, p + 4);
+}
+
+// A MOUNT service that answers MNT with `handle`, the reply cut into two
+// record fragments (answering with `xid_delta` added to the call's XID).
+void AnswerMount(const test::LoopbackListener& l, const std::string& handle, uint32_t xid_delta = 0) {
+  const int fd = l.Accept();
+  ASSERT_GE(fd, 0);
+  const uint32_t xid = ReadCallXid(fd);
+  std::vector<char> body;
+  for (uint32_t w : {xid + xid_delta, 1u, 0u, 0u, 0u, 0u, 0u /* MNT3_OK */, static_cast<uint32_t>(handle.size())}) {
+    Put(&body, w);
+  }
+  body.insert(body.end(), handle.begin(), handle.end());
+  while (body.size() % 4) body.push_back(0);
+  Put(&body, 1);  // one flavor
+  Put(&body, 1);  // AUTH_SYS
+  std::vector<char> rec;
+  const size_t half = 12;
+  Put(&rec, static_cast<uint32_t>(half));
+  rec.insert(rec.end(), body.begin(), body.begin() + half);
+  Put(&rec, 0x80000000u | static_cast<uint32_t>(body.size() - half));
+  rec.insert(rec.end(), body.begin() + half, body.end());
+  EXPECT_EQ(send(fd, rec.data(), rec.size(), MSG_NOSIGNAL), static_cast<ssize_t>(rec.size()));
+  char c;
+  (void)recv(fd, &c, 1, 0);  // until the client closes
+  close(fd);
+}
+
+TEST(MountExportTest, AnAnswerInFragmentsGivesTheExportsRootHandle) {
+  test::LoopbackListener l;
+  std::thread server([&] { AnswerMount(l, "root-handle"); });
+  auto r = MountExport("127.0.0.1", l.port(), "/export", std::chrono::milliseconds(5000));
+  server.join();
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_EQ(*r, "root-handle");
+}
+
+TEST(MountExportTest, AnAnswerToAnotherCallIsMalformed) {
+  test::LoopbackListener l;
+  std::thread server([&] { AnswerMount(l, "root-handle", 1); });
+  auto r = MountExport("127.0.0.1", l.port(), "/export", std::chrono::milliseconds(5000));
+  server.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, EIO) << r.error().what;
+}
+
+// A connection closed before the reply is "unreachable" (the next address
+// is tried), not an answer.
+TEST(MountExportTest, AConnectionClosedBeforeTheReplyIsUnreachable) {
+  test::LoopbackListener l;
+  std::thread server([&] {
+    const int fd = l.Accept();
+    if (fd < 0) return;
+    ReadCallXid(fd);
+    close(fd);
+  });
+  auto r = MountExport("127.0.0.1", l.port(), "/export", std::chrono::milliseconds(5000));
+  server.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, ECONNREFUSED) << r.error().what;
+}
+
 TEST(MountExportTest, RefusedConnectionIsAClearError) {
   int port;
   {
@@ -37,7 +122,7 @@ TEST(MountExportTest, RefusedConnectionIsAClearError) {
   }
   auto r = MountExport("127.0.0.1", port, "/export", std::chrono::milliseconds(2000));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().err, 0);
+  EXPECT_EQ(r.error().err, ECONNREFUSED) << r.error().what;
 }
 
 }  // namespace

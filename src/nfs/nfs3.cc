@@ -100,8 +100,15 @@ Error StatusError(uint32_t nfsstat, const char* op) {
   return Error::Errno(p3::ErrnoOf(nfsstat), std::string(op) + ": " + p3::StatusName(nfsstat));
 }
 
+// A SETATTR's mode carries permission bits only (sattr3's mode3).
+SetAttr Sattr(SetAttr sa) {
+  if (sa.mode) *sa.mode &= 07777;
+  return sa;
+}
+
 // The completion of a call with no special rules: transport failure or NFS
-// error status become an Error; a success is converted by `ok(reply)`.
+// error status become an Error; a success is converted by `ok(reply)` (the
+// result is the call's to take from: it is destroyed after).
 template <class Res, class T, class F>
 auto Reply(const char* op, Cb<T> cb, F ok) {
   return [op, cb = std::move(cb), ok](const CallOutcome& o, Res* r) {
@@ -135,7 +142,7 @@ void Nfs3::Getattr(const Fh& fh, const Cred& c, Cb<Attr> cb, engine::SubmitOptio
 void Nfs3::Setattr(const Fh& fh, const SetAttr& sa, const Cred& c, Cb<Wcc> cb) {
   auto call = Make<p3::SetattrArgs, p3::WccRes>(engine::Proc::kSetattr);
   call->args.fh = fh;
-  call->args.sa = sa;
+  call->args.sa = Sattr(sa);
   call->done = Reply<p3::WccRes>("SETATTR", std::move(cb), [](const p3::WccRes& r) { return r.wcc; });
   call->Send(engine_, c, defaults_);
 }
@@ -233,7 +240,7 @@ std::function<void(const CallOutcome&, p3::NewObjectRes*)> Nfs3::NewObjectDone(
 void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const SetAttr& sa,
                   uint64_t verf, const Cred& c, Cb<NewObject> cb) {
   auto call = Make<p3::CreateArgs, p3::NewObjectRes>(engine::Proc::kCreate);
-  call->args = {dir, name, mode, sa, verf};
+  call->args = {dir, name, mode, Sattr(sa), verf};
   call->done = NewObjectDone("CREATE", std::move(cb), dir, name, c, mode == CreateMode::kGuarded);
   call->Send(engine_, c, defaults_);
 }
@@ -241,7 +248,7 @@ void Nfs3::Create(const Fh& dir, const std::string& name, CreateMode mode, const
 void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, const Cred& c,
                  Cb<NewObject> cb) {
   auto call = Make<p3::MkdirArgs, p3::NewObjectRes>(engine::Proc::kMkdir);
-  call->args = {dir, name, sa};
+  call->args = {dir, name, Sattr(sa)};
   call->done = NewObjectDone("MKDIR", std::move(cb), dir, name, c, true);
   call->Send(engine_, c, defaults_);
 }
@@ -249,7 +256,7 @@ void Nfs3::Mkdir(const Fh& dir, const std::string& name, const SetAttr& sa, cons
 void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& target,
                    const SetAttr& sa, const Cred& c, Cb<NewObject> cb) {
   auto call = Make<p3::SymlinkArgs, p3::NewObjectRes>(engine::Proc::kSymlink);
-  call->args = {dir, name, sa, target};
+  call->args = {dir, name, Sattr(sa), target};
   call->done = NewObjectDone("SYMLINK", std::move(cb), dir, name, c, true);
   call->Send(engine_, c, defaults_);
 }
@@ -259,7 +266,7 @@ void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAt
   auto call = Make<p3::MknodArgs, p3::NewObjectRes>(engine::Proc::kMknod);
   // (Any other type is made a FIFO, as before.)
   const bool known = type == Ftype::kChr || type == Ftype::kBlk || type == Ftype::kSock;
-  call->args = {dir, name, known ? type : Ftype::kFifo, sa, major, minor};
+  call->args = {dir, name, known ? type : Ftype::kFifo, Sattr(sa), major, minor};
   call->done = NewObjectDone("MKNOD", std::move(cb), dir, name, c, true);
   call->Send(engine_, c, defaults_);
 }
@@ -343,7 +350,7 @@ void Nfs3::Readdir(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t count
                    Cb<DirPage> cb) {
   auto call = Make<p3::ReaddirArgs, p3::ReaddirRes>(engine::Proc::kReaddir);
   call->args = {false, dir, cookie, verf, 0, count};
-  call->done = Reply<p3::ReaddirRes>("READDIR", std::move(cb), [](const p3::ReaddirRes& r) { return r.page; });
+  call->done = Reply<p3::ReaddirRes>("READDIR", std::move(cb), [](p3::ReaddirRes& r) { return std::move(r.page); });
   call->Send(engine_, c, defaults_);
 }
 
@@ -351,7 +358,7 @@ void Nfs3::Readdirplus(const Fh& dir, uint64_t cookie, uint64_t verf, uint32_t d
                        uint32_t maxcount, const Cred& c, Cb<DirPage> cb) {
   auto call = Make<p3::ReaddirArgs, p3::ReaddirRes>(engine::Proc::kReaddirplus);
   call->args = {true, dir, cookie, verf, dircount, maxcount};
-  call->done = Reply<p3::ReaddirRes>("READDIRPLUS", std::move(cb), [](const p3::ReaddirRes& r) { return r.page; });
+  call->done = Reply<p3::ReaddirRes>("READDIRPLUS", std::move(cb), [](p3::ReaddirRes& r) { return std::move(r.page); });
   call->Send(engine_, c, defaults_);
 }
 

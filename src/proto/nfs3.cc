@@ -19,8 +19,14 @@ bool Xdr(X& x, Time& t) { return x.U32(t.sec) && x.U32(t.nsec); }
 template <class X>
 bool FhX(X& x, Fh& fh) { return x.Bytes(fh, kFhMax); }
 
+// A name: not empty, no NUL and no '/' (the kernel could not be given it
+// as it is: a directory entry named so is a malformed reply).
 template <class X>
-bool Name(X& x, std::string& s) { return x.Bytes(s, kNameMax); }
+bool Name(X& x, std::string& s) {
+  if (!x.Bytes(s, kNameMax)) return false;
+  if (s.empty() || s.find('\0') != std::string::npos || s.find('/') != std::string::npos) return x.Fail();
+  return true;
+}
 
 // 8 opaque bytes (verifiers), as memory holds them.
 template <class X>
@@ -28,10 +34,12 @@ bool Verf(X& x, uint64_t& v) { return x.Fixed(&v, sizeof v); }
 
 template <class X>
 bool Type(X& x, Ftype& t) {
-  uint32_t v = static_cast<uint32_t>(t);  // (RFC 1813 ftype3 numbers: NF3REG = 1 ... NF3FIFO = 7)
+  // RFC 1813 ftype3 numbers: NF3REG = 1 ... NF3FIFO = 7 (kNone is 0). An
+  // unknown type reads as kNone: one odd attribute must not fail a whole
+  // directory page.
+  uint32_t v = static_cast<uint32_t>(t);
   if (!x.U32(v)) return false;
-  if (v < 1 || v > 7) return x.Fail();
-  t = static_cast<Ftype>(v);
+  t = v >= 1 && v <= 7 ? static_cast<Ftype>(v) : Ftype::kNone;
   return true;
 }
 
@@ -122,10 +130,10 @@ bool XdrT(X& x, ReadArgs& a) { return FhX(x, a.fh) && x.U64(a.off) && x.U32(a.co
 
 template <class X>
 bool StableX(X& x, Stable& s) {
+  // An unknown stable_how reads as UNSTABLE: the data is then committed.
   uint32_t v = static_cast<uint32_t>(s);
   if (!x.U32(v)) return false;
-  if (v > 2) return x.Fail();
-  s = static_cast<Stable>(v);
+  s = v <= 2 ? static_cast<Stable>(v) : Stable::kUnstable;
   return true;
 }
 
@@ -348,11 +356,11 @@ int ErrnoOf(uint32_t status) {
     case 69: return EDQUOT;
     case 70: return ESTALE;
     case 71: return EREMOTE;
-    case 10001: return EINVAL;      // BADHANDLE
-    case 10002: return EINVAL;      // NOT_SYNC
-    case 10003: return EINVAL;      // BAD_COOKIE
+    case 10001: return EIO;         // BADHANDLE
+    case 10002: return EIO;         // NOT_SYNC
+    case 10003: return EIO;         // BAD_COOKIE
     case 10004: return EOPNOTSUPP;  // NOTSUPP
-    case 10005: return EINVAL;      // TOOSMALL
+    case 10005: return EIO;         // TOOSMALL
     case 10006: return EIO;         // SERVERFAULT
     case 10007: return EINVAL;      // BADTYPE
     case kErrJukebox: return EAGAIN;
@@ -360,7 +368,7 @@ int ErrnoOf(uint32_t status) {
   }
 }
 
-const char* StatusName(uint32_t status) {
+std::string StatusName(uint32_t status) {
   switch (status) {
     case kOk: return "NFS3_OK";
     case 1: return "NFS3ERR_PERM";
@@ -391,7 +399,7 @@ const char* StatusName(uint32_t status) {
     case 10006: return "NFS3ERR_SERVERFAULT";
     case 10007: return "NFS3ERR_BADTYPE";
     case kErrJukebox: return "NFS3ERR_JUKEBOX";
-    default: return "an unknown NFS3 status";
+    default: return "NFS3 status " + std::to_string(status);
   }
 }
 

@@ -40,10 +40,11 @@ inline constexpr uint32_t kOk = 0;
 inline constexpr uint32_t kErrJukebox = 10008;  // "busy, try again later"
 
 // nfsstat3 as an errno (as the Linux client maps it; NOTSUPP is
-// EOPNOTSUPP, JUKEBOX EAGAIN, other codes without an errno EIO or EINVAL),
-// and its RFC 1813 name ("NFS3ERR_NOENT").
+// EOPNOTSUPP, JUKEBOX EAGAIN, BADTYPE EINVAL, the other codes without an
+// errno EIO), and its RFC 1813 name ("NFS3ERR_NOENT"; "NFS3 status N" for
+// a number RFC 1813 does not define).
 int ErrnoOf(uint32_t status);
-const char* StatusName(uint32_t status);
+std::string StatusName(uint32_t status);
 
 enum class Stable : uint32_t { kUnstable = 0, kDataSync = 1, kFileSync = 2 };
 

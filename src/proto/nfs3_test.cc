@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -87,6 +88,81 @@ void ExpectRoundTrip(const T& v, T blank = T{}) {
     XdrIn c(cut);
     T t = blank;
     EXPECT_FALSE(Xdr(c, t)) << "a message cut to " << n << " of " << bytes.size() << " bytes decodes";
+  }
+}
+
+// Bytes laid out by hand from RFC 1813's definitions, word by word: the
+// codecs' field order checked against the text, not against themselves.
+struct Words {
+  std::vector<char> b;
+  Words& W(uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<char>(v >> s));
+    return *this;
+  }
+  Words& H(uint64_t v) { return W(static_cast<uint32_t>(v >> 32)).W(static_cast<uint32_t>(v)); }
+  Words& Str(const std::string& s) {  // length, bytes, zero padding
+    W(static_cast<uint32_t>(s.size()));
+    b.insert(b.end(), s.begin(), s.end());
+    while (b.size() % 4) b.push_back(0);
+    return *this;
+  }
+};
+
+TEST(Nfs3Codec, MessagesMatchBytesLaidOutFromTheRfc) {
+  // LOOKUP3args: diropargs3 {nfs_fh3 dir; filename3 name}.
+  EXPECT_EQ(Encode(DirOpArgs{"ab", "x"}), Words().Str("ab").Str("x").b);
+  // WRITE3args up to the data's length: file, offset, count, stable, len.
+  {
+    std::vector<char> buf(256);
+    XdrOut out(buf);
+    const std::string data = "xyz";
+    ASSERT_TRUE(EncodeWriteHead(out, WriteArgs{"ab", 0x100000002ull, 3, Stable::kFileSync, data}));
+    EXPECT_EQ(std::vector<char>(out.bytes().begin(), out.bytes().end()),
+              Words().Str("ab").H(0x100000002ull).W(3).W(2).W(3).b);
+  }
+  // READDIRPLUS3res: status, post_op_attr dir (none), cookieverf, then
+  // entryplus3 {fileid, name, cookie, post_op_attr, post_op_fh3} chained by
+  // value_follows, then eof.
+  Words plus;
+  plus.W(0).W(0).W(0x01020304).W(0x05060708).W(1).H(0x11).Str("n").H(5).W(0).W(1).Str("hh").W(0).W(1);
+  XdrIn in(plus.b);
+  ReaddirRes r;
+  r.plus = true;
+  ASSERT_TRUE(Xdr(in, r));
+  EXPECT_EQ(in.left(), 0u);
+  ASSERT_EQ(r.page.entries.size(), 1u);
+  EXPECT_EQ(r.page.entries[0].fileid, 0x11u);
+  EXPECT_EQ(r.page.entries[0].name, "n");
+  EXPECT_EQ(r.page.entries[0].cookie, 5u);
+  EXPECT_FALSE(r.page.entries[0].attr);
+  EXPECT_EQ(r.page.entries[0].fh, std::optional<nfs::Fh>("hh"));
+  EXPECT_TRUE(r.page.eof);
+  const char verf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(std::memcmp(&r.page.verf, verf, 8), 0);
+  // GETATTR3res: status, fattr3 {type, mode, nlink, uid, gid, size, used,
+  // rdev {specdata1, specdata2}, fsid, fileid, atime, mtime, ctime}.
+  Words ga;
+  ga.W(0).W(2).W(0755).W(3).W(1000).W(100).H(4096).H(8192).W(0).W(0).H(7).H(99).W(1).W(2).W(3).W(4).W(5).W(6);
+  XdrIn gin(ga.b);
+  GetattrRes g;
+  ASSERT_TRUE(Xdr(gin, g));
+  EXPECT_EQ(g.attr.type, nfs::Ftype::kDir);
+  EXPECT_EQ(g.attr.mode, 0755u);
+  EXPECT_EQ(g.attr.nlink, 3u);
+  EXPECT_EQ(g.attr.uid, 1000u);
+  EXPECT_EQ(g.attr.size, 4096u);
+  EXPECT_EQ(g.attr.used, 8192u);
+  EXPECT_EQ(g.attr.fsid, 7u);
+  EXPECT_EQ(g.attr.fileid, 99u);
+  EXPECT_EQ(g.attr.mtime, (nfs::Time{3, 4}));
+  EXPECT_EQ(g.attr.ctime, (nfs::Time{5, 6}));
+  // A directory entry named with a NUL or a '/' is malformed.
+  for (const std::string& bad : {std::string("a\0b", 3), std::string("a/b"), std::string()}) {
+    Words w;
+    w.W(0).W(0).W(0).W(0).W(1).H(1).Str(bad).H(2).W(0).W(1);
+    XdrIn bin(w.b);
+    ReaddirRes br;
+    EXPECT_FALSE(Xdr(bin, br)) << "a name the kernel cannot be given";
   }
 }
 
@@ -265,6 +341,16 @@ TEST(Nfs3Codec, LengthsPastTheirBoundsOrTheEndAreRejected) {
       }
     }
   }
+  // The READ reply's data length word (just before its 300 bytes) set to
+  // any of them is rejected; so is a directory entry's name length.
+  for (uint32_t v : {0x80000000u, 0xffffffffu, 301u}) {
+    std::vector<char> bad = messages[1];
+    const size_t at = bad.size() - 300 - 4;
+    for (int k = 0; k < 4; ++k) bad[at + k] = static_cast<char>(v >> (24 - 8 * k));
+    XdrIn in(bad);
+    ReadRes got;
+    EXPECT_FALSE(Xdr(in, got)) << "a data length of " << v << " decodes";
+  }
   // A handle one byte over NFS3_FHSIZE, a name over the bound.
   std::vector<char> buf(4096);
   XdrOut out(buf);
@@ -301,19 +387,29 @@ TEST(Nfs3Codec, StatusesMapToLinuxErrnos) {
       {0, 0}, {1, EPERM}, {2, ENOENT}, {5, EIO}, {6, ENXIO}, {13, EACCES}, {17, EEXIST}, {18, EXDEV},
       {19, ENODEV}, {20, ENOTDIR}, {21, EISDIR}, {22, EINVAL}, {27, EFBIG}, {28, ENOSPC}, {30, EROFS},
       {31, EMLINK}, {63, ENAMETOOLONG}, {66, ENOTEMPTY}, {69, EDQUOT}, {70, ESTALE}, {71, EREMOTE},
-      {10001, EINVAL}, {10004, EOPNOTSUPP}, {10006, EIO}, {10008, EAGAIN}, {12345, EIO}};
+      {10001, EIO}, {10003, EIO}, {10004, EOPNOTSUPP}, {10006, EIO}, {10007, EINVAL}, {10008, EAGAIN},
+      {12345, EIO}};
   for (const auto& [status, err] : want) EXPECT_EQ(ErrnoOf(status), err) << StatusName(status);
-  EXPECT_STREQ(StatusName(66), "NFS3ERR_NOTEMPTY");
+  EXPECT_EQ(StatusName(66), "NFS3ERR_NOTEMPTY");
+  EXPECT_EQ(StatusName(12345), "NFS3 status 12345");
 }
 
-TEST(XdrStream, BooleansOtherThanZeroAndOneAreMalformed) {
-  const char two[4] = {0, 0, 0, 2};
-  XdrIn in(two);
+TEST(XdrStream, AnyNonZeroBooleanIsTrueAndAFailedStreamStaysFailed) {
+  const char words[8] = {0, 0, 0, 2, 0, 0, 0, 0};
+  XdrIn in(words);
   bool b = false;
-  EXPECT_FALSE(in.Bool(b));
+  EXPECT_TRUE(in.Bool(b));
+  EXPECT_TRUE(b);
+  EXPECT_TRUE(in.Bool(b));
+  EXPECT_FALSE(b);
+  EXPECT_FALSE(in.Bool(b)) << "read past the end";
   EXPECT_FALSE(in.ok());
-  uint32_t v = 0;
-  EXPECT_FALSE(in.U32(v)) << "a failed stream goes on reading";
+  const char more[4] = {0, 0, 0, 1};
+  XdrIn in2(more);
+  std::string_view v;
+  EXPECT_FALSE(in2.View(v, 0)) << "a length over its bound";
+  uint32_t u = 0;
+  EXPECT_FALSE(in2.U32(u)) << "a failed stream goes on reading";
 }
 
 // Whatever random bytes decode to encodes back to bytes that decode to the

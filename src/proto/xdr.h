@@ -18,7 +18,8 @@
 // against the maximum the codec gives and against the bytes left. A failed
 // read or write makes the stream fail for good (ok() false) and every later
 // call a no-op returning false: a codec may check once, at its end. Nothing
-// here aborts or throws; a malformed message is an error value.
+// here aborts or throws; a malformed message is an error value. (Lengths
+// are added in 64 bits: no wrap on a 32-bit size_t either.)
 //
 // Threads: a stream is used by one thread at a time.
 #pragma once
@@ -49,7 +50,7 @@ class XdrOut {
   bool Bool(const bool& b) { return U32(b ? 1u : 0u); }
   // A fixed-length opaque of `n` bytes, padded.
   bool Fixed(const void* p, size_t n) {
-    if (!Room(n + Pad4(n))) return false;
+    if (!Room(uint64_t{n} + Pad4(n))) return false;
     if (n > 0) std::memcpy(buf_.data() + pos_, p, n);  // (an empty view may have no data pointer)
     if (Pad4(n) > 0) std::memset(buf_.data() + pos_ + n, 0, Pad4(n));
     pos_ += n + Pad4(n);
@@ -72,8 +73,8 @@ class XdrOut {
   bool Fail() { return ok_ = false; }
 
  private:
-  bool Room(size_t n) {
-    if (!ok_ || buf_.size() - pos_ < n) return Fail();
+  bool Room(uint64_t n) {
+    if (!ok_ || uint64_t{buf_.size() - pos_} < n) return Fail();
     return true;
   }
   void Put32(uint32_t v) {
@@ -114,16 +115,16 @@ class XdrIn {
     v = uint64_t{hi} << 32 | lo;
     return true;
   }
-  // RFC 4506 booleans are 0 or 1; anything else is a malformed message.
+  // RFC 4506 booleans are 0 or 1; any other value is read as true, as
+  // rpcgen's xdr_bool does (a server's sloppy word must not fail a reply).
   bool Bool(bool& b) {
     uint32_t u = 0;
     if (!U32(u)) return false;
-    if (u > 1) return Fail();
-    b = u == 1;
+    b = u != 0;
     return true;
   }
   bool Fixed(void* p, size_t n) {
-    if (!Have(n) || buf_.size() - pos_ - n < Pad4(n)) return Fail();
+    if (!ok_ || uint64_t{buf_.size() - pos_} < uint64_t{n} + Pad4(n)) return Fail();
     if (n > 0) std::memcpy(p, buf_.data() + pos_, n);
     pos_ += n + Pad4(n);
     return true;
@@ -132,7 +133,7 @@ class XdrIn {
   bool View(std::string_view& v, uint32_t max) {
     uint32_t n = 0;
     if (!U32(n)) return false;
-    if (n > max || buf_.size() - pos_ < size_t{n} + Pad4(n)) return Fail();
+    if (n > max || uint64_t{buf_.size() - pos_} < uint64_t{n} + Pad4(n)) return Fail();
     v = std::string_view(buf_.data() + pos_, n);
     pos_ += n + Pad4(n);
     return true;
