@@ -264,7 +264,7 @@ void Nfs3::Symlink(const Fh& dir, const std::string& name, const std::string& ta
 void Nfs3::Mknod(const Fh& dir, const std::string& name, Ftype type, const SetAttr& sa,
                  uint32_t major, uint32_t minor, const Cred& c, Cb<NewObject> cb) {
   auto call = Make<p3::MknodArgs, p3::NewObjectRes>(engine::Proc::kMknod);
-  // (Any other type is made a FIFO, as before.)
+  // (Any other type is made a FIFO: the FUSE layer asks only for these.)
   const bool known = type == Ftype::kChr || type == Ftype::kBlk || type == Ftype::kSock;
   call->args = {dir, name, known ? type : Ftype::kFifo, Sattr(sa), major, minor};
   call->done = NewObjectDone("MKNOD", std::move(cb), dir, name, c, true);
