@@ -61,12 +61,15 @@ def mount_options(mode, cache_dir):
     return ",".join(opts)
 
 
-def is_zombie(pid):
+def start_time(pid):
+    """The process's start time (clock ticks since boot), which tells it from
+    a later process given the same PID; None once it is reaped."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return re.search(r"^State:\s+Z", f.read(), re.M) is not None
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
-        return False
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 class Postgres:
@@ -82,6 +85,7 @@ class Postgres:
         os.chown(self.sock, self.user.pw_uid, self.user.pw_gid)
         self.log = self.sock / "server.log"
         self.pid = None  # the postmaster's, from postmaster.pid, while it may run
+        self.started = None  # its start_time()
         self.env = {"PATH": PGBIN + ":/usr/bin:/bin", "HOME": str(self.sock), "LANG": "C",
                     "PGHOST": str(self.sock), "PGPORT": str(port), "PGUSER": "postgres",
                     "PGDATABASE": "postgres"}
@@ -129,6 +133,7 @@ class Postgres:
         self.ok("pg_ctl", "start", "-w", "-t", str(TIMEOUT), "-D", str(self.data),
                 "-l", str(self.log))
         self.pid = int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+        self.started = start_time(self.pid)
 
     def sql(self, query):
         return self.ok("psql", "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", query).strip()
@@ -147,7 +152,10 @@ class Postgres:
 
     def kill(self):
         """Immediate shutdown of the postmaster we started (SIGQUIT: it ends its
-        children), by its PID, without touching the mount (which may hang)."""
+        children), by its PID, without touching the mount (which may hang).
+        Returns once the process is reaped: until then the next start refuses
+        to run, since a postmaster.pid the dead mount kept names a PID that
+        kill(PID, 0) still finds (a process exiting or dumping core, a zombie)."""
         if self.pid is None:
             try:  # a start that timed out may still have left one running
                 r = subprocess.run(["head", "-1", str(self.data / "postmaster.pid")],
@@ -155,21 +163,26 @@ class Postgres:
                 self.pid = int(r.stdout.strip()) if r.returncode == 0 else None
             except (subprocess.TimeoutExpired, ValueError):
                 pass
-        if self.pid is None:
+            if self.pid is not None and self.is_ours(self.pid):
+                self.started = start_time(self.pid)
+        if self.pid is None or self.started is None:
+            self.pid = None
             return
-        if self.is_ours(self.pid):
-            os.kill(self.pid, signal.SIGQUIT)
+
+        def alive():
+            return start_time(self.pid) == self.started
+
+        for sig in (signal.SIGQUIT, signal.SIGKILL):  # its children follow the postmaster's death
+            if alive():
+                try:
+                    os.kill(self.pid, sig)
+                except ProcessLookupError:
+                    pass
             deadline = time.time() + 30
-            while self.is_ours(self.pid) and time.time() < deadline:
+            while alive() and time.time() < deadline:
                 time.sleep(0.1)
-            if self.is_ours(self.pid):
-                os.kill(self.pid, signal.SIGKILL)  # its children follow the postmaster's death
-        # Until it is reaped (by init, which may take a second here): a
-        # postmaster.pid it could not remove (its mount died) names it, and the
-        # next start refuses to run while kill(PID, 0) finds the zombie.
-        deadline = time.time() + 30
-        while is_zombie(self.pid) and time.time() < deadline:
-            time.sleep(0.1)
+        assert not alive(), f"postmaster {self.pid} still exists a minute after SIGQUIT and SIGKILL"
+        self.started = None
         self.pid = None
 
 
