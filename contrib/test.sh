@@ -63,12 +63,14 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   build-clang/src/crash_test --gtest_filter="-$CRASH_LONG" --gtest_brief=1
 
 step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 30 s per target)"
-# From the committed corpus and every regression input; new inputs go to
-# a scratch directory, and a failing input is left there and printed.
+# From the committed corpus, the replies captured from Ganesha
+# (contrib/fuzz/record-corpus.py) and every regression input; new inputs go
+# to a scratch directory, and a failing input is left there and printed.
 fuzz_tmp=$(mktemp -d /tmp/mpnfs-fuzz.XXXXXX)
-for t in fuzz_rpc_reply fuzz_nfs3_results fuzz_readdir fuzz_mount; do
+for t in fuzz_rpc_reply fuzz_nfs3_results fuzz_readdir fuzz_mount fuzz_nlm; do
   mkdir -p "$fuzz_tmp/$t"
   dirs=("test/fuzz/corpus/$t")
+  [ -d "test/fuzz/captured/$t" ] && dirs+=("test/fuzz/captured/$t")
   [ -d "test/fuzz/regressions/$t" ] && dirs+=("test/fuzz/regressions/$t")
   if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=30 -timeout=10 \
       -rss_limit_mb=2048 -artifact_prefix="$fuzz_tmp/" "$fuzz_tmp/$t" "${dirs[@]}" >"$fuzz_tmp/$t.log" 2>&1; then
