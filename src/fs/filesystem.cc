@@ -447,6 +447,7 @@ void Filesystem::SendSetattrCall(const Cred& c, const InodeP& inode, const nfs::
     if (sa.size) {
       MutexLock lock(inode->mu);
       inode->have_open_attr = false;
+      inode->append_end = *sa.size;
       MutexLock wl(inode->writes.mu);
       inode->writes.Truncated(tseq, *sa.size);
     }
@@ -765,6 +766,7 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                 OpenOut out;
                 out.direct_io = direct;
                 bool stale_attrs = false;
+                const bool appends = AppendsHere(flags);
                 if (r->attr) Observe(inode, *r->attr);  // close-to-open for the SSD cache
                 if ((flags & O_TRUNC) && r->attr && r->attr->type == nfs::Ftype::kReg) {
                   // Truncate now, then open without it.
@@ -810,6 +812,10 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   }
                 }
                 if (stale_attrs && invalidate_attrs_) invalidate_attrs_(inode->ino());
+                if (appends && r->attr) {
+                  OpenedAt(inode, r->attr->size);
+                  out.direct_io = true;
+                }
                 out.file = NewOpenFile(inode, flags, c);
                 cb(out);
               });
@@ -834,6 +840,11 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     OpenOut o;
     o.direct_io = direct;
     o.keep_cache = false;
+    if (AppendsHere(flags)) {
+      // (A create of a name that exists opens that file, whatever its size.)
+      OpenedAt(inode, static_cast<uint64_t>(r->st.st_size));
+      o.direct_io = true;
+    }
     o.file = NewOpenFile(inode, flags, c);
     {
       MutexLock lock(o.file->inode->writes.mu);  // (OpenFile::fresh is guarded by it)
@@ -1056,6 +1067,26 @@ void Filesystem::ReadPiece(const std::shared_ptr<ReadOp>& op, const InodeP& inod
               if (op->err) return op->cb(*op->err);
               op->cb(std::string_view(op->buf.get(), op->valid));
             });
+}
+
+void Filesystem::OpenedAt(const InodeP& inode, uint64_t server_size) {
+  MutexLock lock(inode->mu);
+  MutexLock wl(inode->writes.mu);
+  // Writes of ours not yet settled on the server count (size_hwm); with a
+  // write-back cache, whose dirty data the server does not see, nothing
+  // but this gateway writes the export, so the end only grows.
+  uint64_t end = std::max(server_size, inode->writes.size_hwm());
+  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    end = std::max(end, inode->append_end);
+  }
+  inode->append_end = end;
+}
+
+uint64_t Filesystem::AppendOffset(const InodeP& inode, size_t size) {
+  MutexLock lock(inode->mu);
+  const uint64_t off = inode->append_end;
+  inode->append_end = off + size;
+  return off;
 }
 
 OpenFile* Filesystem::NewOpenFile(const InodeP& inode, int flags, const Cred& c) {

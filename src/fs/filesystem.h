@@ -47,6 +47,7 @@
 // Thread safety: all methods are thread safe.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -337,6 +338,19 @@ class Filesystem {
   void WhenDrained(const InodeP& inode, std::function<void()> fn);
   // A new open file of `inode` (counted: see Unlink).
   OpenFile* NewOpenFile(const InodeP& inode, int flags, const Cred& c);
+  // Appends (close-to-open). An O_APPEND write goes at the kernel's idea of
+  // the file's size, which the kernel does not fetch at open (it checks
+  // permissions from attributes it may hold for acregmin, and FUSE's open
+  // reply carries none); after another client appended it is too small
+  // and the write would land over that client's data. So with cto an
+  // O_APPEND open is direct I/O (its data never enters the page cache at
+  // the kernel's offset) and the gateway picks the offset: the file's end
+  // as the open found it on the server, grown by this gateway's writes
+  // (Inode::append_end). OpenedForAppend sets it from the attributes an
+  // open or create got; AppendOffset takes the next `size` bytes of it.
+  bool AppendsHere(int open_flags) const { return opts_.cto && (open_flags & O_APPEND); }
+  void OpenedAt(const InodeP& inode, uint64_t server_size);
+  uint64_t AppendOffset(const InodeP& inode, size_t size);
   // The error this open file has not yet reported, if any (and now it has).
   std::optional<Error> TakeError(OpenFile* f);
   // One COMMIT round for the file's kept writes (FileWrites::BeginCommit).

@@ -894,6 +894,53 @@ TEST_F(FilesystemTest, AnOpenAsksTheKernelAgainForAttributesAnotherClientChanged
   EXPECT_TRUE(taken().empty());
 }
 
+// Close-to-open for appends: the kernel puts an O_APPEND write at the size
+// it holds, stale once another client appended (it fetches no attributes
+// at open). The write lands at the end the open found on the server, and
+// the next at the end of that one; the open is direct I/O, so the kernel
+// caches nothing at its offset. nocto leaves the offset to the kernel.
+TEST_F(FilesystemTest, AnAppendGoesAtTheEndTheOpenFoundNotWhereTheKernelPutsIt) {
+  OpenFile* f = CreateWith("log", "A1\n");
+  ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
+  const nfs::Fh fh = f->inode->fh();
+  Close(f);
+  // Another client appends; the kernel still holds size 3.
+  ASSERT_TRUE(Wait<nfs::WriteReply>([&](auto cb) { nfs_.Write(fh, 3, Buf("B1\n"), 0, 3, true, cred_, cb); }).ok());
+  auto o = Open(ino, O_WRONLY | O_APPEND);
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->direct_io);
+  ASSERT_TRUE(Write(o->file, "A2\n", 3).ok());
+  ASSERT_TRUE(Write(o->file, "A3\n", 6).ok());
+  Close(o->file);
+  EXPECT_EQ(ContentsOf("log"), "A1\nB1\nA2\nA3\n");
+  // A plain open's writes keep their offsets.
+  auto p = Open(ino, O_WRONLY);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->direct_io);
+  ASSERT_TRUE(Write(p->file, "xx", 0).ok());
+  Close(p->file);
+  EXPECT_EQ(ContentsOf("log"), "xx\nB1\nA2\nA3\n");
+}
+
+TEST_F(FilesystemTest, WithNoctoAnAppendGoesWhereTheKernelPutsIt) {
+  FsOptions o;
+  o.cto = false;
+  Mount(o);
+  OpenFile* f = CreateWith("log", "A1\n");
+  ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
+  const nfs::Fh fh = f->inode->fh();
+  Close(f);
+  ASSERT_TRUE(Wait<nfs::WriteReply>([&](auto cb) { nfs_.Write(fh, 3, Buf("B1\n"), 0, 3, true, cred_, cb); }).ok());
+  auto a = Open(ino, O_WRONLY | O_APPEND);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->direct_io);
+  ASSERT_TRUE(Write(a->file, "A2\n", 3).ok());
+  Close(a->file);
+  EXPECT_EQ(ContentsOf("log"), "A1\nA2\n");
+}
+
 TEST_F(FilesystemTest, OpenWithOTruncTruncates) {
   OpenFile* f = CreateWith("ot", "a long line of old text\n");
   ASSERT_NE(f, nullptr);

@@ -73,6 +73,11 @@ class Inode {
   // holds is uncertain until an open has asked it to fetch them again.
   uint64_t kernel_size GUARDED_BY(mu) = 0;
   nfs::Time kernel_mtime GUARDED_BY(mu);
+  // Where the next O_APPEND write goes (with cto): the file's end as this
+  // gateway knows it, that is the server's size at the last open (close-
+  // to-open) grown by every write through this gateway since, or the size
+  // a truncate through it set (Filesystem::AppendOffset).
+  uint64_t append_end GUARDED_BY(mu) = 0;
   bool kernel_attr_known GUARDED_BY(mu) = false;
   bool kernel_attr_uncertain GUARDED_BY(mu) = false;
   // Open files of this mount, and the hidden name a removal while open left

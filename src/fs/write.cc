@@ -150,6 +150,31 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
+  if (AppendsHere(f->flags)) {
+    // At the end as this gateway knows it (filesystem.h, "Appends"). When
+    // that is not where the kernel put it, the kernel's size is stale: its
+    // attributes are refetched, and pages other opens cached of the range
+    // are dropped at the next open. A refused append gives its place back
+    // if no other took the end since.
+    const uint64_t at = AppendOffset(inode, size);
+    const bool moved = at != off;
+    if (moved) {
+      MutexLock lock(inode->writes.mu);
+      inode->writes.Doubt();
+    }
+    cb = [this, inode, at, size, moved, cb = std::move(cb)](Result<size_t> r) {
+      if (!r) {
+        MutexLock lock(inode->mu);
+        if (inode->append_end == at + size) inode->append_end = at;
+      }
+      if (moved && invalidate_attrs_) invalidate_attrs_(inode->ino());
+      cb(std::move(r));
+    };
+    off = at;
+  } else {
+    MutexLock lock(inode->mu);
+    inode->append_end = std::max(inode->append_end, off + size);
+  }
   // The kernel sends no FSYNC after a write on a direct-I/O open (nor after
   // an asynchronous direct write): the write's own O_DSYNC (RWF_DSYNC) is
   // all that says it must be durable when answered.
