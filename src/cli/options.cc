@@ -281,6 +281,17 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         if (val != "cache" && val != "server") return Bad("wb_fsync= must be cache or server");
         m.cache.fsync_server = val == "server";
         wb_opt = "wb_fsync=";
+      } else if (key == "lookupcache") {
+        using LC = fs::FsOptions::LookupCache;
+        if (val == "all") {
+          m.fs.lookupcache = LC::kAll;
+        } else if (val == "positive" || val == "pos") {
+          m.fs.lookupcache = LC::kPositive;
+        } else if (val == "none") {
+          m.fs.lookupcache = LC::kNone;
+        } else {
+          return Bad("lookupcache= must be all, positive (pos) or none");
+        }
       } else if (key == "admit") {
         if (val != "first" && val != "second") return Bad("admit= must be first or second");
         m.cache.admit_second = val == "second";

@@ -37,6 +37,7 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->fs.acdirmin, 30);
   EXPECT_EQ(m->fs.acdirmax, 60);
   EXPECT_TRUE(m->fs.cto);
+  EXPECT_EQ(m->fs.lookupcache, fs::FsOptions::LookupCache::kAll);
   EXPECT_FALSE(m->fs.kernel_cache);
   EXPECT_FALSE(m->fs.direct_io);
   EXPECT_EQ(m->fs.write_behind, 64u << 20);
@@ -94,6 +95,19 @@ TEST(OptionsTest, ActimeoAndNoacSetAllFour) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->fs.acregmax, 0);
   EXPECT_EQ(m->fs.acdirmin, 0);
+}
+
+TEST(OptionsTest, LookupcacheTakesTheValuesOfNfs5) {
+  using LC = fs::FsOptions::LookupCache;
+  for (const auto& [val, want] : {std::pair{"all", LC::kAll}, std::pair{"positive", LC::kPositive},
+                                  std::pair{"pos", LC::kPositive}, std::pair{"none", LC::kNone}}) {
+    auto m = Parse({"s:/e", "/m", "-o", std::string("lookupcache=") + val});
+    ASSERT_TRUE(m.ok()) << val;
+    EXPECT_EQ(m->fs.lookupcache, want) << val;
+  }
+  auto bad = Parse({"s:/e", "/m", "-o", "lookupcache=negative"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().what, "lookupcache= must be all, positive (pos) or none");
 }
 
 TEST(OptionsTest, AcceptsFstabOnlyOptions) {

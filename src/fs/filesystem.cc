@@ -275,7 +275,7 @@ EntryOut Filesystem::MakeEntry(const InodeP& inode, const nfs::Attr& a) {
   e.ino = inode->ino();
   e.st = at.st;
   e.attr_timeout = at.timeout;
-  e.entry_timeout = opts_.acdirmin;
+  e.entry_timeout = opts_.lookupcache == FsOptions::LookupCache::kNone ? 0 : opts_.acdirmin;
   return e;
 }
 
@@ -300,8 +300,8 @@ void Filesystem::Lookup(const Cred& c, uint64_t parent, const std::string& name,
     if (r) NoteDirAttr(parent, r->dir);
     if (!r) {
       if (r.error().err == ENOENT) {
-        EntryOut neg;  // negative entry, cached like a positive one
-        neg.entry_timeout = opts_.acdirmin;
+        EntryOut neg;  // a negative entry, cached with lookupcache=all only
+        neg.entry_timeout = opts_.lookupcache == FsOptions::LookupCache::kAll ? opts_.acdirmin : 0;
         return cb(neg);
       }
       return cb(r.error());

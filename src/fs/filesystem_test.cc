@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cache/disk.h"
@@ -939,6 +940,31 @@ TEST_F(FilesystemTest, WithNoctoAnAppendGoesWhereTheKernelPutsIt) {
   ASSERT_TRUE(Write(a->file, "A2\n", 3).ok());
   Close(a->file);
   EXPECT_EQ(ContentsOf("log"), "A1\nA2\n");
+}
+
+// lookupcache=: how long the kernel may keep a name found (entry_timeout
+// of a lookup's, a create's reply) and a name not found (a negative entry).
+TEST_F(FilesystemTest, LookupcacheSetsHowLongFoundAndMissingNamesAreCached) {
+  using LC = FsOptions::LookupCache;
+  for (const auto& [mode, found, missing] : {std::tuple{LC::kAll, 30.0, 30.0}, std::tuple{LC::kPositive, 30.0, 0.0},
+                                             std::tuple{LC::kNone, 0.0, 0.0}}) {
+    FsOptions o;
+    o.lookupcache = mode;
+    Mount(o);
+    const std::string name = "lc" + std::to_string(static_cast<int>(mode));
+    auto c = Create(kRoot, name);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->first.entry_timeout, found);
+    Close(c->second.file);
+    auto hit = Lookup(kRoot, name);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_NE(hit->ino, 0u);
+    EXPECT_EQ(hit->entry_timeout, found);
+    auto miss = Lookup(kRoot, name + "-not-there");
+    ASSERT_TRUE(miss.ok());
+    EXPECT_EQ(miss->ino, 0u);
+    EXPECT_EQ(miss->entry_timeout, missing);
+  }
 }
 
 TEST_F(FilesystemTest, OpenWithOTruncTruncates) {

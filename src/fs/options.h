@@ -11,6 +11,13 @@ struct FsOptions {
   // and returns to the min when they change.
   double acregmin = 3, acregmax = 60, acdirmin = 30, acdirmax = 60;
   bool cto = true;          // close-to-open: revalidate on open, commit on close
+  // Which name lookups the kernel may answer from its dentry cache, for
+  // acdirmin (nfs(5) lookupcache=): all (found and not found), positive
+  // (found only: a name another client creates is seen at once) or none
+  // (every lookup asks the server: renames and removals by other clients
+  // too).
+  enum class LookupCache { kAll, kPositive, kNone };
+  LookupCache lookupcache = LookupCache::kAll;
   // The export's file data changes only through this mount: the kernel keeps
   // a file's cached pages across opens and attribute changes (the FUSE front
   // end then asks for explicit invalidation, and Open() keeps the cache).
