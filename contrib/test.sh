@@ -31,7 +31,7 @@ pytest() { /usr/bin/python3 -m pytest -p no:cacheprovider "$@"; }
 # and the disk-fault cases run everywhere.
 CRASH_LONG='CrashExplorerTest.EveryCrashState*:CrashExplorerTest.TheSameHolds*:CrashExplorerTest.ASecondCrash*:CrashExplorerTest.ARecoveryKeepsATombstone*:CrashExplorerTest.ATruncateOfACopiedBlock*'
 # --quick: a bit of every layer, a minute or two.
-IT_QUICK=(test_data.py test_operations.py test_integrity.py test_preserved_attrs.py test_mounting.py test_multihost.py)
+IT_QUICK=(test_data.py test_operations.py test_integrity.py test_preserved_attrs.py test_mounting.py test_multihost.py test_locks.py)
 
 step deps
 contrib/deps.sh

@@ -11,6 +11,10 @@
 #   testbed.sh restart-server    stop and start Ganesha (export kept)
 #   testbed.sh crash-server      SIGKILL Ganesha (no goodbye to clients), start it again
 #   testbed.sh stop-server | start-server
+#   testbed.sh host up|down H    another client host: network namespace
+#                                ${NS}hH with its own address, 10.NET.(100+H).1,
+#                                reaching the server at 10.NET.(100+H).2 (run
+#                                a client there with nsenter --net=/run/netns/..)
 #   testbed.sh env               print the variables below
 #
 # Variables: MPNFS_TB (state dir, default /tmp/mpnfs-tb), MPNFS_TB_NS (netns,
@@ -19,7 +23,8 @@
 # Ganesha's environment, e.g. "LD_PRELOAD=/path/libslowdisk.so SLOWDISK_US=5000"
 # as contrib/bench/pgbench.sh sets it; read at every server start).
 # Path K: client 10.NET.K.1, server 10.NET.K.2.
-# Export: $MPNFS_TB/export, NFS port 2049, MOUNT port 20048.
+# Export: $MPNFS_TB/export, NFS port 2049, MOUNT port 20048, NLM port 32803
+# (with rpc.statd; a 5 s lock grace period after each server start).
 # Once the server runs, change the export only through NFS: Ganesha caches.
 set -euo pipefail
 TB=${MPNFS_TB:-/tmp/mpnfs-tb}
@@ -31,8 +36,13 @@ write_conf() {
   cat > "$TB/ganesha.conf" <<EOC
 NFS_CORE_PARAM {
   Protocols = 3; NFS_Port = 2049; MNT_Port = 20048; NLM_Port = 32803; Rquota_Port = 875;
-  Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
+  # NLM (byte-range locks) on NLM_Port; its status monitor, rpc.statd, calls
+  # Ganesha back over UDP when a client says it restarted (SM_NOTIFY), so
+  # UDP is on (the clients use TCP).
+  Enable_NLM = true; Enable_RQUOTA = false; Enable_UDP = true;
 }
+# The lock grace period after a start (only reclaims are granted in it).
+NFSv4 { Grace_Period = 5; Lease_Lifetime = 5; }
 NFS_KRB5 { Active_krb5 = false; }
 EXPORT {
   Export_Id = 1; Path = $TB/export; Pseudo = $TB/export; Protocols = 3; Transports = TCP;
@@ -58,6 +68,7 @@ start_server() {
   ip netns exec "$NS" unshare -m --propagation private sh -c "
     awk '\$3 ~ /^fuse/ {print \$2}' /proc/self/mounts | xargs -r -n1 umount -l 2>/dev/null;
     mount -t tmpfs none /run && mkdir -p /run/rpcbind && rpcbind -w &&
+    mkdir -p '$TB/statd/sm' '$TB/statd/sm.bak' && rpc.statd --no-notify -P '$TB/statd' 2>/dev/null &&
     env ${MPNFS_TB_GANESHA_ENV:-} ganesha.nfsd -f '$TB/ganesha.conf' -L '$TB/ganesha.log' -p '$TB/ganesha.pid' -N NIV_WARN"
   for _ in $(seq 100); do server_listening && return 0; sleep 0.1; done
   echo "testbed: ganesha did not start; see $TB/ganesha.log" >&2
@@ -65,7 +76,7 @@ start_server() {
 }
 
 stop_server() {
-  # Everything in the namespace was started by us (ganesha, rpcbind).
+  # Everything in the namespace was started by us (ganesha, rpcbind, rpc.statd).
   local p sig=${1:-TERM}
   for p in $(ip netns pids "$NS" 2>/dev/null); do kill -"$sig" "$p" 2>/dev/null || true; done
   for _ in $(seq 100); do [ -z "$(ip netns pids "$NS" 2>/dev/null)" ] && break; sleep 0.1; done
@@ -108,6 +119,9 @@ down)
   for l in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^${LP}c[0-9]+$" || true); do
     ip link del "$l" 2>/dev/null || true
   done
+  for h in $(ip netns list | awk '{print $1}' | grep -E "^${NS}h[0-9]+$" || true); do
+    ip netns del "$h" 2>/dev/null || true
+  done
   ip netns del "$NS" 2>/dev/null || true ;;
 link)
   # Only the server's end goes down, as when a switch port dies: the client
@@ -120,10 +134,23 @@ link)
     ip netns exec "$NS" ip neigh flush dev "${LP}s$3" 2>/dev/null || true
   fi ;;
 shape) shape "$2" "$3" ;;
+host)
+  h=$3 hn="${NS}h$3"
+  if [ "$2" = up ]; then
+    ip netns add "$hn"
+    ip netns exec "$hn" ip link set lo up
+    ip link add "${LP}h$h" netns "$hn" type veth peer name "${LP}g$h" netns "$NS"
+    ip netns exec "$hn" ip addr add "10.$NET.$((100 + h)).1/24" dev "${LP}h$h"
+    ip netns exec "$hn" ip link set "${LP}h$h" up
+    ip netns exec "$NS" ip addr add "10.$NET.$((100 + h)).2/24" dev "${LP}g$h"
+    ip netns exec "$NS" ip link set "${LP}g$h" up
+  else
+    ip netns del "$hn" 2>/dev/null || true
+  fi ;;
 restart-server) stop_server; start_server ;;
 crash-server) stop_server KILL; start_server ;;
 stop-server) stop_server ;;
 start-server) start_server ;;
 env) echo "TB=$TB NS=$NS SERVER=10.$NET.1.2 EXPORT=$TB/export" ;;
-*) sed -n 2,23p "$0"; exit 2 ;;
+*) sed -n 2,28p "$0"; exit 2 ;;
 esac

@@ -36,6 +36,7 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"Caching and consistency", "actimeo=S", "actimeo=10", "all four attribute timeouts"},
       {"Caching and consistency", "noac", "noac", "no attribute caching"},
       {"Caching and consistency", "cto | nocto", "nocto", "close-to-open consistency (cto)"},
+      {"Caching and consistency", "local_lock=none|flock|posix|all", "local_lock=flock", "locks kept on this host, not sent to the server (none)"},
       {"Caching and consistency", "lookupcache=all|positive|none", "lookupcache=positive", "names the kernel may cache: found and missing, found, none (all)"},
       {"Caching and consistency", "kernel_cache | nokernel_cache", "kernel_cache", "data changes only through this mount: keep cached pages (no)"},
       {"Caching and consistency", "readdirplus | noreaddirplus", "noreaddirplus", "list directories with attributes (readdirplus)"},

@@ -26,6 +26,7 @@
 
 #include "cli/calibrate.h"
 #include "cli/control.h"
+#include "cli/lock_service.h"
 #include "cli/metrics.h"
 #include "cli/mpnfstab.h"
 #include "cli/options.h"
@@ -33,6 +34,7 @@
 #include "cli/path_control.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/timer.h"
 #include "engine/engine.h"
 #include "nfs/local_bind.h"
 #include "fs/filesystem.h"
@@ -506,8 +508,23 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     }
     log->info("write-back data of the earlier mount is on the server");
   }
+  // Locks for the server's lock manager (local_lock=): without one, they
+  // fail with ENOLCK (the mount is still offered).
+  std::unique_ptr<cli::LockService> lock_service;
+  if (!m.local_posix_locks || !m.local_flocks) {
+    auto ls = cli::LockService::Start(m, m.engine.paths.front(), tcp_to, timeout);
+    if (ls) {
+      lock_service = std::move(ls).value();
+    } else {
+      log->warn("locks: {}; fcntl and flock locks fail with ENOLCK (local_lock=all keeps them on this host)",
+                ls.error().what);
+    }
+  }
   fuse::FuseContext ctx;
   ctx.fs = &filesystem;
+  ctx.posix_locks_to_server = !m.local_posix_locks;
+  ctx.flocks_to_server = !m.local_flocks;
+  ctx.locks = lock_service ? &lock_service->locks() : nullptr;
   ctx.opts.max_write = 1u << 20;  // larger FUSE writes split into wsize calls
   ctx.opts.max_background = static_cast<unsigned>(m.max_background);
   // INIT lowers the mount's readahead to this; SetReadahead() raised it first.
@@ -532,6 +549,19 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   // comes first. Before the mount, or for an inode the kernel has
   // forgotten, the notification fails harmlessly.)
   filesystem.SetAttrInvalidator([se](uint64_t ino) { fuse_lowlevel_notify_inval_inode(se, ino, -1, 0); });
+  // Page invalidations run on a thread of their own: dropping a page waits
+  // for the request that holds it (the one being answered, or one whose
+  // reply an engine thread brings). Ended before the session is destroyed.
+  auto notifier = std::make_unique<Timer>();
+  filesystem.SetDataInvalidator([se, n = notifier.get()](uint64_t ino) {
+    n->After(std::chrono::milliseconds(0), [se, ino] { fuse_lowlevel_notify_inval_inode(se, ino, 0, 0); });
+  });
+  ctx.invalidate_data = [se, n = notifier.get()](uint64_t ino, std::function<void()> then) {
+    n->After(std::chrono::milliseconds(0), [se, ino, then = std::move(then)] {
+      fuse_lowlevel_notify_inval_inode(se, ino, 0, 0);
+      then();
+    });
+  };
   // Paths are resolved before mounting: afterwards the mountpoint belongs to
   // this process, which does not answer requests until its loop runs.
   char real[PATH_MAX];
@@ -611,10 +641,14 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   if (auto c = filesystem.cache(); c && c->mode() == cache::CacheMode::kWriteBack) {
     FinishWriteBack(filesystem, *c, eng, nfs, *root, signals);
   }
+  // Every lock released (the kernel releases none at unmount); a lock
+  // service that cannot leaves the next mount here to tell the server.
+  if (lock_service) lock_service->Stop(std::chrono::seconds(10));
   // Calls still pending complete (with an error) and reply while the session
   // object exists; only then is it destroyed.
   eng.Stop();
   control.reset();
+  notifier.reset();
   fuse_session_destroy(se);
   log->info("unmounted {}", m.mountpoint);
   return rc == 0 ? 0 : kExitMountFailed;

@@ -281,6 +281,12 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         if (val != "cache" && val != "server") return Bad("wb_fsync= must be cache or server");
         m.cache.fsync_server = val == "server";
         wb_opt = "wb_fsync=";
+      } else if (key == "local_lock") {
+        if (val != "none" && val != "flock" && val != "posix" && val != "all") {
+          return Bad("local_lock= must be none, flock, posix or all");
+        }
+        m.local_flocks = val == "flock" || val == "all";
+        m.local_posix_locks = val == "posix" || val == "all";
       } else if (key == "lookupcache") {
         using LC = fs::FsOptions::LookupCache;
         if (val == "all") {

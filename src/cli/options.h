@@ -50,6 +50,10 @@ struct MountOptions {
   // The kernel checks mode bits (FUSE default_permissions) before mpnfs asks
   // the server; `nodefault_permissions` leaves every check to the server.
   bool kernel_permissions = true;
+  // local_lock= (nfs(5)): which locks stay on this host (the kernel's own
+  // lock tables) instead of going to the server's lock manager (NLM).
+  bool local_posix_locks = false;  // fcntl and OFD locks
+  bool local_flocks = false;       // flock
   engine::EngineOptions engine;  // paths filled from `server` after resolution
   fs::FsOptions fs;
   // The SSD cache tier: off unless cache_dir= is given.

@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "cli/help.h"
 
@@ -108,6 +109,23 @@ TEST(OptionsTest, LookupcacheTakesTheValuesOfNfs5) {
   auto bad = Parse({"s:/e", "/m", "-o", "lookupcache=negative"});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().what, "lookupcache= must be all, positive (pos) or none");
+}
+
+TEST(OptionsTest, LocalLockSaysWhichLocksStayOnThisHost) {
+  auto d = Parse({"s:/e", "/m"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->local_posix_locks);
+  EXPECT_FALSE(d->local_flocks);
+  for (const auto& [val, posix, flock] : {std::tuple{"none", false, false}, std::tuple{"flock", false, true},
+                                          std::tuple{"posix", true, false}, std::tuple{"all", true, true}}) {
+    auto m = Parse({"s:/e", "/m", "-o", std::string("local_lock=") + val});
+    ASSERT_TRUE(m.ok()) << val;
+    EXPECT_EQ(m->local_posix_locks, posix) << val;
+    EXPECT_EQ(m->local_flocks, flock) << val;
+  }
+  auto bad = Parse({"s:/e", "/m", "-o", "local_lock=some"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().what, "local_lock= must be none, flock, posix or all");
 }
 
 TEST(OptionsTest, AcceptsFstabOnlyOptions) {

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -98,6 +99,12 @@ class RpcCall {
   virtual const char* Name() const = 0;
   // The procedure, for the statistics (kOther if not told).
   virtual Proc Procedure() const { return Proc::kOther; }
+  // A call of a program other than NFSv3 (the lock manager) says what it
+  // is sent as; an NFSv3 call is sent as Procedure() says.
+  struct Program {
+    uint32_t prog = 0, vers = 0, proc = 0;
+  };
+  virtual std::optional<Program> OtherProgram() const { return std::nullopt; }
   // WRITE only: how the data is to be committed.
   virtual Stability WriteStability() const { return Stability::kUnstable; }
   // The status (and data size) of a decoded reply; `result` as Complete()

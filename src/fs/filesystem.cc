@@ -812,10 +812,7 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   }
                 }
                 if (stale_attrs && invalidate_attrs_) invalidate_attrs_(inode->ino());
-                if (appends && r->attr) {
-                  OpenedAt(inode, r->attr->size);
-                  out.direct_io = true;
-                }
+                if (appends && r->attr) OpenedAt(inode, r->attr->size);
                 out.file = NewOpenFile(inode, flags, c);
                 cb(out);
               });
@@ -840,11 +837,8 @@ void Filesystem::Create(const Cred& c, uint64_t parent, const std::string& name,
     OpenOut o;
     o.direct_io = direct;
     o.keep_cache = false;
-    if (AppendsHere(flags)) {
-      // (A create of a name that exists opens that file, whatever its size.)
-      OpenedAt(inode, static_cast<uint64_t>(r->st.st_size));
-      o.direct_io = true;
-    }
+    // (A create of a name that exists opens that file, whatever its size.)
+    if (AppendsHere(flags)) OpenedAt(inode, static_cast<uint64_t>(r->st.st_size));
     o.file = NewOpenFile(inode, flags, c);
     {
       MutexLock lock(o.file->inode->writes.mu);  // (OpenFile::fresh is guarded by it)

@@ -138,6 +138,11 @@ class Filesystem {
   // replies, when the server's size or mtime are not those the kernel was
   // last given (another client changed the file).
   void SetAttrInvalidator(std::function<void(uint64_t ino)> fn) { invalidate_attrs_ = std::move(fn); }
+  // Drops the kernel's cached pages and attributes of an inode, later, from
+  // a thread of its own (the kernel may still hold the pages of the request
+  // that asked, so it must not be waited for). For an append the gateway
+  // put elsewhere than the kernel did ("Appends" below).
+  void SetDataInvalidator(std::function<void(uint64_t ino)> fn) { invalidate_data_later_ = std::move(fn); }
 
   // The SSD cache in use, or null. Each operation works on the cache it
   // found when it began, so DetachCache() never pulls it from under one.
@@ -342,12 +347,15 @@ class Filesystem {
   // the file's size, which the kernel does not fetch at open (it checks
   // permissions from attributes it may hold for acregmin, and FUSE's open
   // reply carries none); after another client appended it is too small
-  // and the write would land over that client's data. So with cto an
-  // O_APPEND open is direct I/O (its data never enters the page cache at
-  // the kernel's offset) and the gateway picks the offset: the file's end
-  // as the open found it on the server, grown by this gateway's writes
-  // (Inode::append_end). OpenedForAppend sets it from the attributes an
-  // open or create got; AppendOffset takes the next `size` bytes of it.
+  // and the write would land over that client's data. So with cto the
+  // gateway picks an append's offset: the file's end as the open found it
+  // on the server, grown by this gateway's writes (Inode::append_end).
+  // When that is not where the kernel put the data, the kernel's size is
+  // stale and its page cache holds the data at the wrong offset: once the
+  // write is answered, the kernel's attributes and pages of the file are
+  // dropped (invalidate_data_later_), and the next open drops them again
+  // (Doubt). OpenedAt sets the end from the attributes an open or create
+  // got; AppendOffset takes the next `size` bytes of it.
   bool AppendsHere(int open_flags) const { return opts_.cto && (open_flags & O_APPEND); }
   void OpenedAt(const InodeP& inode, uint64_t server_size);
   uint64_t AppendOffset(const InodeP& inode, size_t size);
@@ -369,6 +377,7 @@ class Filesystem {
   const FsOptions opts_;
   std::atomic<std::shared_ptr<cache::BlockCache>> cache_;
   std::function<void(uint64_t ino)> invalidate_attrs_;
+  std::function<void(uint64_t ino)> invalidate_data_later_;
   std::atomic<std::shared_ptr<Flusher>> flusher_;  // write-back only
   // Threads closing caches a detach left to operations still using them.
   Mutex reaper_mu_;

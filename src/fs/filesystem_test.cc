@@ -898,28 +898,33 @@ TEST_F(FilesystemTest, AnOpenAsksTheKernelAgainForAttributesAnotherClientChanged
 // Close-to-open for appends: the kernel puts an O_APPEND write at the size
 // it holds, stale once another client appended (it fetches no attributes
 // at open). The write lands at the end the open found on the server, and
-// the next at the end of that one; the open is direct I/O, so the kernel
-// caches nothing at its offset. nocto leaves the offset to the kernel.
+// the next at the end of that one; the kernel's pages, which hold the data
+// at its own offset, are dropped. nocto leaves the offset to the kernel.
 TEST_F(FilesystemTest, AnAppendGoesAtTheEndTheOpenFoundNotWhereTheKernelPutsIt) {
   OpenFile* f = CreateWith("log", "A1\n");
   ASSERT_NE(f, nullptr);
   const uint64_t ino = f->inode->ino();
   const nfs::Fh fh = f->inode->fh();
   Close(f);
+  std::vector<uint64_t> dropped;  // inodes whose kernel pages are dropped
+  fs_->SetDataInvalidator([&](uint64_t i) { dropped.push_back(i); });
   // Another client appends; the kernel still holds size 3.
   ASSERT_TRUE(Wait<nfs::WriteReply>([&](auto cb) { nfs_.Write(fh, 3, Buf("B1\n"), 0, 3, true, cred_, cb); }).ok());
   auto o = Open(ino, O_WRONLY | O_APPEND);
   ASSERT_TRUE(o.ok());
-  EXPECT_TRUE(o->direct_io);
-  ASSERT_TRUE(Write(o->file, "A2\n", 3).ok());
-  ASSERT_TRUE(Write(o->file, "A3\n", 6).ok());
+  ASSERT_TRUE(Write(o->file, "A2\n", 3, O_WRONLY | O_APPEND).ok());
+  EXPECT_EQ(dropped, std::vector<uint64_t>{ino}) << "the kernel's pages hold A2 at offset 3";
+  ASSERT_TRUE(Write(o->file, "A3\n", 9, O_WRONLY | O_APPEND).ok());  // where the kernel puts it, having fetched the size
+  EXPECT_EQ(dropped.size(), 1u);
+  // A page writeback (mmap) through the same open file says no O_APPEND:
+  // it stays where it is.
+  ASSERT_TRUE(Write(o->file, "a", 0, 0).ok());
   Close(o->file);
-  EXPECT_EQ(ContentsOf("log"), "A1\nB1\nA2\nA3\n");
+  EXPECT_EQ(ContentsOf("log"), "a1\nB1\nA2\nA3\n");
   // A plain open's writes keep their offsets.
   auto p = Open(ino, O_WRONLY);
   ASSERT_TRUE(p.ok());
-  EXPECT_FALSE(p->direct_io);
-  ASSERT_TRUE(Write(p->file, "xx", 0).ok());
+  ASSERT_TRUE(Write(p->file, "xx", 0, O_WRONLY).ok());
   Close(p->file);
   EXPECT_EQ(ContentsOf("log"), "xx\nB1\nA2\nA3\n");
 }
@@ -936,8 +941,7 @@ TEST_F(FilesystemTest, WithNoctoAnAppendGoesWhereTheKernelPutsIt) {
   ASSERT_TRUE(Wait<nfs::WriteReply>([&](auto cb) { nfs_.Write(fh, 3, Buf("B1\n"), 0, 3, true, cred_, cb); }).ok());
   auto a = Open(ino, O_WRONLY | O_APPEND);
   ASSERT_TRUE(a.ok());
-  EXPECT_FALSE(a->direct_io);
-  ASSERT_TRUE(Write(a->file, "A2\n", 3).ok());
+  ASSERT_TRUE(Write(a->file, "A2\n", 3, O_WRONLY | O_APPEND).ok());
   Close(a->file);
   EXPECT_EQ(ContentsOf("log"), "A1\nA2\n");
 }

@@ -150,12 +150,11 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
-  if (AppendsHere(f->flags)) {
+  if (AppendsHere(wflags)) {  // (the write's own flags: a page writeback's say nothing)
     // At the end as this gateway knows it (filesystem.h, "Appends"). When
-    // that is not where the kernel put it, the kernel's size is stale: its
-    // attributes are refetched, and pages other opens cached of the range
-    // are dropped at the next open. A refused append gives its place back
-    // if no other took the end since.
+    // that is not where the kernel put it, the kernel's size and pages are
+    // stale: dropped once the write is answered, and at the next open. A
+    // refused append gives its place back if no other took the end since.
     const uint64_t at = AppendOffset(inode, size);
     const bool moved = at != off;
     if (moved) {
@@ -167,8 +166,8 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
         MutexLock lock(inode->mu);
         if (inode->append_end == at + size) inode->append_end = at;
       }
-      if (moved && invalidate_attrs_) invalidate_attrs_(inode->ino());
       cb(std::move(r));
+      if (moved && invalidate_data_later_) invalidate_data_later_(inode->ino());
     };
     off = at;
   } else {

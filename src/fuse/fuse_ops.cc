@@ -1,6 +1,7 @@
 #include "fuse/fuse_ops.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 
 #include <cstring>
 #include <string>
@@ -99,6 +100,18 @@ void Init(void* userdata, fuse_conn_info* conn) {
   }
   // Never: the kernel would acknowledge writes the server has not seen.
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  // Locks for the server's lock manager come here; without these the
+  // kernel keeps them in its own tables (local_lock=).
+  if (ctx->posix_locks_to_server) {
+    want(FUSE_CAP_POSIX_LOCKS);
+  } else {
+    conn->want &= ~FUSE_CAP_POSIX_LOCKS;
+  }
+  if (ctx->flocks_to_server) {
+    want(FUSE_CAP_FLOCK_LOCKS);
+  } else {
+    conn->want &= ~FUSE_CAP_FLOCK_LOCKS;
+  }
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -242,8 +255,84 @@ void WriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* in, off_t off, fuse_file_
                 });
 }
 
+fs::Locks* LocksOf(fuse_req_t req) { return Ctx(req)->locks; }
+
+const Error kNoLockManager = Error::Errno(ENOLCK, "the server has no lock manager");
+
+fs::Locks::Request LockRequest(const fuse_file_info* fi, const struct flock* l) {
+  return fs::Locks::Request{fi->lock_owner, static_cast<uint32_t>(l->l_pid), l->l_type,
+                            static_cast<uint64_t>(l->l_start), static_cast<uint64_t>(l->l_len)};
+}
+
+void Getlk(fuse_req_t req, fuse_ino_t, fuse_file_info* fi, struct flock* lock) {
+  fs::Locks* locks = LocksOf(req);
+  if (locks == nullptr) return ReplyError(req, kNoLockManager);
+  struct flock l = *lock;
+  locks->Get(File(fi)->inode->fh(), LockRequest(fi, &l), CredOf(req),
+             [req, l](Result<std::optional<fs::Locks::Conflict>> r) mutable {
+               if (!r) return ReplyError(req, r.error());
+               if (!*r) {
+                 l.l_type = F_UNLCK;
+               } else {
+                 l.l_type = static_cast<short>((*r)->type);
+                 l.l_whence = SEEK_SET;
+                 l.l_start = static_cast<off_t>((*r)->start);
+                 l.l_len = static_cast<off_t>((*r)->length);
+                 l.l_pid = (*r)->pid;
+               }
+               fuse_reply_lock(req, &l);
+             });
+}
+
+// A lock request (fs/locks.h, "Data"): an unlock once the file's writes
+// are on the server; a granted lock drops what the kernel cached of the
+// file (and the SSD cache revalidates, by the GETATTR).
+void SetLock(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, const fs::Locks::Request& r, bool wait) {
+  fs::Locks* locks = LocksOf(req);
+  if (locks == nullptr) return ReplyError(req, kNoLockManager);
+  fs::OpenFile* f = File(fi);
+  const engine::Cred c = CredOf(req);
+  if (r.type == F_UNLCK) {
+    return Fs(req).Fsync(c, f, [req, locks, f, r, c](Result<Ok>) {
+      locks->Set(f->inode->fh(), f, r, false, {}, c, ErrnoReply(req));
+    });
+  }
+  locks->Set(f->inode->fh(), f, r, wait, [req] { return fuse_req_interrupted(req) != 0; }, c,
+             [req, ino, c](Result<Ok> granted) {
+               if (!granted) return ReplyError(req, granted.error());
+               Fs(req).Getattr(c, ino, [req, ino](Result<fs::AttrOut>) {
+                 auto& drop = Ctx(req)->invalidate_data;
+                 if (!drop) return (void)fuse_reply_err(req, 0);
+                 drop(ino, [req] { fuse_reply_err(req, 0); });
+               });
+             });
+}
+
+void Setlk(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, struct flock* lock, int sleep) {
+  SetLock(req, ino, fi, LockRequest(fi, lock), sleep != 0);
+}
+
+// flock(2): a lock of the whole file, owned by the open file (as the Linux
+// NFS client takes it).
+void Flock(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, int op) {
+  const int kind = op & ~LOCK_NB;
+  const int type = kind == LOCK_UN ? F_UNLCK : kind == LOCK_EX ? F_WRLCK : F_RDLCK;
+  SetLock(req, ino, fi, fs::Locks::Request{fi->lock_owner, 0, type, 0, 0}, (op & LOCK_NB) == 0);
+}
+
 void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  Fs(req).Flush(CredOf(req), File(fi), ErrnoReply(req));
+  // A close by the owner releases its fcntl locks on the file (POSIX),
+  // before the close returns, once the file's writes are on the server.
+  fs::Locks* locks = LocksOf(req);
+  fs::OpenFile* f = File(fi);
+  if (locks == nullptr || !Ctx(req)->posix_locks_to_server || !locks->MayHold(f->inode->fh(), fi->lock_owner)) {
+    return Fs(req).Flush(CredOf(req), f, ErrnoReply(req));
+  }
+  const engine::Cred c = CredOf(req);
+  const uint64_t owner = fi->lock_owner;
+  Fs(req).Fsync(c, f, [req, locks, f, c, owner](Result<Ok>) {
+    locks->ReleaseOwner(f->inode->fh(), owner, c, [req, f, c](Result<Ok>) { Fs(req).Flush(c, f, ErrnoReply(req)); });
+  });
 }
 
 void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
@@ -251,8 +340,20 @@ void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
 }
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  Fs(req).Release(File(fi));
-  fuse_reply_err(req, 0);
+  // The last close of an open file: its OFD and flock locks go (those of
+  // owners that locked only through it), once its writes are on the server.
+  fs::Locks* locks = LocksOf(req);
+  fs::OpenFile* f = File(fi);
+  fs::Filesystem& fs = Fs(req);
+  if (locks == nullptr || !locks->MayHoldThrough(f->inode->fh(), f)) {
+    fs.Release(f);
+    return (void)fuse_reply_err(req, 0);
+  }
+  const engine::Cred c = CredOf(req);
+  fuse_reply_err(req, 0);  // (the kernel does not wait for a release)
+  fs.Fsync(c, f, [&fs, locks, f, c](Result<Ok>) {
+    locks->ReleaseFile(f->inode->fh(), f, c, [&fs, f](Result<Ok>) { fs.Release(f); });
+  });
 }
 
 void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -383,6 +484,9 @@ fuse_lowlevel_ops MakeOps() {
   o.read = Read;
   o.write_buf = WriteBuf;
   o.flush = Flush;
+  o.getlk = Getlk;
+  o.setlk = Setlk;
+  o.flock = Flock;
   o.fsync = Fsync;
   o.release = Release;
   o.opendir = Opendir;

@@ -15,12 +15,14 @@
 #include <fuse_lowlevel.h>
 
 #include <chrono>
+#include <functional>
 #include <unordered_map>
 
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "engine/cred.h"
 #include "fs/filesystem.h"
+#include "fs/locks.h"
 
 namespace mpnfs::fuse {
 
@@ -49,6 +51,17 @@ class CredCache {
 
 struct FuseContext {
   fs::Filesystem* fs = nullptr;
+  // Locks that go to the server (local_lock=): fcntl/OFD locks, flock. The
+  // kernel keeps the others itself. `locks` null while they go to the
+  // server: the server has no lock manager (ENOLCK, as nfs(5) says).
+  bool posix_locks_to_server = false;
+  bool flocks_to_server = false;
+  fs::Locks* locks = nullptr;
+  // Drops the kernel's cached pages and attributes of an inode (a lock was
+  // granted: what another host wrote under it must be read), then runs
+  // `then`; on a thread of its own, since dropping a page waits for the
+  // requests that hold it, whose replies come from the engine's threads.
+  std::function<void(uint64_t ino, std::function<void()> then)> invalidate_data;
   FrontOptions opts;
   CredCache creds;
 };

@@ -10,6 +10,8 @@
 
 #include "nfs/local_bind.h"
 #include "proto/mount3.h"
+#include "proto/nlm4.h"
+#include "proto/nsm.h"
 #include "proto/rpc.h"
 
 namespace mpnfs::nfs {
@@ -58,7 +60,8 @@ bool WaitFor(int fd, short events, Clock::time_point deadline) {
 // reply).
 template <class Args, class Res>
 Result<Ok> CallOnce(const LocalBinding& b, const std::string& host, int port, uint32_t prog, uint32_t vers,
-                    uint32_t proc, Args& args, Res& res, Clock::time_point deadline, const char* what) {
+                    uint32_t proc, Args& args, Res& res, Clock::time_point deadline, const char* what,
+                    std::string* local_addr = nullptr) {
   auto s = ConnectFrom(b, host, port);
   if (!s) return Error::Errno(EHOSTUNREACH, std::string("cannot reach the ") + what + ": " + s.error().what);
   Fd fd(*s);
@@ -71,6 +74,17 @@ Result<Ok> CallOnce(const LocalBinding& b, const std::string& host, int port, ui
   if (soerr != 0) {
     return Error::Errno(soerr == ECONNREFUSED ? ECONNREFUSED : EHOSTUNREACH,
                         std::string("cannot reach the ") + what + ": " + std::strerror(soerr));
+  }
+  if (local_addr != nullptr) {
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    char text[INET6_ADDRSTRLEN] = "";
+    if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &sl) == 0) {
+      const void* a = ss.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr)
+                                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr);
+      inet_ntop(ss.ss_family, a, text, sizeof text);
+    }
+    *local_addr = text;
   }
   static uint32_t xid_base = static_cast<uint32_t>(Clock::now().time_since_epoch().count());
   proto::CallHeader h;
@@ -136,27 +150,66 @@ Result<Ok> CallOnce(const LocalBinding& b, const std::string& host, int port, ui
   return Ok{};
 }
 
+// The port `prog` (version `vers`, TCP) is registered on at `host`'s
+// portmapper; ENOENT when it is not registered.
+Result<int> PortOf(const LocalBinding& b, const std::string& host, uint32_t prog, uint32_t vers,
+                   Clock::time_point deadline, const char* what, std::string* local_addr = nullptr) {
+  proto::portmap::GetportArgs ga{prog, vers, proto::portmap::kTcp, 0};
+  proto::portmap::GetportRes gr;
+  auto r = CallOnce(b, host, static_cast<int>(proto::portmap::kPort), proto::portmap::kProgram,
+                    proto::portmap::kVersion, proto::portmap::kProcGetport, ga, gr, deadline, "portmapper",
+                    local_addr);
+  if (!r) return r.error();
+  if (gr.port == 0 || gr.port > 65535) {
+    return Error::Errno(ENOENT, std::string("the server's portmapper knows no ") + what + " over TCP");
+  }
+  return static_cast<int>(gr.port);
+}
+
+Result<LocalBinding> Binding(const std::string& local) {
+  if (local.empty()) return LocalBinding{};
+  return ResolveLocal(local);
+}
+
 }  // namespace
+
+Result<int> LockManagerPort(const std::string& host, std::chrono::milliseconds timeout, const std::string& local) {
+  auto b = Binding(local);
+  if (!b) return b.error();
+  return PortOf(*b, host, proto::nlm4::kProgram, proto::nlm4::kVersion, Clock::now() + timeout,
+                "lock manager (NLM v4)");
+}
+
+Result<std::string> NotifyRestart(const std::string& host, int32_t state, std::chrono::milliseconds timeout,
+                                  const std::string& local) {
+  auto b = Binding(local);
+  if (!b) return b.error();
+  const auto deadline = Clock::now() + timeout;
+  std::string me;
+  auto port = PortOf(*b, host, proto::nsm::kProgram, proto::nsm::kVersion, deadline, "status monitor (NSM)", &me);
+  if (!port) return port.error();
+  if (me.empty()) return Error::Errno(EIO, "no local address toward the server");
+  proto::nsm::StatChge args{me, state};
+  proto::nsm::Void res;
+  auto r = CallOnce(*b, host, *port, proto::nsm::kProgram, proto::nsm::kVersion, proto::nsm::kNotify, args, res,
+                    deadline, "status monitor (NSM)");
+  if (!r) return r.error();
+  return me;
+}
 
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
                        std::chrono::milliseconds timeout, const std::string& local) {
   const auto deadline = Clock::now() + timeout;
-  LocalBinding b;
-  if (!local.empty()) {
-    auto r = ResolveLocal(local);
-    if (!r) return r.error();
-    b = *r;
-  }
+  auto bound = Binding(local);
+  if (!bound) return bound.error();
+  const LocalBinding& b = *bound;
   if (mount_port <= 0) {
-    proto::portmap::GetportArgs ga{proto::mount3::kProgram, proto::mount3::kVersion, proto::portmap::kTcp, 0};
-    proto::portmap::GetportRes gr;
-    auto r = CallOnce(b, host, static_cast<int>(proto::portmap::kPort), proto::portmap::kProgram,
-                      proto::portmap::kVersion, proto::portmap::kProcGetport, ga, gr, deadline, "portmapper");
-    if (!r) return r.error();
-    if (gr.port == 0 || gr.port > 65535) {
-      return Error::Errno(ECONNREFUSED, "the server's portmapper knows no MOUNT v3 service over TCP");
+    auto port = PortOf(b, host, proto::mount3::kProgram, proto::mount3::kVersion, deadline, "MOUNT v3 service");
+    if (!port) {
+      // (Unregistered: as unreachable, so the next address is tried.)
+      return port.error().err == ENOENT ? Error::Errno(ECONNREFUSED, port.error().what) : port.error();
     }
-    mount_port = static_cast<int>(gr.port);
+    mount_port = *port;
   }
   proto::mount3::MntArgs a{export_path};
   proto::mount3::MntRes res;

@@ -41,8 +41,9 @@ void Store32(char* p, uint32_t v) {
 
 }  // namespace
 
-RpcTransport::RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms)
+RpcTransport::RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms, engine::RpcCall::Program probe)
     : sink_(sink),
+      probe_(probe),
       tcp_user_timeout_ms_(tcp_user_timeout_ms),
       scratch_(kScratch),
       bulk_(new char[kBulk]) {}
@@ -87,20 +88,22 @@ int RpcTransport::Events() const {
 
 int RpcTransport::Issue(const std::shared_ptr<engine::RpcCall>& call, uint32_t xid,
                         const engine::Cred& cred, engine::CallToken* token) {
+  if (auto p = call->OtherProgram()) return Queue(xid, *p, call, cred, token);
   const int proc = static_cast<int>(call->Procedure());
   if (call->Procedure() == engine::Proc::kOther || proc < 0) {
     last_error_ = std::string("not an NFSv3 procedure: ") + call->Name();
     return -1;
   }
-  return Queue(xid, static_cast<uint32_t>(proc), call, cred, token);
+  return Queue(xid, {proto::nfs3::kProgram, proto::nfs3::kVersion, static_cast<uint32_t>(proc)}, call, cred,
+               token);
 }
 
 int RpcTransport::IssueProbe(uint32_t xid, engine::CallToken* token) {
   // The credentials of the last call (root's before any): NULL takes any.
-  return Queue(xid, 0, nullptr, cred_, token);
+  return Queue(xid, {probe_.prog, probe_.vers, 0}, nullptr, cred_, token);
 }
 
-int RpcTransport::Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engine::RpcCall>& call,
+int RpcTransport::Queue(uint32_t xid, engine::RpcCall::Program p, const std::shared_ptr<engine::RpcCall>& call,
                         const engine::Cred& cred, engine::CallToken* token) {
   if (fd_ < 0) {
     last_error_ = "not connected";
@@ -109,9 +112,9 @@ int RpcTransport::Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engin
   cred_ = cred;
   proto::CallHeader h;
   h.xid = xid;
-  h.prog = proto::nfs3::kProgram;
-  h.vers = proto::nfs3::kVersion;
-  h.proc = proc;
+  h.prog = p.prog;
+  h.vers = p.vers;
+  h.proc = p.proc;
   h.cred.machine = "mpnfs";
   h.cred.uid = cred.uid;
   h.cred.gid = cred.gid;

@@ -1,5 +1,6 @@
 // RpcTransport: engine::Transport speaking ONC RPC (RFC 5531) over one TCP
-// connection, for NFSv3 calls.
+// connection, for NFSv3 calls (and those of another program that name it:
+// RpcCall::OtherProgram, the lock manager's).
 //
 // A call is framed (record mark, RPC
 // header, AUTH_SYS credentials: proto/rpc.h) and its arguments encoded by
@@ -67,7 +68,10 @@ class RpcTransport final : public engine::Transport {
   // The largest reply record accepted: a 1 MiB READ plus headers, with room.
   static constexpr size_t kMaxRecord = 4u << 20;
 
-  RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms);
+  // `probe`: the program the engine's NULL probes go to (NFSv3 by default;
+  // a transport to the lock manager probes NLM).
+  RpcTransport(engine::TransportSink* sink, int tcp_user_timeout_ms,
+               engine::RpcCall::Program probe = {100003, 3, 0});
   ~RpcTransport() override;
   RpcTransport(const RpcTransport&) = delete;
   RpcTransport& operator=(const RpcTransport&) = delete;
@@ -102,7 +106,7 @@ class RpcTransport final : public engine::Transport {
     uint64_t seq;  // issue order: the oldest of one XID is answered first
   };
 
-  int Queue(uint32_t xid, uint32_t proc, const std::shared_ptr<engine::RpcCall>& call,
+  int Queue(uint32_t xid, engine::RpcCall::Program p, const std::shared_ptr<engine::RpcCall>& call,
             const engine::Cred& cred, engine::CallToken* token);
   bool Flush();
   bool Receive();
@@ -115,6 +119,7 @@ class RpcTransport final : public engine::Transport {
   bool Broken(std::string why);
 
   engine::TransportSink* const sink_;
+  const engine::RpcCall::Program probe_;
   const int tcp_user_timeout_ms_;
   int fd_ = -1;
   bool connecting_ = false;

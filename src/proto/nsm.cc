@@ -28,6 +28,8 @@ bool XdrT(X& x, State& v) { return x.I32(v.state); }
 
 }  // namespace
 
+bool Xdr(XdrIn& x, Void&) { return x.ok(); }
+bool Xdr(XdrOut& x, Void&) { return x.ok(); }
 bool Xdr(XdrIn& x, SmName& v) { return XdrT(x, v) && x.ok(); }
 bool Xdr(XdrOut& x, SmName& v) { return XdrT(x, v) && x.ok(); }
 bool Xdr(XdrIn& x, MyId& v) { return XdrT(x, v) && x.ok(); }

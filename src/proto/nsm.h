@@ -69,6 +69,12 @@ struct State {  // sm_stat: SM_UNMON's and SM_UNMON_ALL's result
   bool operator==(const State&) const = default;
 };
 
+struct Void {  // SM_NOTIFY's result
+  bool operator==(const Void&) const = default;
+};
+
+bool Xdr(XdrIn& x, Void& v);
+bool Xdr(XdrOut& x, Void& v);
 bool Xdr(XdrIn& x, SmName& v);
 bool Xdr(XdrOut& x, SmName& v);
 bool Xdr(XdrIn& x, MyId& v);

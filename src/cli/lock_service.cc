@@ -1,0 +1,217 @@
+#include "cli/lock_service.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <future>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "common/log.h"
+#include "nfs/mount3.h"
+#include "nfs/rpc_transport.h"
+
+namespace mpnfs::cli {
+namespace {
+
+Result<Ok> MakeDirs(const std::string& path) {
+  std::string at;
+  std::istringstream parts(path);
+  for (std::string part; std::getline(parts, part, '/');) {
+    if (part.empty()) continue;
+    at += "/" + part;
+    if (mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Error::Errno(errno, "cannot make " + at + ": " + std::strerror(errno));
+    }
+  }
+  return Ok{};
+}
+
+std::string HostName() {
+  char h[256] = "";
+  if (gethostname(h, sizeof h - 1) != 0 || h[0] == '\0') return "localhost";
+  return h;
+}
+
+// "PID STARTTIME" of a running process (its start time tells it from a
+// later process with the same pid); "" once it is gone.
+std::string ProcessId(const std::string& pid) {
+  std::ifstream f("/proc/" + pid + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return "";
+  std::istringstream rest(stat.substr(paren + 1));
+  std::string field;
+  for (int i = 0; i < 20 && rest >> field; ++i) {
+  }
+  return field.empty() ? "" : pid + " " + field;
+}
+
+// The state file: "state N", then "mount PID STARTTIME HELD" per mount.
+struct State {
+  int32_t state = 0;
+  struct Mount {
+    std::string id;  // "PID STARTTIME"
+    bool held = false;
+  };
+  std::vector<Mount> mounts;
+};
+
+State Parse(const std::string& text) {
+  State st;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream l(line);
+    std::string word;
+    l >> word;
+    if (word == "state") {
+      l >> st.state;
+    } else if (word == "mount") {
+      std::string pid, start;
+      int held = 1;  // (a line cut short may have held)
+      l >> pid >> start >> held;
+      st.mounts.push_back({pid + " " + start, held != 0});
+    }
+  }
+  return st;
+}
+
+std::string Format(const State& st) {
+  std::string out = "state " + std::to_string(st.state) + "\n";
+  for (const auto& m : st.mounts) out += "mount " + m.id + " " + (m.held ? "1" : "0") + "\n";
+  return out;
+}
+
+// Runs `change` on the state file's contents under its flock, and writes
+// back what it leaves (fsync'ed).
+template <class F>
+Result<Ok> Update(const std::string& path, F&& change) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::Errno(errno, "cannot open " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }  // (and the flock goes)
+  } closer{fd};
+  if (flock(fd, LOCK_EX) != 0) return Error::Errno(errno, "cannot lock " + path + ": " + std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = pread(fd, buf, sizeof buf, static_cast<off_t>(text.size()))) > 0;) {
+    text.append(buf, static_cast<size_t>(n));
+  }
+  State st = Parse(text);
+  if (auto r = change(st); !r) return r;
+  const std::string out = Format(st);
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, out.data(), out.size(), 0) != static_cast<ssize_t>(out.size()) ||
+      fsync(fd) != 0) {
+    return Error::Errno(errno, "cannot write " + path + ": " + std::strerror(errno));
+  }
+  return Ok{};
+}
+
+}  // namespace
+
+Result<Ok> LockService::Mark(bool held, bool gone) {
+  return Update(state_file_, [&](State& st) -> Result<Ok> {
+    std::erase_if(st.mounts, [&](const State::Mount& m) { return m.id == me_; });
+    if (!gone) st.mounts.push_back({me_, held});
+    return Ok{};
+  });
+}
+
+Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, const engine::Endpoint& path,
+                                                        int tcp_user_timeout_ms, std::chrono::milliseconds timeout) {
+  static const auto log = Log("locks");
+  auto port = nfs::LockManagerPort(path.host, timeout, path.local);
+  if (!port) return port.error();
+  std::unique_ptr<LockService> s(new LockService());
+  if (auto d = MakeDirs(kStateDir); !d) return d.error();
+  s->state_file_ = std::string(kStateDir) + "/" + path.host;
+  s->me_ = ProcessId(std::to_string(getpid()));
+  if (s->me_.empty()) return Error::Errno(EIO, "cannot read /proc/self/stat");
+  // Mounts gone while they may have held locks: the server is told this
+  // host restarted, unless a running mount may hold some (see the header).
+  auto r = Update(s->state_file_, [&](State& st) -> Result<Ok> {
+    std::vector<State::Mount> live, dead_held;
+    bool live_held = false;
+    for (const auto& mt : st.mounts) {
+      if (ProcessId(mt.id.substr(0, mt.id.find(' '))) == mt.id) {
+        live.push_back(mt);
+        live_held |= mt.held;
+      } else if (mt.held) {
+        dead_held.push_back(mt);
+      }
+    }
+    // NSM: odd while up; one more restart each time the server is told.
+    s->state_ = st.state | 1;
+    if (!dead_held.empty() && live_held) {
+      log->warn("a mount of this host that ended without releasing its locks may have left some on {}; "
+                "they stay until a mount starts while no mount here holds locks", path.host);
+      live.insert(live.end(), dead_held.begin(), dead_held.end());  // (for that mount to see)
+    } else if (!dead_held.empty()) {
+      s->state_ += 2;
+      auto me = nfs::NotifyRestart(path.host, s->state_, timeout, path.local);
+      if (!me) {
+        return Error::Errno(me.error().err, "a mount of this host ended holding locks on " + path.host +
+                                                ", and the server's status monitor could not be told this host "
+                                                "restarted: " + me.error().what);
+      }
+      log->warn("a mount of this host ended holding locks: told the server this host ({}) restarted (NSM state "
+                "{}); it drops the locks it held for that address", *me, s->state_);
+    }
+    st.mounts = std::move(live);
+    st.state = s->state_;
+    st.mounts.push_back({s->me_, false});
+    return Ok{};
+  });
+  if (!r) return r.error();
+
+  engine::EngineOptions eo = m.engine;
+  eo.paths = {engine::Endpoint{path.host, *port, path.local, 1}};
+  eo.loops = 1;
+  eo.conns_per_path = 1;
+  s->engine_ = std::make_unique<engine::Engine>(eo, [tcp_user_timeout_ms](engine::TransportSink* sink) {
+    return std::make_unique<nfs::RpcTransport>(
+        sink, tcp_user_timeout_ms, engine::RpcCall::Program{proto::nlm4::kProgram, proto::nlm4::kVersion, 0});
+  });
+  s->engine_->Start();
+  s->nlm_ = std::make_unique<nfs::Nlm>(*s->engine_, HostName(), s->state_);
+  std::array<char, 8> instance;
+  std::random_device rd;
+  for (char& c : instance) c = static_cast<char>(rd());
+  LockService* self = s.get();
+  s->locks_ = std::make_unique<fs::Locks>(*s->nlm_, instance, [self](bool held) { return self->Mark(held); });
+  log->info("locks go to the server's lock manager (NLM v4, port {}) over {}", *port, path.host);
+  return s;
+}
+
+void LockService::Stop(std::chrono::milliseconds timeout) {
+  if (stopped_) return;
+  stopped_ = true;
+  static const auto log = Log("locks");
+  auto done = std::make_shared<std::promise<Result<Ok>>>();
+  auto f = done->get_future();
+  locks_->ReleaseAll(engine::Cred{}, [done](Result<Ok> r) { done->set_value(std::move(r)); });
+  if (f.wait_for(timeout) != std::future_status::ready) {
+    log->warn("locks not released within {} s; the next mount here tells the server this host restarted",
+              std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
+  } else if (auto r = f.get(); !r) {
+    log->warn("a lock was not released ({}); the next mount here tells the server this host restarted",
+              r.error().what);
+  } else if (auto ok = Mark(false, /*gone=*/true); !ok) {
+    log->warn("{}", ok.error().what);
+  }
+  engine_->Stop();
+}
+
+LockService::~LockService() {
+  if (!stopped_ && engine_) engine_->Stop();
+}
+
+}  // namespace mpnfs::cli

@@ -1,0 +1,68 @@
+// LockService: a mount's link to the server's lock manager, for the locks
+// that do not stay on this host (local_lock=, mpnfs(8) "LOCKS").
+//
+// Lock calls (NLM v4, fs/locks.h) go over the mount's first path, on an
+// engine of their own with one connection: the server knows a client's
+// locks by the address they come from, so they must come from one
+// address (a call waits while that path is down, and is sent again when
+// it is back).
+//
+// Restarts. A state file per server address (/var/lib/mpnfs/nlm/ADDRESS,
+// shared by every mount of this host that locks there, under flock(2))
+// keeps this host's NSM state number and, per running mount, its pid,
+// its start time and whether it may hold locks. A mount says so before its
+// first lock is asked for, and its end (every lock released) takes its
+// line out. A mount that starts and finds the line of a mount that is gone
+// (killed) while it may have held locks tells the server's status monitor
+// that this host restarted (SM_NOTIFY, with the next state number), and
+// the server drops the locks it held for the address, as when a host
+// reboots. While another running mount may hold locks there it does not
+// (they would go too): the gone mount's line stays, and the first mount
+// that starts when none does tells the server.
+//
+// Thread safety: Start and Stop from the mounting thread; locks() from any.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "cli/options.h"
+#include "engine/engine.h"
+#include "fs/locks.h"
+#include "mpnfs/result.h"
+#include "nfs/nlm.h"
+
+namespace mpnfs::cli {
+
+class LockService {
+ public:
+  static constexpr const char* kStateDir = "/var/lib/mpnfs/nlm";
+
+  // An error when the server has no lock manager or the state file cannot
+  // be kept.
+  static Result<std::unique_ptr<LockService>> Start(const MountOptions& m, const engine::Endpoint& path,
+                                                    int tcp_user_timeout_ms, std::chrono::milliseconds timeout);
+  ~LockService();
+
+  fs::Locks& locks() { return *locks_; }
+  // Releases every lock (waiting at most `timeout`), records that none is
+  // held if they all were, and stops the engine.
+  void Stop(std::chrono::milliseconds timeout);
+
+ private:
+  LockService() = default;
+  // Rewrites this mount's line (held: may hold locks; gone: the mount
+  // ends, the line goes).
+  Result<Ok> Mark(bool held, bool gone = false);
+
+  std::string state_file_;
+  std::string me_;  // "PID STARTTIME"
+  int32_t state_ = 1;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<nfs::Nlm> nlm_;
+  std::unique_ptr<fs::Locks> locks_;
+  bool stopped_ = false;
+};
+
+}  // namespace mpnfs::cli

@@ -1,0 +1,344 @@
+// fs::Locks against an in-memory lock manager (NLM semantics: owners by
+// caller_name, oh and svid; ranges split on unlock): owners of different
+// mounts exclude each other, release rules follow POSIX, OFD and flock,
+// waits retry until granted or interrupted, grace periods are waited out;
+// and a randomized model test with fixed seeds checks every answer against
+// an oracle that tracks each byte's holders.
+#include "fs/locks.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <map>
+#include <random>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace mpnfs::fs {
+namespace {
+
+using namespace std::chrono_literals;
+namespace n4 = proto::nlm4;
+
+// The server's lock table. Answers inline, on the caller's thread.
+class FakeLockManager final : public nfs::LockClient {
+ public:
+  struct Held {
+    std::string owner;  // oh + svid
+    bool exclusive;
+    uint64_t start, end;  // [start, end), end UINT64_MAX: to the end
+  };
+
+  void Test(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, const nfs::Cred&,
+            nfs::Cb<n4::TestRes> cb) override {
+    MutexLock lock(mu_);
+    ++calls_;
+    n4::TestRes res;
+    if (grace_ > 0) {
+      --grace_;
+      res.stat = n4::Stat::kDeniedGracePeriod;
+      return cb(res);
+    }
+    if (const Held* h = ConflictLocked(fh, Key(o), r)) {
+      res.stat = n4::Stat::kDenied;
+      res.holder = n4::Holder{h->exclusive, 0, h->owner.substr(0, h->owner.size() - 4), h->start,
+                              h->end == UINT64_MAX ? 0 : h->end - h->start};
+    }
+    cb(res);
+  }
+  void Lock(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool, const nfs::Cred&,
+            nfs::Cb<n4::Stat> cb) override {
+    MutexLock lock(mu_);
+    ++calls_;
+    ++lock_calls_;
+    if (grace_ > 0) {
+      --grace_;
+      return cb(n4::Stat::kDeniedGracePeriod);
+    }
+    if (ConflictLocked(fh, Key(o), r)) return cb(n4::Stat::kDenied);
+    RemoveLocked(fh, Key(o), r.offset, End(r));
+    table_[fh].push_back(Held{Key(o), r.exclusive, r.offset, End(r)});
+    cb(n4::Stat::kGranted);
+  }
+  void Unlock(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len, const nfs::Cred&,
+              nfs::Cb<n4::Stat> cb) override {
+    MutexLock lock(mu_);
+    ++calls_;
+    ++unlock_calls_;
+    RemoveLocked(fh, Key(o), off, len == 0 ? UINT64_MAX : off + len);
+    cb(n4::Stat::kGranted);
+  }
+
+  size_t HeldCount(const nfs::Fh& fh) {
+    MutexLock lock(mu_);
+    return table_[fh].size();
+  }
+  void Grace(int n) {
+    MutexLock lock(mu_);
+    grace_ = n;
+  }
+  int lock_calls() {
+    MutexLock lock(mu_);
+    return lock_calls_;
+  }
+  int unlock_calls() {
+    MutexLock lock(mu_);
+    return unlock_calls_;
+  }
+
+ private:
+  static std::string Key(const nfs::LockOwner& o) {
+    std::string k = o.oh;
+    for (int s = 24; s >= 0; s -= 8) k.push_back(static_cast<char>(o.svid >> s));
+    return k;
+  }
+  static uint64_t End(const nfs::LockRange& r) { return r.length == 0 ? UINT64_MAX : r.offset + r.length; }
+  const Held* ConflictLocked(const nfs::Fh& fh, const std::string& owner, const nfs::LockRange& r)
+      REQUIRES(mu_) {
+    for (const Held& h : table_[fh]) {
+      if (h.owner != owner && h.start < End(r) && r.offset < h.end && (h.exclusive || r.exclusive)) return &h;
+    }
+    return nullptr;
+  }
+  // Takes [start, end) out of the owner's locks (splitting them).
+  void RemoveLocked(const nfs::Fh& fh, const std::string& owner, uint64_t start, uint64_t end) REQUIRES(mu_) {
+    std::vector<Held> out;
+    for (const Held& h : table_[fh]) {
+      if (h.owner != owner || h.end <= start || end <= h.start) {
+        out.push_back(h);
+        continue;
+      }
+      if (h.start < start) out.push_back(Held{h.owner, h.exclusive, h.start, start});
+      if (end < h.end) out.push_back(Held{h.owner, h.exclusive, end, h.end});
+    }
+    table_[fh] = std::move(out);
+  }
+
+  Mutex mu_;
+  std::map<nfs::Fh, std::vector<Held>> table_ GUARDED_BY(mu_);
+  int grace_ GUARDED_BY(mu_) = 0;
+  int calls_ GUARDED_BY(mu_) = 0;
+  int lock_calls_ GUARDED_BY(mu_) = 0;
+  int unlock_calls_ GUARDED_BY(mu_) = 0;
+};
+
+std::array<char, 8> Instance(char c) {
+  std::array<char, 8> a;
+  a.fill(c);
+  return a;
+}
+
+template <class T, class Start>
+Result<T> Wait(Start start) {
+  auto p = std::make_shared<std::promise<Result<T>>>();
+  auto f = p->get_future();
+  start([p](Result<T> r) { p->set_value(std::move(r)); });
+  if (f.wait_for(30s) != std::future_status::ready) return Error::Errno(ETIMEDOUT, "callback never ran");
+  return f.get();
+}
+
+const nfs::Fh kFile = "file-handle";
+const int kA = 1, kB = 2;  // open files (only their addresses count)
+
+Locks::Request Req(uint64_t owner, int type, uint64_t start = 0, uint64_t len = 0, uint32_t pid = 100) {
+  return Locks::Request{owner, pid, type, start, len};
+}
+
+Result<Ok> Set(Locks& l, const void* file, const Locks::Request& r, bool wait = false,
+               std::function<bool()> interrupted = {}) {
+  return Wait<Ok>([&](auto cb) { l.Set(kFile, file, r, wait, interrupted, {}, cb); });
+}
+
+TEST(Locks, OwnersOfTwoMountsExcludeEachOtherAndGetlkNamesTheHolder) {
+  FakeLockManager server;
+  Locks a(server, Instance('a')), b(server, Instance('b'));
+  // The same 64-bit owner id on two mounts is two owners.
+  ASSERT_TRUE(Set(a, &kA, Req(7, F_WRLCK, 0, 10, 4242)).ok());
+  auto denied = Set(b, &kB, Req(7, F_WRLCK, 5, 10));
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.error().err, EAGAIN);
+  EXPECT_TRUE(Set(b, &kB, Req(7, F_WRLCK, 10, 10)).ok()) << "bytes 10.. are free";
+  // F_GETLK: this mount's own holder by its pid, another's by its svid.
+  auto mine = Wait<std::optional<Locks::Conflict>>([&](auto cb) { a.Get(kFile, Req(8, F_RDLCK, 0, 1), {}, cb); });
+  ASSERT_TRUE(mine.ok() && *mine);
+  EXPECT_EQ((*mine)->pid, 4242);
+  EXPECT_EQ((*mine)->type, F_WRLCK);
+  EXPECT_EQ((*mine)->length, 10u);
+  auto theirs = Wait<std::optional<Locks::Conflict>>([&](auto cb) { b.Get(kFile, Req(9, F_RDLCK, 0, 1), {}, cb); });
+  ASSERT_TRUE(theirs.ok() && *theirs);
+  EXPECT_EQ((*theirs)->pid, 0) << "the fake reports svid 0 for another host's holder";
+  auto none = Wait<std::optional<Locks::Conflict>>([&](auto cb) { b.Get(kFile, Req(9, F_WRLCK, 20, 5), {}, cb); });
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none);
+}
+
+TEST(Locks, ACloseByTheOwnerReleasesAllItsLocksAndTheLastCloseOfAFileItsOwnOnes) {
+  FakeLockManager server;
+  Locks a(server, Instance('a'));
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());   // a process, through file A
+  ASSERT_TRUE(Set(a, &kB, Req(1, F_WRLCK, 20, 10)).ok());  // the same process, through file B
+  ASSERT_TRUE(Set(a, &kB, Req(2, F_RDLCK, 40, 10)).ok());  // an OFD/flock owner of file B
+  EXPECT_TRUE(a.MayHold(kFile, 1));
+  EXPECT_TRUE(a.MayHoldThrough(kFile, &kA));
+  // The last close of file A: owner 1 locked through B too, so it stays.
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseFile(kFile, &kA, {}, cb); }).ok());
+  EXPECT_EQ(server.HeldCount(kFile), 3u);
+  // Owner 1 closes (flush): all of its locks go.
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseOwner(kFile, 1, {}, cb); }).ok());
+  EXPECT_EQ(server.HeldCount(kFile), 1u);
+  EXPECT_FALSE(a.MayHold(kFile, 1));
+  // The last close of file B: owner 2 locked only through it.
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseFile(kFile, &kB, {}, cb); }).ok());
+  EXPECT_EQ(server.HeldCount(kFile), 0u);
+  EXPECT_FALSE(a.MayHold());
+  // A close with nothing recorded sends nothing.
+  const int unlocks = server.unlock_calls();
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseOwner(kFile, 1, {}, cb); }).ok());
+  EXPECT_EQ(server.unlock_calls(), unlocks);
+}
+
+TEST(Locks, AWaitIsGrantedWhenTheHolderReleasesOrEndsWithEintr) {
+  FakeLockManager server;
+  Locks a(server, Instance('a')), b(server, Instance('b'));
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK)).ok());
+  std::promise<Result<Ok>> got;
+  b.Set(kFile, &kB, Req(1, F_WRLCK), true, {}, {}, [&](Result<Ok> r) { got.set_value(r); });
+  auto f = got.get_future();
+  EXPECT_EQ(f.wait_for(300ms), std::future_status::timeout) << "granted while held";
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseOwner(kFile, 1, {}, cb); }).ok());
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
+  // Interrupted: EINTR, and it stops asking.
+  std::atomic<bool> stop{false};
+  std::promise<Result<Ok>> got2;
+  a.Set(kFile, &kA, Req(2, F_WRLCK), true, [&] { return stop.load(); }, {},
+        [&](Result<Ok> r) { got2.set_value(r); });
+  std::this_thread::sleep_for(100ms);
+  stop = true;
+  auto f2 = got2.get_future();
+  ASSERT_EQ(f2.wait_for(5s), std::future_status::ready);
+  auto r2 = f2.get();
+  ASSERT_FALSE(r2.ok());
+  EXPECT_EQ(r2.error().err, EINTR);
+  const int calls = server.lock_calls();
+  std::this_thread::sleep_for(Locks::kMaxPoll + 200ms);
+  EXPECT_EQ(server.lock_calls(), calls);
+}
+
+TEST(Locks, TheGracePeriodIsWaitedOutEvenWithoutF_SETLKW) {
+  FakeLockManager server;
+  Locks a(server, Instance('a'));
+  server.Grace(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK)).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 2 * Locks::kGracePoll);
+  EXPECT_EQ(server.lock_calls(), 3);
+}
+
+TEST(Locks, NoLockIsAskedForUntilTheStateFileSaysTheMountMayHoldOneAndItIsToldWhenNoneIsHeld) {
+  FakeLockManager server;
+  Mutex mu;
+  std::vector<bool> marks;
+  bool fail = true;
+  CondVar changed;
+  Locks a(server, Instance('a'), [&](bool held) -> Result<Ok> {
+    MutexLock lock(mu);
+    marks.push_back(held);
+    changed.SignalAll();
+    if (held && fail) return Error::Errno(EROFS, "state file: read-only");
+    return Ok{};
+  });
+  auto marked = [&](std::vector<bool> want) {
+    MutexLock lock(mu);
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (marks != want && std::chrono::steady_clock::now() < deadline) changed.WaitUntil(mu, deadline);
+    return marks == want;
+  };
+  auto r = Set(a, &kA, Req(1, F_WRLCK));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, ENOLCK);
+  EXPECT_EQ(server.lock_calls(), 0);
+  {
+    MutexLock lock(mu);
+    fail = false;
+  }
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK)).ok());
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_RDLCK, 100, 1)).ok());
+  EXPECT_TRUE(marked({true, true})) << "asked once more after its failure, then not while held";
+  // Refused for an owner with nothing granted: forgotten, nothing to hold.
+  Locks b(server, Instance('b'), [&](bool held) -> Result<Ok> {
+    MutexLock lock(mu);
+    marks.push_back(held);
+    changed.SignalAll();
+    return Ok{};
+  });
+  ASSERT_FALSE(Set(b, &kB, Req(1, F_WRLCK)).ok());
+  EXPECT_FALSE(b.MayHold());
+  EXPECT_TRUE(marked({true, true, true, false}));
+  // Everything released: the mount holds nothing.
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseOwner(kFile, 1, {}, cb); }).ok());
+  EXPECT_TRUE(marked({true, true, true, false, false}));
+}
+
+// Randomized: three mounts, three owners each, one file of 32 bytes; random
+// locks (shared, exclusive), unlocks, closes by an owner and last closes of
+// a file. The oracle keeps, per byte, which owners hold it and how, and
+// says whether each request must be granted; Locks' answers must agree,
+// and at the end every owner's release leaves the server's table empty.
+TEST(Locks, RandomRequestsFromThreeMountsAgreeWithAByteOracle) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    FakeLockManager server;
+    std::vector<std::unique_ptr<Locks>> mounts;
+    for (char c : {'a', 'b', 'c'}) mounts.push_back(std::make_unique<Locks>(server, Instance(c)));
+    constexpr int kBytes = 32;
+    // oracle[byte][owner index (mount * 3 + owner)]: 0 none, 1 shared, 2 exclusive
+    std::vector<std::array<int, 9>> oracle(kBytes, std::array<int, 9>{});
+    std::mt19937 rng(seed);
+    const int files[3] = {0, 0, 0};
+    for (int step = 0; step < 1500; ++step) {
+      const int m = static_cast<int>(rng() % 3), o = static_cast<int>(rng() % 3), who = m * 3 + o;
+      const uint64_t start = rng() % kBytes, len = 1 + rng() % 8;
+      const uint64_t end = std::min<uint64_t>(kBytes, start + len);
+      const int op = static_cast<int>(rng() % 10);
+      SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+      if (op < 6) {
+        const bool excl = op < 3;
+        bool free = true;
+        for (uint64_t b = start; b < end; ++b) {
+          for (int k = 0; k < 9; ++k) {
+            if (k != who && oracle[b][k] != 0 && (excl || oracle[b][k] == 2)) free = false;
+          }
+        }
+        auto r = Set(*mounts[m], &files[m], Req(static_cast<uint64_t>(o) + 1, excl ? F_WRLCK : F_RDLCK, start,
+                                               end - start));
+        ASSERT_EQ(r.ok(), free);
+        if (free) {
+          for (uint64_t b = start; b < end; ++b) oracle[b][who] = excl ? 2 : 1;
+        }
+      } else if (op < 8) {
+        ASSERT_TRUE(Set(*mounts[m], &files[m], Req(static_cast<uint64_t>(o) + 1, F_UNLCK, start, end - start)).ok());
+        for (uint64_t b = start; b < end; ++b) oracle[b][who] = 0;
+      } else {
+        ASSERT_TRUE(Wait<Ok>([&](auto cb) { mounts[m]->ReleaseOwner(kFile, static_cast<uint64_t>(o) + 1, {}, cb); }).ok());
+        for (auto& b : oracle) b[who] = 0;
+      }
+      // F_GETLK agrees too: a probe of one byte by an owner holding nothing.
+      const uint64_t probe = rng() % kBytes;
+      bool held_excl = false;
+      for (int k = 0; k < 9; ++k) held_excl |= oracle[probe][k] == 2;
+      auto g = Wait<std::optional<Locks::Conflict>>(
+          [&](auto cb) { mounts[0]->Get(kFile, Req(99, F_RDLCK, probe, 1), {}, cb); });
+      ASSERT_TRUE(g.ok());
+      ASSERT_EQ(g->has_value(), held_excl) << "byte " << probe;
+    }
+    for (auto& mount : mounts) ASSERT_TRUE(Wait<Ok>([&](auto cb) { mount->ReleaseAll({}, cb); }).ok());
+    EXPECT_EQ(server.HeldCount(kFile), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace mpnfs::fs

@@ -1,0 +1,261 @@
+"""Locks across gateways: fcntl, OFD and flock locks go to NFS-Ganesha's
+lock manager (NLM v4), so two gateways on one export exclude each other as
+two hosts would; local_lock=all keeps them on each gateway."""
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import is_mounted, start_mount
+
+# A process that takes a lock, says "locked", and holds it until its stdin
+# closes (then exits, which releases it) or it is killed.
+HOLDER = textwrap.dedent("""
+    import fcntl, os, sys
+    path, kind, start, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    fd = os.open(path, os.O_RDWR)
+    if kind == "flock":
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    elif kind == "ofd":
+        fcntl.fcntl(fd, 38, __import__("struct").pack("hhqqi", fcntl.F_WRLCK, 0, start, length, 0))  # F_OFD_SETLKW
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_EX if kind == "ex" else fcntl.LOCK_SH, length, start)
+    print("locked", os.getpid(), flush=True)
+    sys.stdin.read()
+""")
+
+
+class Holder:
+    def __init__(self, path, kind="ex", start=0, length=0):
+        self.p = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), kind, str(start), str(length)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        assert line.startswith("locked"), f"the holder did not lock: {line!r}"
+        self.pid = int(line.split()[1])
+
+    def release(self):
+        self.p.stdin.close()
+        assert self.p.wait(timeout=30) == 0
+
+
+def try_lock(path, exclusive=True, start=0, length=0):
+    """F_SETLK from this process on a descriptor of its own: True if granted
+    (then released by the close)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB, length, start)
+        return True
+    except OSError as e:
+        assert e.errno in (11, 13), e
+        return False
+    finally:
+        os.close(fd)
+
+
+def getlk(path, start=0, length=0):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        r = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, start, length, 0))
+        return struct.unpack("hhqqi", r)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def two(mount_factory):
+    a, b = mount_factory(), mount_factory()
+    (a.path / "locked").write_text("0\n")
+    return a, b
+
+
+def test_a_lock_held_through_one_gateway_excludes_the_other(two):
+    a, b = two
+    h = Holder(a.path / "locked")
+    assert not try_lock(b.path / "locked"), "granted through B while A holds it"
+    assert not try_lock(b.path / "locked", exclusive=False)
+    t, _, start, length, pid = getlk(b.path / "locked")
+    assert (t, start, length) == (fcntl.F_WRLCK, 0, 0)
+    # The same gateway reports the holder's own pid.
+    assert getlk(a.path / "locked")[4] == h.pid
+    h.release()
+    assert try_lock(b.path / "locked"), "not granted after the holder exited"
+
+
+def test_byte_ranges_split_and_merge_on_the_server(two):
+    a, b = two
+    h = Holder(a.path / "locked", "ex", 100, 100)  # bytes 100..199
+    assert try_lock(b.path / "locked", True, 0, 100)
+    assert try_lock(b.path / "locked", True, 200, 50)
+    assert not try_lock(b.path / "locked", True, 150, 100)
+    assert getlk(b.path / "locked", 0, 0)[2:4] == (100, 100)
+    h.release()
+    # Shared locks from both gateways coexist; an exclusive one waits for both.
+    fd = os.open(b.path / "locked", os.O_RDWR)
+    fcntl.lockf(fd, fcntl.LOCK_SH, 0, 0)
+    assert try_lock(a.path / "locked", exclusive=False)
+    assert not try_lock(a.path / "locked", exclusive=True)
+    # Unlocking a middle part of a lock leaves its two ends.
+    fcntl.lockf(fd, fcntl.LOCK_UN, 10, 20)
+    assert try_lock(a.path / "locked", True, 22, 5)
+    assert not try_lock(a.path / "locked", True, 0, 21)
+    assert not try_lock(a.path / "locked", True, 30, 1)
+    os.close(fd)
+    assert try_lock(a.path / "locked", True)
+
+
+def test_flock_and_ofd_locks_cross_gateways_and_go_with_the_last_close(two):
+    a, b = two
+    for kind in ("flock", "ofd"):
+        h = Holder(a.path / "locked", kind)
+        fd = os.open(b.path / "locked", os.O_RDWR)
+        if kind == "flock":
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            assert not try_lock(b.path / "locked")
+        h.release()
+        if kind == "flock":
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        assert try_lock(b.path / "locked"), f"{kind}: not released by the holder's exit"
+
+
+def test_a_close_releases_the_processs_locks(two):
+    """POSIX: any close of the file by the process releases its locks."""
+    a, b = two
+    fd1 = os.open(a.path / "locked", os.O_RDWR)
+    fd2 = os.open(a.path / "locked", os.O_RDONLY)
+    fcntl.lockf(fd1, fcntl.LOCK_EX, 0, 0)
+    assert not try_lock(b.path / "locked")
+    os.close(fd2)
+    assert try_lock(b.path / "locked"), "the close of another descriptor left the lock"
+    os.close(fd1)
+
+
+def test_a_waiting_lock_is_granted_when_the_other_gateway_releases(two):
+    a, b = two
+    h = Holder(a.path / "locked")
+    waiter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, time
+        fd = os.open({str(b.path / 'locked')!r}, os.O_RDWR)
+        t = time.time()
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        print(time.time() - t)
+    """)], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert waiter.poll() is None, "F_SETLKW returned while the lock was held elsewhere"
+    h.release()
+    out, _ = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0 and float(out) >= 1.5
+
+
+def test_a_waiting_lock_is_interrupted_by_a_signal(two):
+    a, b = two
+    h = Holder(a.path / "locked")
+    waiter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, signal, sys
+        def alarm(*_):
+            raise TimeoutError  # (a handler that returns would have Python wait again)
+        signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        fd = os.open({str(b.path / 'locked')!r}, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            sys.exit(3)
+        except TimeoutError:
+            sys.exit(0)
+    """)])
+    assert waiter.wait(timeout=30) == 0, "F_SETLKW was granted, or not interrupted by the signal"
+    h.release()
+
+
+COUNTER = textwrap.dedent("""
+    import fcntl, os, sys
+    path, n = sys.argv[1], int(sys.argv[2])
+    for _ in range(n):
+        fd = os.open(path, os.O_RDWR)
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        v = int(os.pread(fd, 32, 0).decode().strip() or 0)
+        data = f"{v + 1}\\n".encode()
+        os.pwrite(fd, data, 0)
+        os.close(fd)   # releases the lock, after close-to-open wrote the data back
+""")
+
+
+def test_a_counter_incremented_under_a_lock_from_both_gateways_is_exact(two):
+    a, b = two
+    procs = [subprocess.Popen([sys.executable, "-c", COUNTER, str(m.path / "locked"), "25"])
+             for m in (a, b) for _ in range(4)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    assert (a.path / "locked").read_text() == "200\n"
+    assert (b.path / "locked").read_text() == "200\n"
+
+
+def test_sqlite_written_from_both_gateways_in_turns_stays_intact(two):
+    a, b = two
+    db = "t.db"
+    for m in (a, b):
+        subprocess.run(["sqlite3", str(m.path / db), "create table if not exists t (who text, i int);"],
+                       check=True, timeout=60)
+
+    def writer(m, who):
+        sql = "".join(f"begin immediate; insert into t values ('{who}', {i}); commit;" for i in range(100))
+        return subprocess.Popen(["sqlite3", "-cmd", ".timeout 60000", str(m.path / db), sql])
+
+    ws = [writer(a, "a"), writer(b, "b")]
+    for w in ws:
+        assert w.wait(timeout=300) == 0
+    for m in (a, b):
+        out = subprocess.run(["sqlite3", str(m.path / db), "pragma integrity_check; select who, count(*) from t group by who;"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.split()
+        assert out == ["ok", "a|100", "b|100"], out
+
+
+def test_with_local_lock_all_locks_stay_on_each_gateway(mount_factory):
+    a = mount_factory("local_lock=all")
+    b = mount_factory("local_lock=all")
+    (a.path / "local").write_text("x")
+    h = Holder(a.path / "local")
+    assert not try_lock(a.path / "local"), "not even the same gateway's lock table excludes"
+    assert try_lock(b.path / "local"), "local_lock=all: another gateway's lock was seen"
+    h.release()
+
+
+def test_a_killed_gateways_locks_are_freed_when_it_mounts_again(mount_factory, tmp_path):
+    """kill -9 of the gateway through which a process holds a lock: the lock
+    stays on the server (the other gateway is refused); mounting again at
+    the same mount point tells the server's status monitor this host
+    restarted (SM_NOTIFY), and the server frees it."""
+    a = mount_factory()
+    b = mount_factory()
+    (a.path / "locked").write_text("x")
+    h = Holder(a.path / "locked")
+    assert not try_lock(b.path / "locked")
+    os.kill(a.pid, signal.SIGKILL)
+    a.proc.wait(timeout=30)
+    h.p.kill()
+    h.p.wait(timeout=30)
+    subprocess.run(["fusermount3", "-u", "-z", str(a.path)], capture_output=True)
+    assert not try_lock(b.path / "locked"), "the lock went with the gateway (nothing to recover)"
+    proc, log = start_mount(a.path)
+    try:
+        deadline = time.time() + 30
+        while not is_mounted(a.path):
+            assert proc.poll() is None and time.time() < deadline, open(log).read()
+            time.sleep(0.05)
+        assert "told the server this host" in open(log).read()
+        deadline = time.time() + 10
+        while not try_lock(b.path / "locked"):
+            assert time.time() < deadline, "the killed gateway's lock was not freed"
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(a.path)], capture_output=True)
+        proc.wait(timeout=30)
