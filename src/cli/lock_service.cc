@@ -40,8 +40,16 @@ std::string HostName() {
   return h;
 }
 
-// "PID STARTTIME" of a running process (its start time tells it from a
-// later process with the same pid); "" once it is gone.
+std::string BootId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  f >> id;
+  return id.empty() ? "-" : id;
+}
+
+// "BOOTID PID STARTTIME" of a running process: the start time tells it from
+// a later process with the same pid, the boot id from one of another boot.
+// "" once it is gone.
 std::string ProcessId(const std::string& pid) {
   std::ifstream f("/proc/" + pid + "/stat");
   std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -51,14 +59,22 @@ std::string ProcessId(const std::string& pid) {
   std::string field;
   for (int i = 0; i < 20 && rest >> field; ++i) {
   }
-  return field.empty() ? "" : pid + " " + field;
+  return field.empty() ? "" : BootId() + " " + pid + " " + field;
 }
 
-// The state file: "state N", then "mount PID STARTTIME HELD" per mount.
+bool Running(const std::string& id) {
+  std::istringstream in(id);
+  std::string boot, pid;
+  in >> boot >> pid;
+  return !pid.empty() && ProcessId(pid) == id;
+}
+
+// The state file: "state N", then "mount BOOTID PID STARTTIME HELD" per
+// mount.
 struct State {
   int32_t state = 0;
   struct Mount {
-    std::string id;  // "PID STARTTIME"
+    std::string id;  // "BOOTID PID STARTTIME"
     bool held = false;
   };
   std::vector<Mount> mounts;
@@ -74,10 +90,10 @@ State Parse(const std::string& text) {
     if (word == "state") {
       l >> st.state;
     } else if (word == "mount") {
-      std::string pid, start;
+      std::string boot, pid, start;
       int held = 1;  // (a line cut short may have held)
-      l >> pid >> start >> held;
-      st.mounts.push_back({pid + " " + start, held != 0});
+      l >> boot >> pid >> start >> held;
+      st.mounts.push_back({boot + " " + pid + " " + start, held != 0});
     }
   }
   return st;
@@ -89,28 +105,37 @@ std::string Format(const State& st) {
   return out;
 }
 
-// Runs `change` on the state file's contents under its flock, and writes
-// back what it leaves (fsync'ed).
+// Runs `change` on the state file's contents, under an flock of PATH.lock
+// (mounts of this host take turns), and replaces the file with what it
+// leaves (written to PATH.new, fsync'ed, renamed over, the directory
+// fsync'ed: a crash leaves the old file or the new one).
 template <class F>
 Result<Ok> Update(const std::string& path, F&& change) {
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::Errno(errno, "cannot open " + path + ": " + std::strerror(errno));
+  const std::string lk = path + ".lock";
+  const int lfd = open(lk.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lfd < 0) return Error::Errno(errno, "cannot open " + lk + ": " + std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { close(fd); }  // (and the flock goes)
-  } closer{fd};
-  if (flock(fd, LOCK_EX) != 0) return Error::Errno(errno, "cannot lock " + path + ": " + std::strerror(errno));
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = pread(fd, buf, sizeof buf, static_cast<off_t>(text.size()))) > 0;) {
-    text.append(buf, static_cast<size_t>(n));
-  }
-  State st = Parse(text);
+  } closer{lfd};
+  if (flock(lfd, LOCK_EX) != 0) return Error::Errno(errno, "cannot lock " + lk + ": " + std::strerror(errno));
+  std::ifstream in(path);
+  State st = Parse(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
   if (auto r = change(st); !r) return r;
-  const std::string out = Format(st);
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, out.data(), out.size(), 0) != static_cast<ssize_t>(out.size()) ||
-      fsync(fd) != 0) {
-    return Error::Errno(errno, "cannot write " + path + ": " + std::strerror(errno));
+  const std::string out = Format(st), tmp = path + ".new";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::Errno(errno, "cannot write " + tmp + ": " + std::strerror(errno));
+  const bool ok = write(fd, out.data(), out.size()) == static_cast<ssize_t>(out.size()) && fsync(fd) == 0;
+  const int err = errno;
+  close(fd);
+  if (!ok) return Error::Errno(err, "cannot write " + tmp + ": " + std::strerror(err));
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return Error::Errno(errno, "cannot replace " + path + ": " + std::strerror(errno));
+  }
+  const int dfd = open(LockService::kStateDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
   }
   return Ok{};
 }
@@ -128,11 +153,15 @@ Result<Ok> LockService::Mark(bool held, bool gone) {
 Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, const engine::Endpoint& path,
                                                         int tcp_user_timeout_ms, std::chrono::milliseconds timeout) {
   static const auto log = Log("locks");
-  auto port = nfs::LockManagerPort(path.host, timeout, path.local);
+  std::string me_addr;
+  auto port = nfs::LockManagerPort(path.host, timeout, path.local, &me_addr);
   if (!port) return port.error();
+  if (me_addr.empty()) return Error::Errno(EIO, "no local address toward " + path.host);
   std::unique_ptr<LockService> s(new LockService());
   if (auto d = MakeDirs(kStateDir); !d) return d.error();
-  s->state_file_ = std::string(kStateDir) + "/" + path.host;
+  // The server knows this host's locks by this address: every mount from
+  // it shares the file (an SM_NOTIFY from it frees them all).
+  s->state_file_ = std::string(kStateDir) + "/" + me_addr;
   s->me_ = ProcessId(std::to_string(getpid()));
   if (s->me_.empty()) return Error::Errno(EIO, "cannot read /proc/self/stat");
   // Mounts gone while they may have held locks: the server is told this
@@ -141,7 +170,7 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
     std::vector<State::Mount> live, dead_held;
     bool live_held = false;
     for (const auto& mt : st.mounts) {
-      if (ProcessId(mt.id.substr(0, mt.id.find(' '))) == mt.id) {
+      if (Running(mt.id)) {
         live.push_back(mt);
         live_held |= mt.held;
       } else if (mt.held) {
@@ -150,21 +179,24 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
     }
     // NSM: odd while up; one more restart each time the server is told.
     s->state_ = st.state | 1;
+    bool told = false;
     if (!dead_held.empty() && live_held) {
       log->warn("a mount of this host that ended without releasing its locks may have left some on {}; "
                 "they stay until a mount starts while no mount here holds locks", path.host);
-      live.insert(live.end(), dead_held.begin(), dead_held.end());  // (for that mount to see)
     } else if (!dead_held.empty()) {
-      s->state_ += 2;
-      auto me = nfs::NotifyRestart(path.host, s->state_, timeout, path.local);
-      if (!me) {
-        return Error::Errno(me.error().err, "a mount of this host ended holding locks on " + path.host +
-                                                ", and the server's status monitor could not be told this host "
-                                                "restarted: " + me.error().what);
+      auto me = nfs::NotifyRestart(path.host, s->state_ + 2, timeout, path.local);
+      if (me) {
+        s->state_ += 2;
+        told = true;
+        log->warn("a mount of this host ended holding locks: told the server this host ({}) restarted (NSM "
+                  "state {}); it drops the locks it held for that address", *me, s->state_);
+      } else {
+        log->warn("a mount of this host ended holding locks on {}, and the server's status monitor could not "
+                  "be told this host restarted ({}); the next mount here tries again", path.host,
+                  me.error().what);
       }
-      log->warn("a mount of this host ended holding locks: told the server this host ({}) restarted (NSM state "
-                "{}); it drops the locks it held for that address", *me, s->state_);
     }
+    if (!told) live.insert(live.end(), dead_held.begin(), dead_held.end());  // (for a later mount to see)
     st.mounts = std::move(live);
     st.state = s->state_;
     st.mounts.push_back({s->me_, false});
@@ -194,6 +226,7 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
 void LockService::Stop(std::chrono::milliseconds timeout) {
   if (stopped_) return;
   stopped_ = true;
+  locks_->Shutdown();
   static const auto log = Log("locks");
   auto done = std::make_shared<std::promise<Result<Ok>>>();
   auto f = done->get_future();

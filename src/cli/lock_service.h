@@ -7,18 +7,22 @@
 // address (a call waits while that path is down, and is sent again when
 // it is back).
 //
-// Restarts. A state file per server address (/var/lib/mpnfs/nlm/ADDRESS,
-// shared by every mount of this host that locks there, under flock(2))
-// keeps this host's NSM state number and, per running mount, its pid,
-// its start time and whether it may hold locks. A mount says so before its
-// first lock is asked for, and its end (every lock released) takes its
-// line out. A mount that starts and finds the line of a mount that is gone
-// (killed) while it may have held locks tells the server's status monitor
-// that this host restarted (SM_NOTIFY, with the next state number), and
-// the server drops the locks it held for the address, as when a host
-// reboots. While another running mount may hold locks there it does not
-// (they would go too): the gone mount's line stays, and the first mount
-// that starts when none does tells the server.
+// Restarts. The server knows this host's locks by the address they come
+// from, so a state file per local address (/var/lib/mpnfs/nlm/ADDRESS,
+// shared by every mount of this host from that address, which take turns
+// under an flock of ADDRESS.lock) keeps this host's NSM state number and,
+// per running mount, its boot id, pid and start time, and whether it may
+// hold locks. A mount says so before the lock request that takes it from
+// holding nothing to holding something, and again once it holds nothing;
+// its end (every lock released) takes its line out. A mount that starts and
+// finds the line of a mount that is gone (killed, or a boot ago) while it
+// may have held locks tells the server's status monitor that this host
+// restarted (SM_NOTIFY, with the next state number), and the server drops
+// the locks it held for the address, as when a host reboots. While another
+// running mount may hold locks there it does not (they would go too), and
+// if the monitor cannot be told it goes on: the gone mount's line stays
+// for the next mount to try. (The kernel's own NFS client, if it also
+// locks on that server from that address, is not known here.)
 //
 // Thread safety: Start and Stop from the mounting thread; locks() from any.
 #pragma once

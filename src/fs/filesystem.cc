@@ -812,7 +812,12 @@ void Filesystem::Open(const Cred& c, uint64_t ino, int flags, Cb<OpenOut> cb) {
                   }
                 }
                 if (stale_attrs && invalidate_attrs_) invalidate_attrs_(inode->ino());
-                if (appends && r->attr) OpenedAt(inode, r->attr->size);
+                if (appends && r->attr) {
+                  OpenedAt(inode, r->attr->size);
+                } else if (appends) {
+                  MutexLock lock(inode->mu);
+                  inode->append_known = false;  // (the kernel's offsets, then)
+                }
                 out.file = NewOpenFile(inode, flags, c);
                 cb(out);
               });
@@ -1070,16 +1075,21 @@ void Filesystem::OpenedAt(const InodeP& inode, uint64_t server_size) {
   // write-back cache, whose dirty data the server does not see, nothing
   // but this gateway writes the export, so the end only grows.
   uint64_t end = std::max(server_size, inode->writes.size_hwm());
+  // Appends placed and not answered yet are not in either.
+  if (inode->appends_in_flight > 0) end = std::max(end, inode->append_end);
   if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
     end = std::max(end, inode->append_end);
   }
   inode->append_end = end;
+  inode->append_known = true;
 }
 
-uint64_t Filesystem::AppendOffset(const InodeP& inode, size_t size) {
+std::optional<uint64_t> Filesystem::AppendOffset(const InodeP& inode, size_t size) {
   MutexLock lock(inode->mu);
+  if (!inode->append_known) return std::nullopt;
   const uint64_t off = inode->append_end;
   inode->append_end = off + size;
+  ++inode->appends_in_flight;
   return off;
 }
 

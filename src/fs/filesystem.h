@@ -206,6 +206,11 @@ class Filesystem {
              Cb<size_t> cb);
   void Flush(const Cred& c, OpenFile* f, Cb<Ok> cb);
   void Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb);
+  // The file's writes on the server (a write-back cache's flushed, write-
+  // behind landed, a COMMIT), as before a lock is released: what was written
+  // under it is there for the next holder. Unlike Fsync, an error is not
+  // taken from the open file (its fsync or close still reports it).
+  void ToServer(OpenFile* f, Cb<Ok> cb);
   void Release(OpenFile* f);
 
   void Opendir(const Cred& c, uint64_t ino, Cb<DirHandle*> cb);
@@ -348,17 +353,22 @@ class Filesystem {
   // permissions from attributes it may hold for acregmin, and FUSE's open
   // reply carries none); after another client appended it is too small
   // and the write would land over that client's data. So with cto the
-  // gateway picks an append's offset: the file's end as the open found it
-  // on the server, grown by this gateway's writes (Inode::append_end).
-  // When that is not where the kernel put the data, the kernel's size is
-  // stale and its page cache holds the data at the wrong offset: once the
-  // write is answered, the kernel's attributes and pages of the file are
-  // dropped (invalidate_data_later_), and the next open drops them again
-  // (Doubt). OpenedAt sets the end from the attributes an open or create
-  // got; AppendOffset takes the next `size` bytes of it.
+  // gateway picks an append's offset: the file's end as the last O_APPEND
+  // open found it on the server, grown by this gateway's writes
+  // (Inode::append_end). When that is not where the kernel put the data,
+  // the kernel's size is stale and its page cache holds the data at the
+  // wrong offset: once the write is answered, the kernel's attributes and
+  // pages of the file are dropped (invalidate_data_later_), and the next
+  // open drops them again (Doubt). Not for O_DIRECT writes, whose pieces
+  // the kernel sends at once (each would take the end in arrival order),
+  // nor before an O_APPEND open found the size (O_APPEND set by fcntl, an
+  // open answered without attributes): those go where the kernel puts them.
+  // OpenedAt sets the end from the attributes an open or create got (never
+  // below an append placed and not yet answered); AppendOffset takes the
+  // next `size` bytes of it, or nothing when the end is not known.
   bool AppendsHere(int open_flags) const { return opts_.cto && (open_flags & O_APPEND); }
   void OpenedAt(const InodeP& inode, uint64_t server_size);
-  uint64_t AppendOffset(const InodeP& inode, size_t size);
+  std::optional<uint64_t> AppendOffset(const InodeP& inode, size_t size);
   // The error this open file has not yet reported, if any (and now it has).
   std::optional<Error> TakeError(OpenFile* f);
   // One COMMIT round for the file's kept writes (FileWrites::BeginCommit).

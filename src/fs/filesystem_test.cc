@@ -929,6 +929,65 @@ TEST_F(FilesystemTest, AnAppendGoesAtTheEndTheOpenFoundNotWhereTheKernelPutsIt) 
   EXPECT_EQ(ContentsOf("log"), "xx\nB1\nA2\nA3\n");
 }
 
+// The appends the gateway does not place: O_APPEND set by fcntl on a plain
+// open (no O_APPEND open found the size), and O_DIRECT appends (the kernel
+// sends the pieces of a large one at once): where the kernel puts them.
+TEST_F(FilesystemTest, AppendsWithoutAnEndFoundAtOpenOrWithODirectGoWhereTheKernelPutsThem) {
+  OpenFile* f = CreateWith("fl", "");
+  ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
+  const nfs::Fh fh = f->inode->fh();
+  Close(f);
+  // Written by another client: this gateway knows no end of the file.
+  ASSERT_TRUE(Wait<nfs::WriteReply>([&](auto cb) { nfs_.Write(fh, 0, Buf("0123456789"), 0, 10, true, cred_, cb); }).ok());
+  auto p = Open(ino, O_WRONLY);  // then fcntl(F_SETFL, O_APPEND)
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(Write(p->file, "ab", 10, O_WRONLY | O_APPEND).ok());
+  Close(p->file);
+  EXPECT_EQ(ContentsOf("fl"), "0123456789ab");
+  auto d = Open(ino, O_WRONLY | O_APPEND | O_DIRECT);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(Write(d->file, "XY", 4, O_WRONLY | O_APPEND | O_DIRECT).ok());
+  fs_->Release(d->file);
+  EXPECT_EQ(ContentsOf("fl"), "0123XY6789ab");
+}
+
+// An O_APPEND open while another append of this gateway is placed and not
+// yet answered (a direct_io mount waits for the server) does not take the
+// end back below it: the second append lands after the first.
+TEST_F(FilesystemTest, AnOpenDoesNotTakeTheEndBelowAnAppendStillOnItsWay) {
+  FsOptions o;
+  o.direct_io = true;
+  Mount(o);
+  OpenFile* f = CreateWith("two", "x\n");
+  ASSERT_NE(f, nullptr);
+  const uint64_t ino = f->inode->ino();
+  Close(f);
+  auto first = Open(ino, O_WRONLY | O_APPEND);
+  ASSERT_TRUE(first.ok());
+  nfs_.Pause();
+  auto w1 = std::make_shared<std::promise<Result<size_t>>>();
+  fs_->Write(cred_, first->file, Buf("A\n"), 2, O_WRONLY | O_APPEND,
+             [w1](Result<size_t> r) { w1->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(1));  // its WRITE, held
+  auto second = std::make_shared<std::promise<Result<OpenOut>>>();
+  fs_->Open(cred_, ino, O_WRONLY | O_APPEND, [second](Result<OpenOut> r) { second->set_value(std::move(r)); });
+  ASSERT_TRUE(nfs_.WaitPending(2));
+  ASSERT_TRUE(nfs_.StepOne(IndexOf(nfs_, Proc::kAccess)));  // the open sees size 2
+  auto s = second->get_future();
+  ASSERT_EQ(s.wait_for(30s), std::future_status::ready);
+  auto o2 = s.get();
+  ASSERT_TRUE(o2.ok());
+  nfs_.Resume();
+  ASSERT_TRUE(Write(o2->file, "B\n", 2, O_WRONLY | O_APPEND).ok());
+  auto f1 = w1->get_future();
+  ASSERT_EQ(f1.wait_for(30s), std::future_status::ready);
+  ASSERT_TRUE(f1.get().ok());
+  fs_->Release(first->file);
+  fs_->Release(o2->file);
+  EXPECT_EQ(ContentsOf("two"), "x\nA\nB\n");
+}
+
 TEST_F(FilesystemTest, WithNoctoAnAppendGoesWhereTheKernelPutsIt) {
   FsOptions o;
   o.cto = false;

@@ -78,6 +78,8 @@ class Inode {
   // to-open) grown by every write through this gateway since, or the size
   // a truncate through it set (Filesystem::AppendOffset).
   uint64_t append_end GUARDED_BY(mu) = 0;
+  bool append_known GUARDED_BY(mu) = false;  // an O_APPEND open set it from the server's size
+  int appends_in_flight GUARDED_BY(mu) = 0;   // placed by AppendOffset, not yet answered
   bool kernel_attr_known GUARDED_BY(mu) = false;
   bool kernel_attr_uncertain GUARDED_BY(mu) = false;
   // Open files of this mount, and the hidden name a removal while open left

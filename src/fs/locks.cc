@@ -56,13 +56,8 @@ void Locks::Get(const nfs::Fh& fh, const Request& r, const nfs::Cred& c, nfs::Cb
 
 void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait,
                 std::function<bool()> interrupted, const nfs::Cred& c, nfs::Cb<Ok> cb) {
-  if (r.type == F_UNLCK) {
-    return nlm_.Unlock(fh, OwnerOf(r.owner), r.start, r.length, c, [cb = std::move(cb)](Result<n4::Stat> s) {
-      if (!s) return cb(s.error());
-      if (*s != n4::Stat::kGranted) return cb(StatError(*s, "NLM4_UNLOCK"));
-      cb(Ok{});
-    });
-  }
+  if (stopping_) return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
+  if (r.type == F_UNLCK) return UnlockRange(fh, r.owner, r.start, r.length, c, std::move(cb));
   {
     MutexLock hold(hold_mu_);
     if (!marked_ && may_hold_) {
@@ -70,7 +65,9 @@ void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait
     }
     marked_ = true;
     MutexLock lock(mu_);
-    held_[{fh, r.owner}].files.insert(file);
+    Held& h = held_[{fh, r.owner}];
+    h.files.insert(file);
+    ++h.pending;
     pids_[r.owner] = r.pid;
   }
   Attempt(fh, file, r, wait, std::move(interrupted), c, std::move(cb), kFirstPoll);
@@ -79,17 +76,28 @@ void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait
 void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool wait,
                     std::function<bool()> interrupted, const nfs::Cred& c, nfs::Cb<Ok> cb,
                     std::chrono::milliseconds next) {
+  if (stopping_) {
+    Answered({fh, r.owner}, file, Outcome::kRefused);
+    return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
+  }
   nlm_.Lock(fh, OwnerOf(r.owner), RangeOf(r), false, c,
             [this, fh, file, r, wait, interrupted = std::move(interrupted), c, cb = std::move(cb),
              next](Result<n4::Stat> s) mutable {
               const Key k{fh, r.owner};
               if (!s) {
-                Answered(k, file, false);
+                // No answer: the server may have granted it (kept as held).
+                Answered(k, file, Outcome::kUnknown);
                 return cb(s.error());
               }
               std::chrono::milliseconds delay;
               if (*s == n4::Stat::kGranted) {
-                Answered(k, file, true);
+                Answered(k, file, Outcome::kGranted);
+                if (stopping_) {
+                  // Granted while the mount ends (after ReleaseAll took the
+                  // list): given back at once.
+                  nlm_.Unlock(fh, OwnerOf(r.owner), r.start, r.length, c, [](Result<n4::Stat>) {});
+                  return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
+                }
                 return cb(Ok{});
               }
               if (*s == n4::Stat::kDeniedGracePeriod) {
@@ -98,12 +106,13 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
                 delay = next;
                 next = std::min(next * 2, kMaxPoll);
               } else {
-                Answered(k, file, false);
+                Answered(k, file, Outcome::kRefused);
                 return cb(StatError(*s, "NLM4_LOCK"));
               }
-              if (interrupted && interrupted()) {
-                Answered(k, file, false);
-                return cb(Error::Errno(EINTR, "lock wait interrupted"));
+              if ((interrupted && interrupted()) || stopping_) {
+                Answered(k, file, Outcome::kRefused);
+                return cb(Error::Errno(stopping_ ? ESHUTDOWN : EINTR,
+                                       stopping_ ? "the mount is ending" : "lock wait interrupted"));
               }
               timer_.After(delay, [this, fh, file, r, wait, interrupted = std::move(interrupted), c,
                                    cb = std::move(cb), next]() mutable {
@@ -112,21 +121,49 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
             });
 }
 
-void Locks::Answered(const Key& k, const void* file, bool granted) {
+void Locks::UnlockRange(const nfs::Fh& fh, uint64_t owner, uint64_t start, uint64_t length, const nfs::Cred& c,
+                        nfs::Cb<Ok> cb) {
+  nlm_.Unlock(fh, OwnerOf(owner), start, length, c,
+              [this, fh, owner, start, length, c, cb = std::move(cb)](Result<n4::Stat> s) mutable {
+                if (!s) return cb(s.error());
+                if (*s == n4::Stat::kDeniedGracePeriod && !stopping_) {
+                  // (A server in its grace period may refuse unlocks too.)
+                  return timer_.After(kGracePoll, [this, fh, owner, start, length, c, cb = std::move(cb)]() mutable {
+                    UnlockRange(fh, owner, start, length, c, std::move(cb));
+                  });
+                }
+                if (*s != n4::Stat::kGranted) return cb(StatError(*s, "NLM4_UNLOCK"));
+                cb(Ok{});
+              });
+}
+
+void Locks::Answered(const Key& k, const void* file, Outcome o) {
   {
     MutexLock lock(mu_);
-    if (granted) {
-      Held& h = held_[k];  // (a release may have taken it out meanwhile: the lock is held now)
+    Held& h = held_[k];  // (a release may have taken it out meanwhile)
+    if (h.pending > 0) --h.pending;
+    if (o != Outcome::kRefused) {
       h.files.insert(file);
-      h.granted = true;
+      h.granted = true;  // (or may be: an unanswered request)
       return;
     }
-    auto it = held_.find(k);
-    if (it == held_.end() || it->second.granted) return;
-    held_.erase(it);  // nothing of the owner's on the file was granted
+    // Forgotten if nothing of the owner's on the file was granted and no
+    // other request for it is on its way.
+    if (h.granted || h.pending > 0) return;
+    held_.erase(k);
+    ForgetPidLocked(k.second);
   }
   MaybeNothingHeld();
 }
+
+void Locks::ForgetPidLocked(uint64_t owner) {
+  for (const auto& [k, h] : held_) {
+    if (k.second == owner) return;
+  }
+  pids_.erase(owner);
+}
+
+void Locks::Shutdown() { stopping_ = true; }
 
 void Locks::MaybeNothingHeld() {
   {
@@ -148,6 +185,7 @@ void Locks::ReleaseOwner(const nfs::Fh& fh, uint64_t owner, const nfs::Cred& c, 
   {
     MutexLock lock(mu_);
     if (held_.erase({fh, owner}) == 0) return cb(Ok{});
+    ForgetPidLocked(owner);
   }
   UnlockAll({{fh, owner}}, c, std::move(cb));
 }
@@ -157,13 +195,17 @@ void Locks::ReleaseFile(const nfs::Fh& fh, const void* file, const nfs::Cred& c,
   {
     MutexLock lock(mu_);
     for (auto it = held_.lower_bound({fh, 0}); it != held_.end() && it->first.first == fh;) {
-      if (it->second.files.erase(file) > 0 && it->second.files.empty()) {
+      if (it->second.files.erase(file) > 0 && it->second.files.empty() && it->second.pending == 0) {
         gone.push_back(it->first);
         it = held_.erase(it);
       } else {
         ++it;
       }
     }
+  }
+  {
+    MutexLock lock(mu_);
+    for (const auto& k : gone) ForgetPidLocked(k.second);
   }
   UnlockAll(std::move(gone), c, std::move(cb));
 }
@@ -174,6 +216,7 @@ void Locks::ReleaseAll(const nfs::Cred& c, nfs::Cb<Ok> cb) {
     MutexLock lock(mu_);
     for (const auto& [k, h] : held_) all.push_back(k);
     held_.clear();
+    pids_.clear();
   }
   UnlockAll(std::move(all), c, std::move(cb));
 }
@@ -216,13 +259,9 @@ void Locks::UnlockAll(std::vector<Key> keys, const nfs::Cred& c, nfs::Cb<Ok> cb)
     j->left = keys.size();
   }
   for (const auto& [fh, owner] : keys) {
-    nlm_.Unlock(fh, OwnerOf(owner), 0, 0, c, [j](Result<n4::Stat> s) {
+    UnlockRange(fh, owner, 0, 0, c, [j](Result<Ok> s) {
       std::optional<Error> err;
-      if (!s) {
-        err = s.error();
-      } else if (*s != n4::Stat::kGranted) {
-        err = StatError(*s, "NLM4_UNLOCK");
-      }
+      if (!s) err = s.error();
       MutexLock lock(j->mu);
       if (err && !j->first) j->first = err;
       if (--j->left > 0) return;

@@ -28,8 +28,9 @@
 // is granted.
 //
 // Release. A lock request is recorded, with the open file it came through,
-// before its LOCK is sent (a lost reply leaves nothing unrecorded); one
-// refused, for an owner that has no lock of the file granted, is forgotten.
+// before its LOCK is sent (a request left unanswered counts as granted);
+// one refused, for an owner with no lock of the file granted and no other
+// request on its way, is forgotten.
 // A close by the owner (FUSE's flush) releases all of its locks on the
 // file (POSIX); the last close of an open file releases those of owners
 // that locked only through it (OFD and flock locks); ReleaseAll (unmount)
@@ -46,6 +47,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -98,6 +100,10 @@ class Locks {
   void ReleaseFile(const nfs::Fh& fh, const void* file, const nfs::Cred& c, nfs::Cb<Ok> cb);
   // All of this mount's locks.
   void ReleaseAll(const nfs::Cred& c, nfs::Cb<Ok> cb);
+  // The mount ends: lock requests fail with ESHUTDOWN from now on (a wait
+  // ends at its next try), a lock granted from now on is given back at
+  // once. Called before ReleaseAll.
+  void Shutdown();
   // Whether this mount may hold locks on the server (some were asked for
   // and not all released); of `owner` on the file; through `file`.
   bool MayHold() const;
@@ -112,8 +118,14 @@ class Locks {
                const nfs::Cred& c, nfs::Cb<Ok> cb, std::chrono::milliseconds next);
   // UNLOCKs the whole file for each owner, then cb (the first error, if any).
   void UnlockAll(std::vector<Key> keys, const nfs::Cred& c, nfs::Cb<Ok> cb);
-  // A LOCK was answered: granted, or refused for good.
-  void Answered(const Key& k, const void* file, bool granted);
+  // A LOCK request ended: granted, refused for good, or unanswered (the
+  // server may have granted it: kept as held).
+  enum class Outcome { kGranted, kRefused, kUnknown };
+  void Answered(const Key& k, const void* file, Outcome o);
+  void ForgetPidLocked(uint64_t owner) REQUIRES(mu_);
+  // UNLOCK, asked again while the server is in its grace period.
+  void UnlockRange(const nfs::Fh& fh, uint64_t owner, uint64_t start, uint64_t length, const nfs::Cred& c,
+                   nfs::Cb<Ok> cb);
   // Once nothing is held: may_hold_(false), on the timer's thread.
   void MaybeNothingHeld();
 
@@ -125,8 +137,10 @@ class Locks {
   mutable Mutex mu_;
   struct Held {
     std::set<const void*> files;  // the open files it locked through
-    bool granted = false;         // a lock of the owner on the file was granted
+    bool granted = false;         // a lock of the owner on the file was (or may have been) granted
+    int pending = 0;              // LOCK requests on their way
   };
+  std::atomic<bool> stopping_{false};
   std::map<Key, Held> held_ GUARDED_BY(mu_);
   std::map<uint64_t, uint32_t> pids_ GUARDED_BY(mu_);  // owner: the pid of its last lock request
   Timer timer_;  // last: its thread runs retries that use the members above

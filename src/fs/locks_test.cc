@@ -284,9 +284,66 @@ TEST(Locks, NoLockIsAskedForUntilTheStateFileSaysTheMountMayHoldOneAndItIsToldWh
   EXPECT_TRUE(marked({true, true, true, false, false}));
 }
 
+// A LOCK that got no answer may have been granted: kept, so that the close
+// still unlocks. The end of the mount fails waits at their next try and
+// gives back a lock granted after it.
+class SilentOnce final : public nfs::LockClient {
+ public:
+  explicit SilentOnce(nfs::LockClient& inner) : inner_(inner) {}
+  void Test(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, const nfs::Cred& c,
+            nfs::Cb<n4::TestRes> cb) override {
+    inner_.Test(fh, o, r, c, std::move(cb));
+  }
+  void Lock(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool reclaim, const nfs::Cred& c,
+            nfs::Cb<n4::Stat> cb) override {
+    if (silent_.exchange(false)) {  // executed, its reply lost
+      return inner_.Lock(fh, o, r, reclaim, c, [cb](Result<n4::Stat>) { cb(Error::Errno(ETIMEDOUT, "no reply")); });
+    }
+    inner_.Lock(fh, o, r, reclaim, c, std::move(cb));
+  }
+  void Unlock(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len, const nfs::Cred& c,
+              nfs::Cb<n4::Stat> cb) override {
+    inner_.Unlock(fh, o, off, len, c, std::move(cb));
+  }
+  std::atomic<bool> silent_{true};
+
+ private:
+  nfs::LockClient& inner_;
+};
+
+TEST(Locks, ALockLeftUnansweredIsStillUnlockedAtTheClose) {
+  FakeLockManager server;
+  SilentOnce net(server);
+  Locks a(net, Instance('a'));
+  EXPECT_FALSE(Set(a, &kA, Req(1, F_WRLCK)).ok());
+  EXPECT_EQ(server.HeldCount(kFile), 1u) << "the server granted it";
+  EXPECT_TRUE(a.MayHold(kFile, 1));
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseOwner(kFile, 1, {}, cb); }).ok());
+  EXPECT_EQ(server.HeldCount(kFile), 0u);
+}
+
+TEST(Locks, TheEndOfTheMountEndsWaitsAndRefusesNewLocks) {
+  FakeLockManager server;
+  Locks a(server, Instance('a')), b(server, Instance('b'));
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK)).ok());
+  std::promise<Result<Ok>> got;
+  b.Set(kFile, &kB, Req(1, F_WRLCK), true, {}, {}, [&](Result<Ok> r) { got.set_value(r); });
+  b.Shutdown();
+  auto f = got.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  auto r = f.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, ESHUTDOWN);
+  auto late = Set(b, &kB, Req(2, F_WRLCK, 100, 1));
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.error().err, ESHUTDOWN);
+  EXPECT_FALSE(b.MayHold());
+  EXPECT_EQ(server.HeldCount(kFile), 1u) << "only a's lock";
+}
+
 // Randomized: three mounts, three owners each, one file of 32 bytes; random
 // locks (shared, exclusive), unlocks, closes by an owner and last closes of
-// a file. The oracle keeps, per byte, which owners hold it and how, and
+// the open file. The oracle keeps, per byte, which owners hold it and how, and
 // says whether each request must be granted; Locks' answers must agree,
 // and at the end every owner's release leaves the server's table empty.
 TEST(Locks, RandomRequestsFromThreeMountsAgreeWithAByteOracle) {
@@ -298,7 +355,7 @@ TEST(Locks, RandomRequestsFromThreeMountsAgreeWithAByteOracle) {
     // oracle[byte][owner index (mount * 3 + owner)]: 0 none, 1 shared, 2 exclusive
     std::vector<std::array<int, 9>> oracle(kBytes, std::array<int, 9>{});
     std::mt19937 rng(seed);
-    const int files[3] = {0, 0, 0};
+    const int files[3] = {0, 0, 0};  // one open file per mount (only addresses count)
     for (int step = 0; step < 1500; ++step) {
       const int m = static_cast<int>(rng() % 3), o = static_cast<int>(rng() % 3), who = m * 3 + o;
       const uint64_t start = rng() % kBytes, len = 1 + rng() % 8;
@@ -322,9 +379,17 @@ TEST(Locks, RandomRequestsFromThreeMountsAgreeWithAByteOracle) {
       } else if (op < 8) {
         ASSERT_TRUE(Set(*mounts[m], &files[m], Req(static_cast<uint64_t>(o) + 1, F_UNLCK, start, end - start)).ok());
         for (uint64_t b = start; b < end; ++b) oracle[b][who] = 0;
-      } else {
+      } else if (op < 9) {
+        // A close by the owner: all of its locks go.
         ASSERT_TRUE(Wait<Ok>([&](auto cb) { mounts[m]->ReleaseOwner(kFile, static_cast<uint64_t>(o) + 1, {}, cb); }).ok());
         for (auto& b : oracle) b[who] = 0;
+      } else {
+        // The last close of the mount's open file, through which all its
+        // owners locked: all of them lose their locks.
+        ASSERT_TRUE(Wait<Ok>([&](auto cb) { mounts[m]->ReleaseFile(kFile, &files[m], {}, cb); }).ok());
+        for (auto& b : oracle) {
+          for (int k = m * 3; k < m * 3 + 3; ++k) b[k] = 0;
+        }
       }
       // F_GETLK agrees too: a probe of one byte by an owner holding nothing.
       const uint64_t probe = rng() % kBytes;

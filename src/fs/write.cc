@@ -150,26 +150,28 @@ void Filesystem::Write(const Cred& c, OpenFile* f, nfs::Buffer data, uint64_t of
   InodeP inode = f->inode;
   const size_t size = data->size();
   if (size == 0) return cb(size_t{0});
-  if (AppendsHere(wflags)) {  // (the write's own flags: a page writeback's say nothing)
+  std::optional<uint64_t> at;
+  if (AppendsHere(wflags) && !(wflags & O_DIRECT)) at = AppendOffset(inode, size);
+  if (at) {
     // At the end as this gateway knows it (filesystem.h, "Appends"). When
     // that is not where the kernel put it, the kernel's size and pages are
     // stale: dropped once the write is answered, and at the next open. A
     // refused append gives its place back if no other took the end since.
-    const uint64_t at = AppendOffset(inode, size);
-    const bool moved = at != off;
+    const bool moved = *at != off;
     if (moved) {
       MutexLock lock(inode->writes.mu);
       inode->writes.Doubt();
     }
-    cb = [this, inode, at, size, moved, cb = std::move(cb)](Result<size_t> r) {
-      if (!r) {
+    cb = [this, inode, at = *at, size, moved, cb = std::move(cb)](Result<size_t> r) {
+      {
         MutexLock lock(inode->mu);
-        if (inode->append_end == at + size) inode->append_end = at;
+        --inode->appends_in_flight;
+        if (!r && inode->append_end == at + size) inode->append_end = at;
       }
       cb(std::move(r));
       if (moved && invalidate_data_later_) invalidate_data_later_(inode->ino());
     };
-    off = at;
+    off = *at;
   } else {
     MutexLock lock(inode->mu);
     inode->append_end = std::max(inode->append_end, off + size);
@@ -580,6 +582,18 @@ void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
     });
   }
   CommitAfterDrain(f, std::move(cb));
+}
+
+void Filesystem::ToServer(OpenFile* f, Cb<Ok> cb) {
+  InodeP inode = f->inode;
+  auto commit = [this, inode, cb = std::move(cb)](Result<Ok> flushed) mutable {
+    if (!flushed) return cb(flushed.error());
+    WhenDrained(inode, [this, inode, cb = std::move(cb)]() mutable { Commit(inode, std::move(cb)); });
+  };
+  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
+    return FlushFile(inode, std::move(commit));
+  }
+  commit(Ok{});
 }
 
 void Filesystem::FlushFileForSync(const InodeP& inode, std::function<void(Result<Ok>)> done) {

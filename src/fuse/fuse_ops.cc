@@ -293,7 +293,8 @@ void SetLock(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, const fs::Locks
   fs::OpenFile* f = File(fi);
   const engine::Cred c = CredOf(req);
   if (r.type == F_UNLCK) {
-    return Fs(req).Fsync(c, f, [req, locks, f, r, c](Result<Ok>) {
+    // (A write error stays for the file's fsync or close to report.)
+    return Fs(req).ToServer(f, [req, locks, f, r, c](Result<Ok>) {
       locks->Set(f->inode->fh(), f, r, false, {}, c, ErrnoReply(req));
     });
   }
@@ -330,7 +331,8 @@ void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   }
   const engine::Cred c = CredOf(req);
   const uint64_t owner = fi->lock_owner;
-  Fs(req).Fsync(c, f, [req, locks, f, c, owner](Result<Ok>) {
+  Fs(req).ToServer(f, [req, locks, f, c, owner](Result<Ok>) {
+    // (The close then reports a write error as any close does.)
     locks->ReleaseOwner(f->inode->fh(), owner, c, [req, f, c](Result<Ok>) { Fs(req).Flush(c, f, ErrnoReply(req)); });
   });
 }
@@ -351,7 +353,7 @@ void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   }
   const engine::Cred c = CredOf(req);
   fuse_reply_err(req, 0);  // (the kernel does not wait for a release)
-  fs.Fsync(c, f, [&fs, locks, f, c](Result<Ok>) {
+  fs.ToServer(f, [&fs, locks, f, c](Result<Ok>) {
     locks->ReleaseFile(f->inode->fh(), f, c, [&fs, f](Result<Ok>) { fs.Release(f); });
   });
 }

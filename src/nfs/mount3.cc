@@ -173,11 +173,12 @@ Result<LocalBinding> Binding(const std::string& local) {
 
 }  // namespace
 
-Result<int> LockManagerPort(const std::string& host, std::chrono::milliseconds timeout, const std::string& local) {
+Result<int> LockManagerPort(const std::string& host, std::chrono::milliseconds timeout, const std::string& local,
+                            std::string* local_addr) {
   auto b = Binding(local);
   if (!b) return b.error();
   return PortOf(*b, host, proto::nlm4::kProgram, proto::nlm4::kVersion, Clock::now() + timeout,
-                "lock manager (NLM v4)");
+                "lock manager (NLM v4)", local_addr);
 }
 
 Result<std::string> NotifyRestart(const std::string& host, int32_t state, std::chrono::milliseconds timeout,

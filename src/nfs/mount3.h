@@ -22,9 +22,10 @@ namespace mpnfs::nfs {
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
                        std::chrono::milliseconds timeout, const std::string& local = "");
 
-// The TCP port of the server's NLM v4 service (ENOENT: none registered).
+// The TCP port of the server's NLM v4 service (ENOENT: none registered);
+// `local_addr`, if given, gets this client's address toward the server.
 Result<int> LockManagerPort(const std::string& host, std::chrono::milliseconds timeout,
-                            const std::string& local = "");
+                            const std::string& local = "", std::string* local_addr = nullptr);
 
 // SM_NOTIFY to the server's status monitor: the host at this client's
 // address toward the server (what the server's lock manager knows it by)

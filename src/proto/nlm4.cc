@@ -67,8 +67,7 @@ bool XdrT(X& x, Notify& n) { return x.Bytes(n.name, kStrMax) && x.I32(n.state); 
 int ErrnoOf(Stat s) {
   switch (s) {
     case Stat::kGranted: return 0;
-    case Stat::kDenied:
-    case Stat::kBlocked: return EAGAIN;
+    case Stat::kDenied: return EAGAIN;
     case Stat::kDeadlock: return EDEADLK;
     case Stat::kReadOnlyFs: return EROFS;
     case Stat::kStaleFh: return ESTALE;

@@ -40,9 +40,9 @@ enum class Stat : uint32_t {
 };
 
 // nlm4_stats as an errno, as the Linux client maps it (DENIED is EAGAIN,
-// DENIED_NOLOCKS, DENIED_GRACE_PERIOD and FAILED are ENOLCK, DEADLCK
-// EDEADLK, ROFS EROFS, STALE_FH ESTALE, FBIG EOVERFLOW; BLOCKED, which
-// answers only a blocking request, EAGAIN), and its name.
+// DENIED_NOLOCKS, DENIED_GRACE_PERIOD, BLOCKED and FAILED are ENOLCK,
+// DEADLCK EDEADLK, ROFS EROFS, STALE_FH ESTALE, FBIG EOVERFLOW), and its
+// name.
 int ErrnoOf(Stat s);
 std::string StatName(Stat s);
 

@@ -126,6 +126,7 @@ TEST(Nlm4Codec, StatusesMapAsTheLinuxClientMapsThem) {
   EXPECT_EQ(nlm4::ErrnoOf(Stat::kStaleFh), ESTALE);
   EXPECT_EQ(nlm4::ErrnoOf(Stat::kFileTooBig), EOVERFLOW);
   EXPECT_EQ(nlm4::ErrnoOf(Stat::kFailed), ENOLCK);
+  EXPECT_EQ(nlm4::ErrnoOf(Stat::kBlocked), ENOLCK);
   EXPECT_EQ(nlm4::StatName(Stat::kDeniedGracePeriod), "NLM4_DENIED_GRACE_PERIOD");
 }
 

@@ -31,10 +31,14 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+HOLDERS = []
+
+
 class Holder:
     def __init__(self, path, kind="ex", start=0, length=0):
         self.p = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), kind, str(start), str(length)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        HOLDERS.append(self.p)
         line = self.p.stdout.readline()
         assert line.startswith("locked"), f"the holder did not lock: {line!r}"
         self.pid = int(line.split()[1])
@@ -42,6 +46,18 @@ class Holder:
     def release(self):
         self.p.stdin.close()
         assert self.p.wait(timeout=30) == 0
+
+
+@pytest.fixture(autouse=True)
+def no_holder_left():
+    """A test that fails with a holder still running ends it (by its PID),
+    so that the mounts can go."""
+    yield
+    while HOLDERS:
+        p = HOLDERS.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
 
 
 def try_lock(path, exclusive=True, start=0, length=0):
@@ -80,7 +96,7 @@ def test_a_lock_held_through_one_gateway_excludes_the_other(two):
     assert not try_lock(b.path / "locked"), "granted through B while A holds it"
     assert not try_lock(b.path / "locked", exclusive=False)
     t, _, start, length, pid = getlk(b.path / "locked")
-    assert (t, start, length) == (fcntl.F_WRLCK, 0, 0)
+    assert (t, start, length, pid) == (fcntl.F_WRLCK, 0, 0, 0), "another host's holder has pid 0"
     # The same gateway reports the holder's own pid.
     assert getlk(a.path / "locked")[4] == h.pid
     h.release()
@@ -125,6 +141,20 @@ def test_flock_and_ofd_locks_cross_gateways_and_go_with_the_last_close(two):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
         assert try_lock(b.path / "locked"), f"{kind}: not released by the holder's exit"
+
+
+def test_an_ofd_lock_goes_with_the_last_close_of_its_open_file(two):
+    a, b = two
+    fd = os.open(a.path / "locked", os.O_RDWR)
+    dup = os.dup(fd)
+    fcntl.fcntl(fd, 38, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))  # F_OFD_SETLKW
+    os.close(fd)
+    assert not try_lock(b.path / "locked"), "an OFD lock went with a close that was not the last"
+    os.close(dup)
+    deadline = time.time() + 10  # (the release is the kernel's, after close returns)
+    while not try_lock(b.path / "locked"):
+        assert time.time() < deadline, "the OFD lock outlived the last close"
+        time.sleep(0.05)
 
 
 def test_a_close_releases_the_processs_locks(two):
@@ -174,6 +204,8 @@ def test_a_waiting_lock_is_interrupted_by_a_signal(two):
     """)])
     assert waiter.wait(timeout=30) == 0, "F_SETLKW was granted, or not interrupted by the signal"
     h.release()
+    # The interrupted wait left nothing on the server.
+    assert try_lock(a.path / "locked"), "a lock was left by the interrupted wait"
 
 
 COUNTER = textwrap.dedent("""
@@ -238,13 +270,14 @@ def test_a_killed_gateways_locks_are_freed_when_it_mounts_again(mount_factory, t
     b = mount_factory()
     (a.path / "locked").write_text("x")
     h = Holder(a.path / "locked")
-    assert not try_lock(b.path / "locked")
+    # (F_GETLK only: B asks for no lock, so B holds none.)
+    assert getlk(b.path / "locked")[0] == fcntl.F_WRLCK
     os.kill(a.pid, signal.SIGKILL)
     a.proc.wait(timeout=30)
     h.p.kill()
     h.p.wait(timeout=30)
     subprocess.run(["fusermount3", "-u", "-z", str(a.path)], capture_output=True)
-    assert not try_lock(b.path / "locked"), "the lock went with the gateway (nothing to recover)"
+    assert getlk(b.path / "locked")[0] == fcntl.F_WRLCK, "the lock went with the gateway (nothing to recover)"
     proc, log = start_mount(a.path)
     try:
         deadline = time.time() + 30
