@@ -31,7 +31,13 @@ Locks::Locks(nfs::LockClient& nlm, std::array<char, 8> instance, std::function<R
 nfs::LockOwner Locks::OwnerOf(uint64_t owner) const {
   std::string oh(instance_.data(), instance_.size());
   for (int s = 56; s >= 0; s -= 8) oh.push_back(static_cast<char>(owner >> s));
-  return nfs::LockOwner{std::move(oh), static_cast<int32_t>((owner ^ (owner >> 31) ^ (owner >> 62)) & 0x7fffffff)};
+  // svid: 31 bits of the owner id mixed with this mount's bytes (a server
+  // that tells owners apart by svid alone, as Linux's lockd does, then
+  // takes two mounts' owners for one only if those bits collide).
+  uint64_t h = owner;
+  for (char c : instance_) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  h ^= h >> 31;
+  return nfs::LockOwner{std::move(oh), static_cast<int32_t>(h & 0x7fffffff)};
 }
 
 void Locks::Get(const nfs::Fh& fh, const Request& r, const nfs::Cred& c, nfs::Cb<std::optional<Conflict>> cb) {

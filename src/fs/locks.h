@@ -8,9 +8,10 @@
 // lock_owner: a process's file table for fcntl locks, an open file for
 // OFD and flock locks). The server knows an owner by `oh`: 8 bytes drawn
 // at random for this mount (two mounts on one host are different owners),
-// then the kernel's id; and by svid, 31 bits of the id. F_GETLK reports a
-// conflicting lock of this mount with the pid that took it, another
-// host's with its svid.
+// then the kernel's id; and by svid, 31 bits of the id mixed with the
+// mount's bytes. F_GETLK reports a conflicting lock of this mount with the
+// pid that took it, another host's with its svid (which the kernel shows
+// as pid 0).
 //
 // Waiting. A waiting request (F_SETLKW, a blocking flock) asks the server
 // without blocking it, and asks again while the lock is held elsewhere:
