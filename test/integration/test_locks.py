@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import is_mounted, start_mount
+from conftest import BED_ENV, BIN, EXPORT, NET, is_mounted, start_mount
 
 # A process that takes a lock, says "locked", and holds it until its stdin
 # closes (then exits, which releases it) or it is killed.
@@ -292,3 +292,70 @@ def test_a_killed_gateways_locks_are_freed_when_it_mounts_again(mount_factory, t
     finally:
         subprocess.run(["fusermount3", "-u", str(a.path)], capture_output=True)
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def host_b(bed, mount_factory, tmp_path):
+    """A gateway on a second host: its own network namespace (address
+    10.NET.101.1, the server at 10.NET.101.2) and host name, its mount in
+    this mount namespace. Returns start(), which mounts it (again) and
+    returns (mount point, process, log)."""
+    bed.run("host", "up", "1")
+    ns = f"/run/netns/{BED_ENV['MPNFS_TB_NS']}h1"
+    mp = tmp_path / "host-b"
+    mp.mkdir()
+    procs = []
+
+    def start():
+        log = tmp_path / f"host-b-{len(procs)}.log"
+        with open(log, "w") as lf:
+            p = subprocess.Popen(["nsenter", f"--net={ns}", "unshare", "-u", "sh", "-c",
+                                  f"hostname host-b && exec {BIN} 10.{NET}.101.2:{EXPORT} {mp} -f -o mountport=20048"],
+                                 stdout=lf, stderr=subprocess.STDOUT)
+        procs.append(p)
+        deadline = time.time() + 30
+        while not is_mounted(mp):
+            assert p.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.05)
+        return mp, p, log
+
+    yield start
+    for p in procs:
+        if is_mounted(mp):
+            subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True)
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+    bed.run("host", "down", "1")
+
+
+def test_a_gateway_on_another_host_is_excluded_and_its_killed_locks_freed_alone(mount_factory, host_b):
+    """Host B (its own address and host name) is refused while A holds the
+    lock, takes it once A releases; then B's gateway is killed holding it:
+    A is refused until B's host mounts again and tells the server it
+    restarted, which frees B's lock and not a lock A holds on another file."""
+    a = mount_factory()
+    (a.path / "locked").write_text("0\n")
+    (a.path / "mine").write_text("a's\n")
+    b_path, b_proc, _ = host_b()
+    h = Holder(a.path / "locked")
+    assert not try_lock(b_path / "locked"), "host B was granted a lock host A holds"
+    h.release()
+    assert try_lock(b_path / "locked")
+    mine = Holder(a.path / "mine")  # A's own lock, which B's restart must leave
+    hb = Holder(b_path / "locked")
+    assert getlk(a.path / "locked")[0] == fcntl.F_WRLCK
+    b_proc.kill()
+    b_proc.wait(timeout=30)
+    hb.p.kill()
+    hb.p.wait(timeout=30)
+    subprocess.run(["fusermount3", "-u", "-z", str(b_path)], capture_output=True)
+    assert getlk(a.path / "locked")[0] == fcntl.F_WRLCK, "B's lock went with its gateway (nothing to recover)"
+    _, _, log = host_b()
+    assert "told the server this host" in log.read_text(), log.read_text()
+    deadline = time.time() + 10
+    while not try_lock(a.path / "locked"):
+        assert time.time() < deadline, "B's lock was not freed by its restart"
+        time.sleep(0.2)
+    assert not try_lock(b_path / "mine"), "A's lock was freed by B's restart"
+    mine.release()
