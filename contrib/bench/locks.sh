@@ -17,8 +17,8 @@ cd "$(dirname "$0")/../.."
 OUT=
 if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 ROUNDS=${1:-2000}
-export MPNFS_TB=/tmp/mpnfs-lkbench MPNFS_TB_NS=mpnfslk MPNFS_TB_NET=82 MPNFS_TB_LINK=mlk
-SERVER=10.82.1.2
+export MPNFS_TB=/tmp/mpnfs-lkbench MPNFS_TB_NS=mpnfslk MPNFS_TB_NET=85 MPNFS_TB_LINK=mlk
+SERVER=10.85.1.2
 EXPORT=$MPNFS_TB/export
 MNT=/tmp/mpnfs-lkbench-a
 MNT2=/tmp/mpnfs-lkbench-b

@@ -206,9 +206,11 @@ class Filesystem {
              Cb<size_t> cb);
   void Flush(const Cred& c, OpenFile* f, Cb<Ok> cb);
   void Fsync(const Cred& c, OpenFile* f, Cb<Ok> cb);
-  // The file's writes on the server (a write-back cache's flushed, write-
-  // behind landed, a COMMIT), as before a lock is released: what was written
-  // under it is there for the next holder. Unlike Fsync, an error is not
+  // The file's writes on the server (write-behind landed, a COMMIT), as
+  // before a lock is released: what was written under it is there for the
+  // next holder on another host. A write-back cache keeps its data: its
+  // mount is the only one of the export (the ownership record), so no other
+  // host reads the file before it is flushed. Unlike Fsync, an error is not
   // taken from the open file (its fsync or close still reports it).
   void ToServer(OpenFile* f, Cb<Ok> cb);
   void Release(OpenFile* f);

@@ -586,14 +586,9 @@ void Filesystem::Fsync(const Cred& /*c*/, OpenFile* f, Cb<Ok> cb) {
 
 void Filesystem::ToServer(OpenFile* f, Cb<Ok> cb) {
   InodeP inode = f->inode;
-  auto commit = [this, inode, cb = std::move(cb)](Result<Ok> flushed) mutable {
-    if (!flushed) return cb(flushed.error());
-    WhenDrained(inode, [this, inode, cb = std::move(cb)]() mutable { Commit(inode, std::move(cb)); });
-  };
-  if (auto cache = cache_.load(); cache && cache->mode() == cache::CacheMode::kWriteBack) {
-    return FlushFile(inode, std::move(commit));
-  }
-  commit(Ok{});
+  // (A write-back cache's data stays there: its mount is the export's only
+  // one, so no other host reads the file before this mount flushes it.)
+  WhenDrained(inode, [this, inode, cb = std::move(cb)]() mutable { Commit(inode, std::move(cb)); });
 }
 
 void Filesystem::FlushFileForSync(const InodeP& inode, std::function<void(Result<Ok>)> done) {
