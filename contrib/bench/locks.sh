@@ -77,7 +77,7 @@ root = opaque(call(socket.create_connection((server, 20048)), 100005, 3, 1, S(ex
 fh = opaque(call(socket.create_connection((server, 2049)), 100003, 3, 3, S(root) + S("lockfile")), 4)
 nlm = socket.create_connection((server, port_of(100021, 4)))
 nlm.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-lock = lambda: S("ck") + W(0, 1) + S("bench-raw") + S(fh) + S("raw-owner") + W(7) + W(0, 0, 0, 0)
+lock = lambda: S("ck") + W(0, 1) + S("bench-raw") + S(fh) + S("raw-owner") + W(7) + W(0, 0, 0, 0) + W(0, 1)
 unlock = lambda: S("ck") + S("bench-raw") + S(fh) + S("raw-owner") + W(7) + W(0, 0, 0, 0)
 def pairs(fn):
     t = []
