@@ -1084,6 +1084,16 @@ void Filesystem::OpenedAt(const InodeP& inode, uint64_t server_size) {
   inode->append_known = true;
 }
 
+void Filesystem::LockedAt(uint64_t ino, uint64_t server_size) {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return;
+  {
+    MutexLock lock(inode->mu);
+    if (!inode->append_known) return;
+  }
+  OpenedAt(inode, server_size);
+}
+
 std::optional<uint64_t> Filesystem::AppendOffset(const InodeP& inode, size_t size) {
   MutexLock lock(inode->mu);
   if (!inode->append_known) return std::nullopt;

@@ -213,6 +213,10 @@ class Filesystem {
   // host reads the file before it is flushed. Unlike Fsync, an error is not
   // taken from the open file (its fsync or close still reports it).
   void ToServer(OpenFile* f, Cb<Ok> cb);
+  // A lock of the file was granted and `server_size` fetched after it: an
+  // end an O_APPEND open found is now this one (appends another host made
+  // while this one waited for the lock come before it; "Appends" below).
+  void LockedAt(uint64_t ino, uint64_t server_size);
   void Release(OpenFile* f);
 
   void Opendir(const Cred& c, uint64_t ino, Cb<DirHandle*> cb);

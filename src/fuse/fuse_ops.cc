@@ -301,7 +301,8 @@ void SetLock(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, const fs::Locks
   locks->Set(f->inode->fh(), f, r, wait, [req] { return fuse_req_interrupted(req) != 0; }, c,
              [req, ino, c](Result<Ok> granted) {
                if (!granted) return ReplyError(req, granted.error());
-               Fs(req).Getattr(c, ino, [req, ino](Result<fs::AttrOut>) {
+               Fs(req).Getattr(c, ino, [req, ino](Result<fs::AttrOut> a) {
+                 if (a) Fs(req).LockedAt(ino, static_cast<uint64_t>(a->st.st_size));
                  auto& drop = Ctx(req)->invalidate_data;
                  if (!drop) return (void)fuse_reply_err(req, 0);
                  drop(ino, [req] { fuse_reply_err(req, 0); });
