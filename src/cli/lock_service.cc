@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <future>
@@ -20,19 +21,6 @@
 
 namespace mpnfs::cli {
 namespace {
-
-Result<Ok> MakeDirs(const std::string& path) {
-  std::string at;
-  std::istringstream parts(path);
-  for (std::string part; std::getline(parts, part, '/');) {
-    if (part.empty()) continue;
-    at += "/" + part;
-    if (mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Error::Errno(errno, "cannot make " + at + ": " + std::strerror(errno));
-    }
-  }
-  return Ok{};
-}
 
 std::string HostName() {
   char h[256] = "";
@@ -158,7 +146,9 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
   if (!port) return port.error();
   if (me_addr.empty()) return Error::Errno(EIO, "no local address toward " + path.host);
   std::unique_ptr<LockService> s(new LockService());
-  if (auto d = MakeDirs(kStateDir); !d) return d.error();
+  if (std::error_code ec; !std::filesystem::create_directories(kStateDir, ec) && ec) {
+    return Error::Errno(ec.value(), std::string("cannot make ") + kStateDir + ": " + ec.message());
+  }
   // The server knows this host's locks by this address: every mount from
   // it shares the file (an SM_NOTIFY from it frees them all).
   s->state_file_ = std::string(kStateDir) + "/" + me_addr;
