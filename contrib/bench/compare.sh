@@ -1,12 +1,18 @@
 #!/bin/bash
-# mpnfs against the limits a peer cannot beat: mpnfs on a default one-path
-# mount against the limits measured in the same run on the same
-# NFS-Ganesha bed (raw libnfs with no FUSE: nfs-cat, nfs-cp, nfs-qd1; FUSE
-# with no NFS: fuse-null), the median of ROUNDS rounds each, then random
-# reads over 1, 2 and 4 paths. Prints a markdown report; with -o FILE also
-# writes it there. It prints only what it measured: peers that are not
-# Debian packages (turbonfs, fuse-nfs) are not in it.
+# mpnfs against the limits a peer cannot beat, and against any other
+# system given in PEERS, all measured in the same run on the same
+# NFS-Ganesha bed: mpnfs on a default one-path mount; the limits are raw
+# libnfs with no FUSE (nfs-cat, nfs-cp, nfs-qd1) and FUSE with no NFS
+# (fuse-null); the median of ROUNDS rounds each, the systems taking turns
+# within a round (in reverse order every other round). Then random reads over 1, 2 and 4 paths (PATHS=0 skips
+# them). Prints a markdown report; with -o FILE also writes it there.
 #   contrib/bench/compare.sh [-o FILE] [ROUNDS] [SIZE_MIB]
+# PEERS: systems built by hand outside the repository (another mpnfs
+# binary, fuse-nfs, turbonfs), as "NAME=COMMAND" entries separated by ';'.
+# COMMAND mounts the bed's export in the foreground (the benchmark charges
+# its process's CPU); {server}, {export} and {mnt} are replaced. Example:
+#   PEERS='mpnfs-ade1922=/tmp/old/build/src/mpnfs {server}:{export} {mnt} -f -o mountport=20048'
+# The report prints only what it measured.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=
@@ -43,42 +49,65 @@ contrib/testbed.sh up 1 >/dev/null
 dd if=/dev/urandom of="$SRC" bs=1M count="$SIZE" status=none
 mount_mpnfs
 dd if=/dev/urandom of="$MNT/rand.bin" bs=1M count=1024 conv=fsync status=none
+umount_mpnfs
 mkdir -p "$NULLMNT"
 build/contrib/bench/fuse-null "$NULLMNT" 1024 &
 NULLPID=$!
 for _ in $(seq 50); do [ -e "$NULLMNT/f" ] && break; sleep 0.1; done
 
+# The systems: mpnfs (this tree's build, or MPNFS_BIN), then each of PEERS.
+SYS=(mpnfs)
+declare -A CMD
+IFS=';' read -ra entries <<< "${PEERS:-}"
+for e in "${entries[@]}"; do
+  e=$(echo "$e" | sed 's/^ *//; s/ *$//')
+  [ -n "$e" ] || continue
+  SYS+=("${e%%=*}"); CMD[${e%%=*}]=${e#*=}
+done
+mount_sys() { if [ "$1" = mpnfs ]; then mount_mpnfs; else mount_peer "${CMD[$1]}"; fi; }
+
 declare -A V
 add() { V[$1]+="$2 "; }
 for r in $(seq "$ROUNDS"); do
   echo "round $r of $ROUNDS" >&2
-  # Sequential write, 1 GiB, fsync at the end; raw: nfs-cp of the same file.
-  rm -f "$MNT/seq.bin" "$MNT/raw.bin"  # both written fresh (through NFS: Ganesha caches entries)
+  # The limits. Sequential write, 1 GiB: nfs-cp; read back cold: nfs-cat.
+  rm -f "$EXPORT/raw.bin"
   read -r s c < <(timed_cpu nfs-cp "$SRC" "$URL/raw.bin?$Q")
   add raw_w "$(mbps "$SIZE" "$s")"; add raw_wcpu "$c"
-  c0=$(cpu); t0=$(now); dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; t1=$(now); c1=$(cpu)
-  add w "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add wcpu "$(cpu_secs "$c0" "$c1")"
-  # Sequential read, 1 GiB, cold client.
   drop; read -r s c < <(timed_cpu nfs-cat "$URL/raw.bin?$Q")
   add raw_r "$(mbps "$SIZE" "$s")"; add raw_rcpu "$c"
-  drop; c0=$(cpu); t0=$(now); dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; t1=$(now); c1=$(cpu)
-  add r "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add rcpu "$(cpu_secs "$c0" "$c1")"
-  # Queue depth 1: one NFS round trip (nfs-qd1), the FUSE floor, mpnfs. The
-  # drops above emptied the server's page cache too (same machine): warm the
-  # file there first (a read on the server side changes nothing), so that
-  # these measure round trips, not the virtual disk.
+  # Queue depth 1: one NFS round trip (nfs-qd1) and the FUSE floor. The
+  # drops empty the server's page cache too (same machine): the file is
+  # warmed there first (a read on the server side changes nothing), so
+  # that these measure round trips, not the virtual disk.
   cat "$EXPORT/rand.bin" > /dev/null
   add rtt_iops "$(build/contrib/bench/nfs-qd1 "$URL/rand.bin?$Q" "$FIO_SECS" |
                   /usr/bin/python3 -c 'import json,sys; print(int(json.load(sys.stdin)["iops"]))')"
   read -r i l < <(fio_iops "$NULLMNT/f" --ioengine=psync); add null1 "$i"
-  read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync); add qd1 "$i"; add qd1_lat "$l"
-  read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4); add j4 "$i"
-  read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32); add qd32 "$i"
+  # The systems take turns, in reverse order every other round (what runs
+  # first meets the server's page cache and write-back as the limits left them).
+  order=("${SYS[@]}")
+  if [ $((r % 2)) = 0 ]; then order=(); for ((i = ${#SYS[@]} - 1; i >= 0; i--)); do order+=("${SYS[$i]}"); done; fi
+  for x in "${order[@]}"; do
+    rm -f "$EXPORT/seq.bin"  # written fresh by each system
+    mount_sys "$x"
+    # Sequential write, 1 GiB, fsync at the end; then read back cold.
+    c0=$(cpu); t0=$(now); dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; t1=$(now); c1=$(cpu)
+    add "$x.w" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.wcpu" "$(cpu_secs "$c0" "$c1")"
+    drop; c0=$(cpu); t0=$(now); dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; t1=$(now); c1=$(cpu)
+    add "$x.r" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.rcpu" "$(cpu_secs "$c0" "$c1")"
+    cat "$EXPORT/rand.bin" > /dev/null
+    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync); add "$x.qd1" "$i"; add "$x.qd1_lat" "$l"
+    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4); add "$x.j4" "$i"
+    c0=$(cpu); read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32); c1=$(cpu)
+    add "$x.qd32" "$i"; add "$x.qd32cores" "$(awk -v c="$(cpu_secs "$c0" "$c1")" -v s="$FIO_SECS" 'BEGIN { printf "%.2f", c / s }')"
+    umount_mpnfs
+  done
 done
-umount_mpnfs
 kill_null
 
 # Random reads over 1, 2 and 4 paths (one bed of 4 paths, mounts of the first N).
+[ "${PATHS:-1}" = 0 ] || {
 contrib/testbed.sh down >/dev/null 2>&1 || true
 rm -rf "$MPNFS_TB"
 contrib/testbed.sh up 4 >/dev/null
@@ -95,33 +124,48 @@ for n in 1 2 4; do
   done
   umount_mpnfs
 done
+}
 
 m() { echo "${V[$1]}" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 gib=$(awk -v n="$SIZE" 'BEGIN { print n / 1024 }')
 perg() { awk -v c="$1" -v g="$gib" 'BEGIN { printf "%.2f", c / g }'; }
+cols() {  # KEY [per-GiB]: the median of KEY for each system, as table cells
+  local x out=
+  for x in "${SYS[@]}"; do
+    if [ "${2:-}" = cpu ]; then out+=" $(m "$x.$1") ($(perg "$(m "$x.${1}cpu")")) |"
+    else out+=" $(m "$x.$1") |"; fi
+  done
+  echo "$out"
+}
+dashes() { local x out=; for x in "${SYS[@]}"; do out+="---|"; done; echo "$out"; }
 {
   echo "# mpnfs against the limits, same run"
   echo
   echo "Recorded $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores, kernel $(uname -r), NFS-Ganesha"
   echo "$(dpkg-query -W -f='${Version}' nfs-ganesha) (FSAL_VFS), libnfs $(pkg-config --modversion libnfs),"
-  echo "libfuse $(pkg-config --modversion fuse3), mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  echo "libfuse $(pkg-config --modversion fuse3), mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?')${MPNFS_BIN:+ (binary $MPNFS_BIN)}."
   echo "Command: \`contrib/bench/compare.sh $ROUNDS $SIZE\` (FIO_SECS=$FIO_SECS). Medians of $ROUNDS rounds;"
   echo "server and client share the 2 cores."
+  for x in "${SYS[@]:1}"; do echo "Peer $x: \`${CMD[$x]}\`."; done
   echo
-  echo "| test | mpnfs | limit, same run | mpnfs / limit |"
-  echo "|---|---|---|---|"
-  echo "| seq read ${SIZE} MiB, dd bs=1M (MB/s; daemon CPU s/GiB) | $(m r); $(perg "$(m rcpu)") | nfs-cat $(m raw_r); $(perg "$(m raw_rcpu)") | $(ratio "$(m r)" "$(m raw_r)") |"
-  echo "| seq write ${SIZE} MiB, dd bs=1M conv=fsync (MB/s; daemon CPU s/GiB) | $(m w); $(perg "$(m wcpu)") | nfs-cp $(m raw_w); $(perg "$(m raw_wcpu)") | $(ratio "$(m w)" "$(m raw_w)") |"
-  echo "| 4 KiB random read O_DIRECT, 1 job QD1 (IOPS) | $(m qd1) ($(m qd1_lat) us mean) | one NFS round trip (nfs-qd1) $(m rtt_iops); FUSE alone (fuse-null) $(m null1) | $(ratio "$(m qd1)" "$(m rtt_iops)") of nfs-qd1; $(ratio "$(m qd1)" "$(m null1)") of fuse-null |"
-  echo "| same, 4 jobs psync (IOPS) | $(m j4) | | |"
-  echo "| same, libaio QD32 (IOPS) | $(m qd32) | | |"
-  echo
-  echo "Random 4 KiB reads, O_DIRECT, libaio, over 1, 2 and 4 paths of one bed (IOPS):"
-  echo
-  echo "| paths | 1 job QD32 | 4 jobs x QD32 |"
-  echo "|---|---|---|"
-  for n in 1 2 4; do echo "| $n | $(m "p${n}_qd32") | $(m "p${n}_4x32") |"; done
+  echo "| test |$(printf ' %s |' "${SYS[@]}") limit, same run | mpnfs / limit |"
+  echo "|---|$(dashes)---|---|"
+  echo "| seq read ${SIZE} MiB, dd bs=1M, MB/s (daemon CPU s/GiB) |$(cols r cpu) nfs-cat $(m raw_r) ($(perg "$(m raw_rcpu)")) | $(ratio "$(m mpnfs.r)" "$(m raw_r)") |"
+  echo "| seq write ${SIZE} MiB, dd bs=1M conv=fsync, MB/s (daemon CPU s/GiB) |$(cols w cpu) nfs-cp $(m raw_w) ($(perg "$(m raw_wcpu)")) | $(ratio "$(m mpnfs.w)" "$(m raw_w)") |"
+  echo "| 4 KiB random read O_DIRECT, 1 job QD1, IOPS |$(cols qd1) one NFS round trip (nfs-qd1) $(m rtt_iops); FUSE alone (fuse-null) $(m null1) | $(ratio "$(m mpnfs.qd1)" "$(m rtt_iops)") of nfs-qd1; $(ratio "$(m mpnfs.qd1)" "$(m null1)") of fuse-null |"
+  echo "| same, mean latency, us |$(cols qd1_lat) | |"
+  echo "| same, 4 jobs psync, IOPS |$(cols j4) | |"
+  echo "| same, libaio QD32, IOPS |$(cols qd32) | |"
+  echo "| same, daemon cores busy |$(cols qd32cores) | |"
+  if [ "${PATHS:-1}" != 0 ]; then
+    echo
+    echo "mpnfs, random 4 KiB reads, O_DIRECT, libaio, over 1, 2 and 4 paths of one bed (IOPS):"
+    echo
+    echo "| paths | 1 job QD32 | 4 jobs x QD32 |"
+    echo "|---|---|---|"
+    for n in 1 2 4; do echo "| $n | $(m "p${n}_qd32") | $(m "p${n}_4x32") |"; done
+  fi
   echo
   echo "All rounds:"
   echo

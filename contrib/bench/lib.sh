@@ -7,7 +7,7 @@ REPORT=$(mktemp)
 
 cleanup() {
   set +e
-  grep -q " $MNT fuse.mpnfs " /proc/mounts && { fusermount3 -u "$MNT" || umount -l "$MNT"; }
+  grep -q " $MNT fuse" /proc/mounts && { fusermount3 -u "$MNT" || umount -l "$MNT"; }
   [ -n "$PID" ] && { wait "$PID" 2>/dev/null; }
   contrib/testbed.sh down >/dev/null 2>&1
   rm -rf "$MPNFS_TB" "$SRC" "$MNT" "$REPORT"
@@ -33,6 +33,19 @@ mount_mpnfs() {  # [OPTIONS]
   echo "mount failed" >&2; cat "$MPNFS_TB/mpnfs.log" >&2; exit 1
 }
 umount_mpnfs() { fusermount3 -u "$MNT"; wait "$PID" || true; PID=; }
+
+# Mounts with another system's COMMAND ({server}, {export} and {mnt}
+# replaced), run in the foreground as PID so that its CPU is charged.
+mount_peer() {  # COMMAND
+  local cmd=${1//\{server\}/$SERVER}
+  cmd=${cmd//\{export\}/$EXPORT}
+  cmd=${cmd//\{mnt\}/$MNT}
+  mkdir -p "$MNT"
+  bash -c "exec $cmd" 2>>"$MPNFS_TB/peer.log" &
+  PID=$!
+  for _ in $(seq 100); do grep -q " $MNT fuse" /proc/mounts && return 0; sleep 0.1; done
+  echo "mount failed: $cmd" >&2; cat "$MPNFS_TB/peer.log" >&2; exit 1
+}
 
 fresh_bed_with_data() {  # MIB [SCAN_MIB]: a new one-path bed holding db.bin (and scan.bin)
   contrib/testbed.sh down >/dev/null 2>&1 || true
