@@ -28,8 +28,8 @@
 //   cache::BlockCache::mu_ > LogState::mu (common/log.cc, in Log()) and
 //     the cache disk's (test::CrashDisk::mu_; at Init() and destruction).
 //     cache::CrcStore has no lock: it runs under BlockCache::mu_.
-//   fs::Locks::hold_mu_ > fs::Locks::mu_.
-//   Leaves (nothing is taken under them): Loop::mu_, history_mu_, fs::Locks::mu_,
+//   fs::Locks::hold_mu_ > fs::Locks::mu_ > Timer::mu_ (its own timer's).
+//   Leaves (nothing is taken under them): Loop::mu_, history_mu_,
 //     Timer::mu_ (common/timer.h),
 //     HiddenNames::mu_, Gather::mu_, fs::Filesystem::postop_mu_ and its
 //     ReadOp::mu and reaper_mu_, GoneCheck's State::mu, Flusher::mu_ and RoundState::mu,

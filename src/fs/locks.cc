@@ -25,8 +25,9 @@ nfs::LockRange RangeOf(const Locks::Request& r) {
 
 }  // namespace
 
-Locks::Locks(nfs::LockClient& nlm, std::array<char, 8> instance, std::function<Result<Ok>(bool)> may_hold)
-    : nlm_(nlm), instance_(instance), may_hold_(std::move(may_hold)) {}
+Locks::Locks(nfs::LockClient& nlm, std::array<char, 8> instance, std::function<Result<Ok>(bool)> may_hold,
+             std::chrono::milliseconds check_every)
+    : nlm_(nlm), instance_(instance), may_hold_(std::move(may_hold)), check_every_(check_every) {}
 
 nfs::LockOwner Locks::OwnerOf(uint64_t owner) const {
   std::string oh(instance_.data(), instance_.size());
@@ -63,7 +64,22 @@ void Locks::Get(const nfs::Fh& fh, const Request& r, const nfs::Cred& c, nfs::Cb
 void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait,
                 std::function<bool()> interrupted, const nfs::Cred& c, nfs::Cb<Ok> cb) {
   if (stopping_) return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
-  if (r.type == F_UNLCK) return UnlockRange(fh, r.owner, r.start, r.length, c, std::move(cb));
+  auto again = [this, fh, file, r, wait, interrupted, c, cb] { Set(fh, file, r, wait, interrupted, c, cb); };
+  if (r.type == F_UNLCK) {
+    {
+      MutexLock lock(mu_);
+      if (ReassertingLocked(fh)) {
+        lock.Unlock();
+        return Later(std::move(again));
+      }
+      if (auto it = held_.find({fh, r.owner}); it != held_.end()) {
+        it->second.ranges.Apply(r.start, LockRanges::EndOf(r.start, r.length), false, true);
+        ++it->second.gen;
+      }
+    }
+    return UnlockRange(fh, r.owner, r.start, r.length, c, std::move(cb));
+  }
+  bool busy = false;
   {
     MutexLock hold(hold_mu_);
     if (!marked_ && may_hold_) {
@@ -71,11 +87,16 @@ void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait
     }
     marked_ = true;
     MutexLock lock(mu_);
-    Held& h = held_[{fh, r.owner}];
-    h.files.insert(file);
-    ++h.pending;
-    pids_[r.owner] = r.pid;
+    busy = ReassertingLocked(fh);
+    if (!busy) {
+      Held& h = held_[{fh, r.owner}];
+      h.files.insert(file);
+      h.cred = c;
+      ++h.pending;
+      pids_[r.owner] = r.pid;
+    }
   }
+  if (busy) return Later(std::move(again));
   Attempt(fh, file, r, wait, std::move(interrupted), c, std::move(cb), kFirstPoll);
 }
 
@@ -83,7 +104,7 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
                     std::function<bool()> interrupted, const nfs::Cred& c, nfs::Cb<Ok> cb,
                     std::chrono::milliseconds next) {
   if (stopping_) {
-    Answered({fh, r.owner}, file, Outcome::kRefused);
+    Answered({fh, r.owner}, file, Outcome::kRefused, r);
     return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
   }
   nlm_.Lock(fh, OwnerOf(r.owner), RangeOf(r), false, c,
@@ -92,12 +113,12 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
               const Key k{fh, r.owner};
               if (!s) {
                 // No answer: the server may have granted it (kept as held).
-                Answered(k, file, Outcome::kUnknown);
+                Answered(k, file, Outcome::kUnknown, r);
                 return cb(s.error());
               }
               std::chrono::milliseconds delay;
               if (*s == n4::Stat::kGranted) {
-                Answered(k, file, Outcome::kGranted);
+                Answered(k, file, Outcome::kGranted, r);
                 if (stopping_) {
                   // Granted while the mount ends (after ReleaseAll took the
                   // list): given back at once.
@@ -112,11 +133,11 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
                 delay = next;
                 next = std::min(next * 2, kMaxPoll);
               } else {
-                Answered(k, file, Outcome::kRefused);
+                Answered(k, file, Outcome::kRefused, r);
                 return cb(StatError(*s, "NLM4_LOCK"));
               }
               if ((interrupted && interrupted()) || stopping_) {
-                Answered(k, file, Outcome::kRefused);
+                Answered(k, file, Outcome::kRefused, r);
                 return cb(Error::Errno(stopping_ ? ESHUTDOWN : EINTR,
                                        stopping_ ? "the mount is ending" : "lock wait interrupted"));
               }
@@ -143,7 +164,7 @@ void Locks::UnlockRange(const nfs::Fh& fh, uint64_t owner, uint64_t start, uint6
               });
 }
 
-void Locks::Answered(const Key& k, const void* file, Outcome o) {
+void Locks::Answered(const Key& k, const void* file, Outcome o, const Request& r) {
   {
     MutexLock lock(mu_);
     Held& h = held_[k];  // (a release may have taken it out meanwhile)
@@ -151,6 +172,12 @@ void Locks::Answered(const Key& k, const void* file, Outcome o) {
     if (o != Outcome::kRefused) {
       h.files.insert(file);
       h.granted = true;  // (or may be: an unanswered request)
+      if (o == Outcome::kGranted) {
+        // (One left unanswered is not kept: its caller was told it failed.)
+        h.ranges.Apply(r.start, LockRanges::EndOf(r.start, r.length), r.type == F_WRLCK, false);
+        ++h.gen;
+        ScheduleCheckLocked();
+      }
       return;
     }
     // Forgotten if nothing of the owner's on the file was granted and no
@@ -190,6 +217,10 @@ void Locks::MaybeNothingHeld() {
 void Locks::ReleaseOwner(const nfs::Fh& fh, uint64_t owner, const nfs::Cred& c, nfs::Cb<Ok> cb) {
   {
     MutexLock lock(mu_);
+    if (ReassertingLocked(fh)) {
+      lock.Unlock();
+      return Later([this, fh, owner, c, cb] { ReleaseOwner(fh, owner, c, cb); });
+    }
     if (held_.erase({fh, owner}) == 0) return cb(Ok{});
     ForgetPidLocked(owner);
   }
@@ -200,6 +231,10 @@ void Locks::ReleaseFile(const nfs::Fh& fh, const void* file, const nfs::Cred& c,
   std::vector<Key> gone;
   {
     MutexLock lock(mu_);
+    if (ReassertingLocked(fh)) {
+      lock.Unlock();
+      return Later([this, fh, file, c, cb] { ReleaseFile(fh, file, c, cb); });
+    }
     for (auto it = held_.lower_bound({fh, 0}); it != held_.end() && it->first.first == fh;) {
       if (it->second.files.erase(file) > 0 && it->second.files.empty() && it->second.pending == 0) {
         gone.push_back(it->first);
@@ -208,9 +243,6 @@ void Locks::ReleaseFile(const nfs::Fh& fh, const void* file, const nfs::Cred& c,
         ++it;
       }
     }
-  }
-  {
-    MutexLock lock(mu_);
     for (const auto& k : gone) ForgetPidLocked(k.second);
   }
   UnlockAll(std::move(gone), c, std::move(cb));
@@ -220,6 +252,12 @@ void Locks::ReleaseAll(const nfs::Cred& c, nfs::Cb<Ok> cb) {
   std::vector<Key> all;
   {
     MutexLock lock(mu_);
+    if (reasserts_ > 0) {
+      // (Shutdown came first: no reassert starts now, and one running
+      // gives back what it is granted; its LOCKs land before these UNLOCKs.)
+      lock.Unlock();
+      return Later([this, c, cb] { ReleaseAll(c, cb); });
+    }
     for (const auto& [k, h] : held_) all.push_back(k);
     held_.clear();
     pids_.clear();
@@ -243,6 +281,195 @@ bool Locks::MayHoldThrough(const nfs::Fh& fh, const void* file) const {
     if (it->second.files.count(file) > 0) return true;
   }
   return false;
+}
+
+bool Locks::ReassertingLocked(const nfs::Fh& fh) const {
+  if (stopping_) return false;
+  for (auto it = held_.lower_bound({fh, 0}); it != held_.end() && it->first.first == fh; ++it) {
+    if (it->second.reasserting) return true;
+  }
+  return false;
+}
+
+void Locks::Later(std::function<void()> fn) { timer_.After(kFirstPoll, std::move(fn)); }
+
+void Locks::ScheduleCheckLocked() {
+  if (checking_ || stopping_ || check_every_.count() <= 0) return;
+  checking_ = true;
+  timer_.After(check_every_, [this] { Check(); });
+}
+
+void Locks::NextCheck() {
+  MutexLock lock(mu_);
+  checking_ = false;
+  ScheduleCheckLocked();
+}
+
+void Locks::Check() {
+  struct Probe {
+    Key k;
+    LockRanges::Range r;
+    nfs::Cred cred;
+    uint64_t gen = 0;
+  };
+  std::optional<Probe> p;
+  {
+    MutexLock lock(mu_);
+    // The owners take turns (a file whose TEST keeps failing does not hide
+    // a restart); an exclusive range says more than a shared one, which
+    // another host may share.
+    auto it = last_probed_ ? held_.upper_bound(*last_probed_) : held_.begin();
+    for (size_t n = 0; n < held_.size() && !stopping_; ++n, ++it) {
+      if (it == held_.end()) it = held_.begin();
+      if (it->second.ranges.empty() || it->second.reasserting) continue;
+      const auto all = it->second.ranges.All();
+      auto x = std::find_if(all.begin(), all.end(), [](const LockRanges::Range& r) { return r.exclusive; });
+      p = Probe{it->first, x != all.end() ? *x : all.front(), it->second.cred, it->second.gen};
+      last_probed_ = it->first;
+      break;
+    }
+    if (!p) {
+      checking_ = false;
+      in_grace_ = false;
+      return;
+    }
+  }
+  // An owner no lock of this mount has: its TEST meets this mount's lock.
+  const nfs::LockOwner nobody{std::string(instance_.data(), instance_.size()) + "check", 0};
+  const nfs::LockRange whole{true, p->r.start, LockRanges::LengthOf(p->r)};
+  nlm_.Test(p->k.first, nobody, whole, p->cred, [this, p = *p](Result<n4::TestRes> t) {
+    if (!t) return NextCheck();  // (no answer: asked again next time)
+    if (t->stat == n4::Stat::kDeniedGracePeriod) {
+      // Reclaimed at each check in the grace period: a lock is asked for
+      // again at no cost to the application (whose own requests wait the
+      // period out anyway), and a second restart is never taken for the
+      // first one.
+      bool first = false;
+      {
+        MutexLock lock(mu_);
+        first = !in_grace_;
+        in_grace_ = true;
+      }
+      if (first) Log("locks")->info("the server is in its grace period (it restarted): reclaiming this mount's locks");
+      return Reassert(true);
+    }
+    bool forgotten = t->stat == n4::Stat::kGranted;
+    if (t->stat == n4::Stat::kDenied) {
+      // Denied for another host's lock that cannot stand beside this
+      // mount's: the server lost this one. (A server that names no holder,
+      // as Linux's lockd does, has denied it for this mount's.)
+      const n4::Holder& h = t->holder;
+      const bool ours = h.oh.empty() ||
+                        (h.oh.size() == 16 && std::equal(instance_.begin(), instance_.end(), h.oh.begin()));
+      forgotten = !ours && (p.r.exclusive || h.exclusive);
+    }
+    {
+      MutexLock lock(mu_);
+      in_grace_ = false;
+      // (Changed since: tested again next time.)
+      auto it = held_.find(p.k);
+      forgotten = forgotten && it != held_.end() && it->second.gen == p.gen && !it->second.reasserting;
+    }
+    if (!forgotten) return NextCheck();
+    Log("locks")->warn("the server no longer holds this mount's locks (it restarted): asking for them again");
+    Reassert(false);
+  });
+}
+
+void Locks::Reassert(bool reclaim) {
+  std::vector<Key> keys;
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return;
+    for (auto& [k, h] : held_) {
+      if (h.ranges.empty() || h.reasserting) continue;
+      h.reasserting = true;
+      ++reasserts_;
+      keys.push_back(k);
+    }
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(keys.size() + 1);
+  auto done = [this, left] {
+    if (--*left == 0) NextCheck();
+  };
+  for (const auto& k : keys) ReassertKey(k, reclaim, done);
+  done();
+}
+
+void Locks::ReassertKey(const Key& k, bool reclaim, std::function<void()> done) {
+  std::vector<LockRanges::Range> ranges;
+  nfs::Cred cred;
+  uint64_t gen = 0;
+  {
+    MutexLock lock(mu_);
+    auto it = held_.find(k);
+    if (it == held_.end() || stopping_) {
+      if (it != held_.end()) it->second.reasserting = false;
+      --reasserts_;
+      lock.Unlock();
+      return done();
+    }
+    ranges = it->second.ranges.All();
+    cred = it->second.cred;
+    gen = it->second.gen;
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(ranges.size() + 1);
+  auto piece_done = [this, k, reclaim, gen, left, done] {
+    if (--*left > 0) return;
+    bool again = false;
+    {
+      MutexLock lock(mu_);
+      auto it = held_.find(k);
+      // A request granted meanwhile (a wait, a downgrade) may have been
+      // answered before a LOCK sent here for the same bytes: the owner's
+      // ranges are asked for again as they are now.
+      again = it != held_.end() && !stopping_ && it->second.gen != gen;
+      if (!again) {
+        if (it != held_.end()) it->second.reasserting = false;
+        --reasserts_;
+      }
+    }
+    if (again) return ReassertKey(k, reclaim, done);
+    done();
+  };
+  // A lock another host holds now is lost: no longer this mount's.
+  auto lost = [this, k](const LockRanges::Range& r) {
+    ++lost_;
+    Log("locks")->error("a lock was lost to another host while the server restarted (bytes {}-{} of a file)", r.start,
+                        r.end == LockRanges::kToEnd ? std::string("end") : std::to_string(r.end - 1));
+    MutexLock lock(mu_);
+    if (auto it = held_.find(k); it != held_.end()) {
+      it->second.ranges.Apply(r.start, r.end, false, true);
+      ++it->second.gen;
+    }
+  };
+  // Granted while the mount ends (ReleaseAll waits for this): given back.
+  auto granted = [this, k, cred, piece_done](const nfs::LockRange& wire) {
+    if (!stopping_) return piece_done();
+    nlm_.Unlock(k.first, OwnerOf(k.second), wire.offset, wire.length, cred,
+                [piece_done](Result<n4::Stat>) { piece_done(); });
+  };
+  for (const auto& r : ranges) {
+    const nfs::LockRange wire{r.exclusive, r.start, LockRanges::LengthOf(r)};
+    nlm_.Lock(k.first, OwnerOf(k.second), wire, reclaim, cred,
+              [this, k, r, wire, cred, reclaim, lost, granted, piece_done](Result<n4::Stat> s) {
+                if (!s) return piece_done();  // (no answer: the next check finds it)
+                if (*s == n4::Stat::kDeniedGracePeriod && reclaim) {
+                  // Not in its grace period after all: as a new lock (the
+                  // same owner asking again for what it holds is granted).
+                  return nlm_.Lock(k.first, OwnerOf(k.second), wire, false, cred,
+                                   [r, wire, lost, granted, piece_done](Result<n4::Stat> s2) {
+                                     if (s2 && *s2 == n4::Stat::kGranted) return granted(wire);
+                                     if (s2 && *s2 == n4::Stat::kDenied) lost(r);
+                                     piece_done();
+                                   });
+                }
+                if (*s == n4::Stat::kGranted) return granted(wire);
+                if (*s == n4::Stat::kDenied) lost(r);
+                piece_done();
+              });
+  }
+  piece_done();
 }
 
 void Locks::UnlockAll(std::vector<Key> keys, const nfs::Cred& c, nfs::Cb<Ok> cb) {

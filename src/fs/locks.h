@@ -37,6 +37,23 @@
 // that locked only through it (OFD and flock locks); ReleaseAll (unmount)
 // releases all.
 //
+// Server restarts. What the server granted is kept per owner and file
+// (fs/lock_ranges.h). While this mount holds a lock, every `check_every`
+// one held range (the owners take turns, exclusive ranges first) is tested
+// under an owner of no one's. A server in its grace period (it restarted:
+// only reclaims are granted) gets every lock asked for again with
+// `reclaim` (at each check in the period). A server that grants the test, or denies it for another
+// host's lock that cannot stand beside this mount's, has forgotten the
+// lock (it restarted, and its grace period passed unseen): every lock is
+// asked for again as a new one. A lock another host took meanwhile is
+// lost: logged as an error and counted (LostLocks). A server that names
+// no holder in its denial (Linux's lockd) is taken to deny it for this
+// mount's lock. While an owner's locks on a file are asked for again,
+// every request on that file (lock, unlock, close) waits, so that none
+// crosses a LOCK sent for the same bytes; a request granted meanwhile
+// (one that was waiting) has its owner's ranges asked for again as they
+// are then. The unmount's ReleaseAll waits for those LOCKs.
+//
 // Holding. `may_hold(true)` runs before the LOCK that takes this mount from
 // holding nothing to holding something is sent (if it fails, so does the
 // request), and `may_hold(false)` once the mount holds nothing again (every
@@ -44,7 +61,8 @@
 // says whether a killed gateway left locks on the server (cli/lock_service.h).
 //
 // Thread safety: all methods are thread safe. `cb` runs on an engine loop
-// thread, on the timer's, or inline. hold_mu_ > mu_, a leaf (common/mutex.h).
+// thread, on the timer's, or inline. hold_mu_ > mu_ > the timer's
+// (common/mutex.h).
 #pragma once
 
 #include <array>
@@ -59,6 +77,7 @@
 
 #include "common/mutex.h"
 #include "common/timer.h"
+#include "fs/lock_ranges.h"
 #include "nfs/nlm.h"
 
 namespace mpnfs::fs {
@@ -68,6 +87,7 @@ class Locks {
   static constexpr std::chrono::milliseconds kFirstPoll{10};
   static constexpr std::chrono::milliseconds kMaxPoll{500};
   static constexpr std::chrono::milliseconds kGracePoll{1000};
+  static constexpr std::chrono::milliseconds kCheckEvery{2000};
 
   // What the kernel asks: `type` F_RDLCK, F_WRLCK or F_UNLCK over
   // [start, start + length) (length 0: to the end), for `owner`, by `pid`.
@@ -88,7 +108,8 @@ class Locks {
 
   // `instance`: this mount's 8 bytes (random); `may_hold`: see "Holding".
   Locks(nfs::LockClient& nlm, std::array<char, 8> instance,
-        std::function<Result<Ok>(bool may_hold)> may_hold = {});
+        std::function<Result<Ok>(bool may_hold)> may_hold = {},
+        std::chrono::milliseconds check_every = kCheckEvery);
 
   void Get(const nfs::Fh& fh, const Request& r, const nfs::Cred& c, nfs::Cb<std::optional<Conflict>> cb);
   // F_RDLCK/F_WRLCK through `file` (recorded; never dereferenced), or
@@ -112,6 +133,8 @@ class Locks {
   bool MayHoldThrough(const nfs::Fh& fh, const void* file) const;
 
   nfs::LockOwner OwnerOf(uint64_t owner) const;
+  // Locks a server restart lost to another host, since the mount began.
+  uint64_t LostLocks() const { return lost_.load(); }
 
  private:
   using Key = std::pair<nfs::Fh, uint64_t>;  // file, owner
@@ -122,7 +145,18 @@ class Locks {
   // A LOCK request ended: granted, refused for good, or unanswered (the
   // server may have granted it: kept as held).
   enum class Outcome { kGranted, kRefused, kUnknown };
-  void Answered(const Key& k, const void* file, Outcome o);
+  void Answered(const Key& k, const void* file, Outcome o, const Request& r);
+  // Whether locks of the file are being asked for again (then a request
+  // on it runs Later: it must not cross a LOCK sent for the same bytes).
+  bool ReassertingLocked(const nfs::Fh& fh) const REQUIRES(mu_);
+  void Later(std::function<void()> fn);
+  // Restart detection: Check tests one held range; Reassert asks for every
+  // held lock again (with `reclaim` in the grace period).
+  void ScheduleCheckLocked() REQUIRES(mu_);
+  void NextCheck();
+  void Check();
+  void Reassert(bool reclaim);
+  void ReassertKey(const Key& k, bool reclaim, std::function<void()> done);
   void ForgetPidLocked(uint64_t owner) REQUIRES(mu_);
   // UNLOCK, asked again while the server is in its grace period.
   void UnlockRange(const nfs::Fh& fh, uint64_t owner, uint64_t start, uint64_t length, const nfs::Cred& c,
@@ -140,10 +174,20 @@ class Locks {
     std::set<const void*> files;  // the open files it locked through
     bool granted = false;         // a lock of the owner on the file was (or may have been) granted
     int pending = 0;              // LOCK requests on their way
+    LockRanges ranges;            // what the server granted
+    uint64_t gen = 0;             // counts changes to `ranges`
+    nfs::Cred cred;               // of the last request (asking again carries it)
+    bool reasserting = false;     // its locks are being asked for again
   };
   std::atomic<bool> stopping_{false};
   std::map<Key, Held> held_ GUARDED_BY(mu_);
   std::map<uint64_t, uint32_t> pids_ GUARDED_BY(mu_);  // owner: the pid of its last lock request
+  const std::chrono::milliseconds check_every_;
+  bool checking_ GUARDED_BY(mu_) = false;        // a Check is scheduled or running
+  std::optional<Key> last_probed_ GUARDED_BY(mu_);
+  bool in_grace_ GUARDED_BY(mu_) = false;        // the last Check found the server in its grace period (logged)
+  int reasserts_ GUARDED_BY(mu_) = 0;            // keys being asked for again
+  std::atomic<uint64_t> lost_{0};
   Timer timer_;  // last: its thread runs retries that use the members above
 };
 

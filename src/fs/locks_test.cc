@@ -25,6 +25,8 @@ using namespace std::chrono_literals;
 namespace n4 = proto::nlm4;
 
 // The server's lock table. Answers inline, on the caller's thread.
+const nfs::Fh kHeldFile = "file-handle";
+
 class FakeLockManager final : public nfs::LockClient {
  public:
   struct Held {
@@ -33,44 +35,27 @@ class FakeLockManager final : public nfs::LockClient {
     uint64_t start, end;  // [start, end), end UINT64_MAX: to the end
   };
 
+  // Each answer is given after the table's lock is let go (a callback may
+  // make the next call at once, as on an engine thread).
   void Test(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, const nfs::Cred&,
             nfs::Cb<n4::TestRes> cb) override {
-    MutexLock lock(mu_);
-    ++calls_;
-    n4::TestRes res;
-    if (grace_ > 0) {
-      --grace_;
-      res.stat = n4::Stat::kDeniedGracePeriod;
-      return cb(res);
-    }
-    if (const Held* h = ConflictLocked(fh, Key(o), r)) {
-      res.stat = n4::Stat::kDenied;
-      res.holder = n4::Holder{h->exclusive, 0, h->owner.substr(0, h->owner.size() - 4), h->start,
-                              h->end == UINT64_MAX ? 0 : h->end - h->start};
-    }
-    cb(res);
+    cb(TestLocked(fh, o, r));
   }
-  void Lock(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool, const nfs::Cred&,
+  void Lock(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool reclaim, const nfs::Cred&,
             nfs::Cb<n4::Stat> cb) override {
-    MutexLock lock(mu_);
-    ++calls_;
-    ++lock_calls_;
-    if (grace_ > 0) {
-      --grace_;
-      return cb(n4::Stat::kDeniedGracePeriod);
+    {
+      MutexLock lock(mu_);
+      if (hold_locks_) {
+        // Taken in, done later: as a LOCK that reaches the server late.
+        held_calls_.push_back([this, fh, o, r, reclaim, cb] { cb(LockLocked(fh, o, r, reclaim)); });
+        return;
+      }
     }
-    if (ConflictLocked(fh, Key(o), r)) return cb(n4::Stat::kDenied);
-    RemoveLocked(fh, Key(o), r.offset, End(r));
-    table_[fh].push_back(Held{Key(o), r.exclusive, r.offset, End(r)});
-    cb(n4::Stat::kGranted);
+    cb(LockLocked(fh, o, r, reclaim));
   }
   void Unlock(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len, const nfs::Cred&,
               nfs::Cb<n4::Stat> cb) override {
-    MutexLock lock(mu_);
-    ++calls_;
-    ++unlock_calls_;
-    RemoveLocked(fh, Key(o), off, len == 0 ? UINT64_MAX : off + len);
-    cb(n4::Stat::kGranted);
+    cb(UnlockLocked(fh, o, off, len));
   }
 
   size_t HeldCount(const nfs::Fh& fh) {
@@ -80,6 +65,57 @@ class FakeLockManager final : public nfs::LockClient {
   void Grace(int n) {
     MutexLock lock(mu_);
     grace_ = n;
+  }
+  // The server restarts: it forgets every lock, and answers only reclaims
+  // until EndGrace (`grace`), or none (a grace period that passed unseen).
+  // `meanwhile`: a lock another host took before this client looked again.
+  void Restart(bool grace, std::optional<std::pair<nfs::LockOwner, nfs::LockRange>> meanwhile = {}) {
+    MutexLock lock(mu_);
+    table_.clear();
+    in_grace_ = grace;
+    if (meanwhile) {
+      const auto& [o, r] = *meanwhile;
+      table_[kHeldFile].push_back(Held{Key(o), r.exclusive, r.offset, End(r)});
+    }
+  }
+  void EndGrace() {
+    MutexLock lock(mu_);
+    in_grace_ = false;
+  }
+  int reclaims() {
+    MutexLock lock(mu_);
+    return reclaims_;
+  }
+  // LOCK calls are kept (not done) until LetLocksIn().
+  void HoldLocks() {
+    MutexLock lock(mu_);
+    hold_locks_ = true;
+  }
+  size_t LocksHeldBack() {
+    MutexLock lock(mu_);
+    return held_calls_.size();
+  }
+  void LetLocksIn() {
+    std::vector<std::function<void()>> calls;
+    {
+      MutexLock lock(mu_);
+      hold_locks_ = false;
+      calls.swap(held_calls_);
+    }
+    for (auto& c : calls) c();
+  }
+  // A denial names no holder (as Linux's lockd answers TEST).
+  void NameNoHolder() {
+    MutexLock lock(mu_);
+    name_holder_ = false;
+  }
+  // What `o` holds of byte `b`: 0 nothing, 1 a shared lock, 2 an exclusive one.
+  int HoldsByte(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t b) {
+    MutexLock lock(mu_);
+    for (const Held& h : table_[fh]) {
+      if (h.owner == Key(o) && h.start <= b && b < h.end) return h.exclusive ? 2 : 1;
+    }
+    return 0;
   }
   int lock_calls() {
     MutexLock lock(mu_);
@@ -91,6 +127,49 @@ class FakeLockManager final : public nfs::LockClient {
   }
 
  private:
+  n4::TestRes TestLocked(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ++calls_;
+    n4::TestRes res;
+    if (grace_ > 0 || in_grace_) {
+      if (grace_ > 0) --grace_;
+      res.stat = n4::Stat::kDeniedGracePeriod;
+      return res;
+    }
+    if (const Held* h = ConflictLocked(fh, Key(o), r)) {
+      res.stat = n4::Stat::kDenied;
+      res.holder = n4::Holder{h->exclusive, 0, name_holder_ ? h->owner.substr(0, h->owner.size() - 4) : "",
+                              h->start, h->end == UINT64_MAX ? 0 : h->end - h->start};
+    }
+    return res;
+  }
+  // A reclaim is granted only in a grace period (as NFS-Ganesha does).
+  n4::Stat LockLocked(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool reclaim)
+      EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ++calls_;
+    ++lock_calls_;
+    if (reclaim) {
+      ++reclaims_;
+      if (!in_grace_) return n4::Stat::kDeniedGracePeriod;
+    } else if (grace_ > 0 || in_grace_) {
+      if (grace_ > 0) --grace_;
+      return n4::Stat::kDeniedGracePeriod;
+    }
+    if (ConflictLocked(fh, Key(o), r)) return n4::Stat::kDenied;
+    RemoveLocked(fh, Key(o), r.offset, End(r));
+    table_[fh].push_back(Held{Key(o), r.exclusive, r.offset, End(r)});
+    return n4::Stat::kGranted;
+  }
+  n4::Stat UnlockLocked(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ++calls_;
+    ++unlock_calls_;
+    if (in_grace_) return n4::Stat::kDeniedGracePeriod;
+    RemoveLocked(fh, Key(o), off, len == 0 ? UINT64_MAX : off + len);
+    return n4::Stat::kGranted;
+  }
+
   static std::string Key(const nfs::LockOwner& o) {
     std::string k = o.oh;
     for (int s = 24; s >= 0; s -= 8) k.push_back(static_cast<char>(o.svid >> s));
@@ -121,6 +200,11 @@ class FakeLockManager final : public nfs::LockClient {
   Mutex mu_;
   std::map<nfs::Fh, std::vector<Held>> table_ GUARDED_BY(mu_);
   int grace_ GUARDED_BY(mu_) = 0;
+  bool in_grace_ GUARDED_BY(mu_) = false;
+  int reclaims_ GUARDED_BY(mu_) = 0;
+  bool name_holder_ GUARDED_BY(mu_) = true;
+  bool hold_locks_ GUARDED_BY(mu_) = false;
+  std::vector<std::function<void()>> held_calls_ GUARDED_BY(mu_);
   int calls_ GUARDED_BY(mu_) = 0;
   int lock_calls_ GUARDED_BY(mu_) = 0;
   int unlock_calls_ GUARDED_BY(mu_) = 0;
@@ -141,7 +225,15 @@ Result<T> Wait(Start start) {
   return f.get();
 }
 
-const nfs::Fh kFile = "file-handle";
+const nfs::Fh kFile = kHeldFile;
+
+bool WaitUntil(const std::function<bool()>& done) {
+  for (auto until = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < until;) {
+    if (done()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return done();
+}
 const int kA = 1, kB = 2;  // open files (only their addresses count)
 
 Locks::Request Req(uint64_t owner, int type, uint64_t start = 0, uint64_t len = 0, uint32_t pid = 100) {
@@ -346,11 +438,107 @@ TEST(Locks, TheEndOfTheMountEndsWaitsAndRefusesNewLocks) {
 // the open file. The oracle keeps, per byte, which owners hold it and how, and
 // says whether each request must be granted; Locks' answers must agree,
 // and at the end every owner's release leaves the server's table empty.
+TEST(Locks, AServerRestartedInItsGracePeriodGetsEveryLockReclaimedAsItWas) {
+  FakeLockManager server;
+  Locks a(server, Instance('a'), {}, 5ms), b(server, Instance('b'));
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_RDLCK, 5, 3)).ok());  // a downgrade splits it in three
+  ASSERT_TRUE(Set(a, &kA, Req(2, F_RDLCK, 100, 0)).ok());  // to the end
+  ASSERT_TRUE(Set(a, &kA, Req(3, F_WRLCK, 50, 10)).ok());
+  ASSERT_TRUE(Set(a, &kA, Req(3, F_UNLCK, 50, 10)).ok());
+  server.Restart(true);
+  const auto o1 = a.OwnerOf(1), o2 = a.OwnerOf(2), o3 = a.OwnerOf(3);
+  ASSERT_TRUE(WaitUntil([&] {
+    return server.HoldsByte(kFile, o1, 0) == 2 && server.HoldsByte(kFile, o1, 5) == 1 &&
+           server.HoldsByte(kFile, o1, 8) == 2 && server.HoldsByte(kFile, o2, uint64_t{1} << 40) == 1;
+  })) << "the locks were not reclaimed";
+  EXPECT_GT(server.reclaims(), 0);
+  EXPECT_EQ(server.HoldsByte(kFile, o1, 10), 0);
+  EXPECT_EQ(server.HoldsByte(kFile, o3, 55), 0) << "an unlocked range came back";
+  // Requests made in the grace period (a lock, an unlock) wait it out;
+  // then B is excluded as before the restart.
+  auto waiting = std::async(std::launch::async, [&] { return Set(a, &kA, Req(4, F_WRLCK, 60, 1)); });
+  auto unlocking = std::async(std::launch::async, [&] { return Set(a, &kA, Req(2, F_UNLCK, 200, 0)); });
+  std::this_thread::sleep_for(50ms);
+  server.EndGrace();
+  EXPECT_TRUE(waiting.get().ok());
+  EXPECT_TRUE(unlocking.get().ok());
+  EXPECT_EQ(server.HoldsByte(kFile, o2, 200), 0);
+  EXPECT_EQ(server.HoldsByte(kFile, o2, 199), 1);
+  EXPECT_FALSE(Set(b, &kB, Req(1, F_WRLCK, 0, 1)).ok());
+  EXPECT_FALSE(Set(b, &kB, Req(1, F_WRLCK, 6, 1)).ok());
+  EXPECT_TRUE(Set(b, &kB, Req(1, F_RDLCK, 6, 1)).ok());
+  EXPECT_FALSE(Set(b, &kB, Req(1, F_WRLCK, 150, 1)).ok());
+  EXPECT_TRUE(Set(b, &kB, Req(1, F_WRLCK, 1000, 1)).ok());
+  EXPECT_EQ(a.LostLocks(), 0u);
+}
+
+TEST(Locks, LocksAServerForgotAreAskedForAgainAndOneAnotherHostTookMeanwhileIsCountedLost) {
+  FakeLockManager server;
+  Locks a(server, Instance('a'), {}, 5ms), b(server, Instance('b'));
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());
+  ASSERT_TRUE(Set(a, &kA, Req(2, F_WRLCK, 20, 10)).ok());
+  // The server restarted and its grace period passed unseen; B locked
+  // bytes 25-34 in the meantime.
+  server.Restart(false, std::make_pair(b.OwnerOf(1), nfs::LockRange{true, 25, 10}));
+  ASSERT_TRUE(WaitUntil([&] { return a.LostLocks() == 1 && server.HoldsByte(kFile, a.OwnerOf(1), 9) == 2; }));
+  EXPECT_EQ(server.HoldsByte(kFile, a.OwnerOf(2), 20), 0) << "a lost lock was taken in part";
+  // The lost range is no longer A's: once B lets go, a second forgetful
+  // restart has A ask for what it still holds, and for that only.
+  ASSERT_TRUE(Set(b, &kB, Req(1, F_UNLCK)).ok());
+  const int reasks = server.lock_calls();
+  server.Restart(false);
+  ASSERT_TRUE(WaitUntil([&] { return server.HoldsByte(kFile, a.OwnerOf(1), 9) == 2; }));
+  EXPECT_GT(server.lock_calls(), reasks);
+  for (uint64_t byte : {20, 25, 29}) EXPECT_EQ(server.HoldsByte(kFile, a.OwnerOf(2), byte), 0) << byte;
+  EXPECT_EQ(a.LostLocks(), 1u);
+  EXPECT_FALSE(Set(b, &kB, Req(1, F_WRLCK, 0, 1)).ok());
+  ASSERT_TRUE(Wait<Ok>([&](auto cb) { a.ReleaseAll({}, cb); }).ok());
+  EXPECT_EQ(server.HoldsByte(kFile, a.OwnerOf(1), 0), 0);
+}
+
+TEST(Locks, AServerThatKeepsItsLocksIsOnlyTestedNeverAskedAgain) {
+  for (bool names_holder : {true, false}) {
+    SCOPED_TRACE(names_holder ? "the server names the holder" : "the server names no holder");
+    FakeLockManager server;
+    if (!names_holder) server.NameNoHolder();
+    Locks a(server, Instance('a'), {}, 2ms);
+    ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());
+    ASSERT_TRUE(Set(a, &kA, Req(2, F_RDLCK, 20, 10)).ok());
+    const int locks = server.lock_calls();
+    std::this_thread::sleep_for(100ms);  // some 50 checks
+    EXPECT_EQ(server.lock_calls(), locks);
+    EXPECT_EQ(server.reclaims(), 0);
+  }
+}
+
+TEST(Locks, RequestsOnAFileWaitWhileItsLocksAreAskedForAgain) {
+  FakeLockManager server;
+  Locks a(server, Instance('a'), {}, 2ms);
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());
+  // The server restarted and forgot the lock; A's LOCK asking for it again
+  // reaches the server late. The unlock and the close made meanwhile must
+  // not get there first (the LOCK would then take back a lock nobody holds).
+  server.HoldLocks();
+  server.Restart(false);
+  ASSERT_TRUE(WaitUntil([&] { return server.LocksHeldBack() > 0; }));
+  auto unlocking = std::async(std::launch::async, [&] { return Set(a, &kA, Req(1, F_UNLCK, 0, 10)); });
+  auto closing = std::async(std::launch::async, [&] {
+    return Wait<Ok>([&](auto cb) { a.ReleaseOwner(kFile, 1, {}, cb); });
+  });
+  EXPECT_EQ(unlocking.wait_for(50ms), std::future_status::timeout) << "the unlock did not wait";
+  EXPECT_EQ(closing.wait_for(0ms), std::future_status::timeout) << "the close did not wait";
+  server.LetLocksIn();
+  EXPECT_TRUE(unlocking.get().ok());
+  EXPECT_TRUE(closing.get().ok());
+  EXPECT_EQ(server.HoldsByte(kFile, a.OwnerOf(1), 0), 0) << "the LOCK landed after the unlock";
+}
+
 TEST(Locks, RandomRequestsFromThreeMountsAgreeWithAByteOracle) {
   for (uint32_t seed : {1u, 2u, 3u, 4u, 5u}) {
     FakeLockManager server;
     std::vector<std::unique_ptr<Locks>> mounts;
-    for (char c : {'a', 'b', 'c'}) mounts.push_back(std::make_unique<Locks>(server, Instance(c)));
+    for (char c : {'a', 'b', 'c'}) mounts.push_back(std::make_unique<Locks>(server, Instance(c), nullptr, 5ms));
     constexpr int kBytes = 32;
     // oracle[byte][owner index (mount * 3 + owner)]: 0 none, 1 shared, 2 exclusive
     std::vector<std::array<int, 9>> oracle(kBytes, std::array<int, 9>{});
@@ -362,6 +550,24 @@ TEST(Locks, RandomRequestsFromThreeMountsAgreeWithAByteOracle) {
       const uint64_t end = std::min<uint64_t>(kBytes, start + len);
       const int op = static_cast<int>(rng() % 10);
       SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+      if (step % 250 == 249) {
+        // The server restarts: in its grace period every mount reclaims
+        // exactly what it held.
+        server.Restart(true);
+        ASSERT_TRUE(WaitUntil([&] {
+          for (uint64_t b = 0; b < kBytes; ++b) {
+            for (int k = 0; k < 9; ++k) {
+              if (server.HoldsByte(kFile, mounts[k / 3]->OwnerOf(static_cast<uint64_t>(k % 3) + 1), b) !=
+                  oracle[b][k]) {
+                return false;
+              }
+            }
+          }
+          return true;
+        })) << "the reclaimed locks differ from what was held";
+        server.EndGrace();
+        continue;
+      }
       if (op < 6) {
         const bool excl = op < 3;
         bool free = true;

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BED_ENV, BIN, EXPORT, NET, is_mounted, start_mount
+from conftest import BED_ENV, BIN, EXPORT, NET, SERVER, SERVER2, is_mounted, start_mount
 
 # A process that takes a lock, says "locked", and holds it until its stdin
 # closes (then exits, which releases it) or it is killed.
@@ -359,3 +359,53 @@ def test_a_gateway_on_another_host_is_excluded_and_its_killed_locks_freed_alone(
         time.sleep(0.2)
     assert not try_lock(b_path / "mine"), "A's lock was freed by B's restart"
     mine.release()
+
+
+@pytest.mark.parametrize("how", ["restart", "crash"])
+def test_locks_held_when_the_server_restarts_are_reclaimed_in_its_grace_period(bed, two, how):
+    """NFS-Ganesha restarts (stopped, or killed with -9) while gateway A
+    holds a range lock and an flock: A reclaims both in the server's grace
+    period (5 s on the bed), so B stays excluded through it and after it;
+    both go when their holders release them."""
+    a, b = two
+    (a.path / "other").write_text("x\n")
+    h1 = Holder(a.path / "locked", "ex", 0, 100)
+    h2 = Holder(a.path / "other", "flock")
+    bed.restart_server() if how == "restart" else bed.crash_server()
+    end = time.time() + 12
+    while time.time() < end:
+        assert not try_lock(b.path / "locked", True, 50, 1), "B got a range A held before the server restarted"
+        assert not try_lock(b.path / "other"), "B got a file A held with flock before the server restarted"
+        time.sleep(0.5)
+    assert try_lock(b.path / "locked", True, 100, 10), "a range A never held is refused"
+    assert "reclaiming this mount's locks" in a.log_text()
+    assert "no longer holds" not in a.log_text(), "a lock was taken for forgotten while the server held it"
+    h1.release()
+    h2.release()
+    assert try_lock(b.path / "locked") and try_lock(b.path / "other")
+
+
+def test_a_lock_held_while_its_path_fails_stays_held_and_goes_once_the_path_returns(bed, mount_factory, host_b):
+    """Locks travel over a mount's first path (the server knows their owner
+    by that address). That path fails while A holds a lock: the data still
+    flows over the second path, host B stays excluded, and A's unlock, made
+    while the path is down, reaches the server once it is back."""
+    a = mount_factory(f"path={SERVER}+{SERVER2}")
+    (a.path / "locked").write_text("0\n")
+    b_path, _, _ = host_b()
+    h = Holder(a.path / "locked")
+    bed.link("down", 1)
+    try:
+        (a.path / "data").write_text("written over the other path\n")
+        assert (a.path / "data").read_text() == "written over the other path\n"
+        assert not try_lock(b_path / "locked"), "B got the lock while A's lock path was down"
+        h.p.stdin.close()  # the holder exits: its unlock waits for the path
+        time.sleep(2)
+        assert not try_lock(b_path / "locked"), "the lock went without an unlock reaching the server"
+    finally:
+        bed.link("up", 1)
+    assert h.p.wait(timeout=120) == 0
+    deadline = time.time() + 60
+    while not try_lock(b_path / "locked"):
+        assert time.time() < deadline, "A's unlock never reached the server"
+        time.sleep(0.2)
