@@ -7,6 +7,7 @@
 # within a round (in reverse order every other round). Then random reads over 1, 2 and 4 paths (PATHS=0 skips
 # them). Prints a markdown report; with -o FILE also writes it there.
 #   contrib/bench/compare.sh [-o FILE] [ROUNDS] [SIZE_MIB]
+# (With PEERS, an even ROUNDS gives each system each place equally often.)
 # PEERS: systems built by hand outside the repository (another mpnfs
 # binary, fuse-nfs, turbonfs), as "NAME=COMMAND" entries separated by ';'.
 # COMMAND mounts the bed's export in the foreground (the benchmark charges
@@ -91,8 +92,10 @@ for r in $(seq "$ROUNDS"); do
   for x in "${order[@]}"; do
     rm -f "$EXPORT/seq.bin"  # written fresh by each system
     mount_sys "$x"
-    # Sequential write, 1 GiB, fsync at the end; then read back cold.
-    c0=$(cpu); t0=$(now); dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; t1=$(now); c1=$(cpu)
+    # Sequential write, 1 GiB, fsync at the end, from the same start for
+    # every system (nothing dirty on the server: the same machine's page
+    # cache); then read back cold.
+    drop; c0=$(cpu); t0=$(now); dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; t1=$(now); c1=$(cpu)
     add "$x.w" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.wcpu" "$(cpu_secs "$c0" "$c1")"
     drop; c0=$(cpu); t0=$(now); dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; t1=$(now); c1=$(cpu)
     add "$x.r" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.rcpu" "$(cpu_secs "$c0" "$c1")"

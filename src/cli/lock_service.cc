@@ -203,6 +203,9 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
         sink, tcp_user_timeout_ms, engine::RpcCall::Program{proto::nlm4::kProgram, proto::nlm4::kVersion, 0});
   });
   s->engine_->Start();
+  s->nlm_path_ = eo.paths.front();
+  s->lookup_timeout_ = timeout;
+  s->watch_ = std::thread([self = s.get()] { self->Watch(); });
   s->nlm_ = std::make_unique<nfs::Nlm>(*s->engine_, HostName(), s->state_);
   std::array<char, 8> instance;
   std::random_device rd;
@@ -211,6 +214,50 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
   s->locks_ = std::make_unique<fs::Locks>(*s->nlm_, instance, [self](bool held) { return self->Mark(held); });
   log->info("locks go to the server's lock manager (NLM v4, port {}) over {}", *port, path.host);
   return s;
+}
+
+void LockService::Watch() {
+  static const auto log = Log("locks");
+  int down = 0;  // checks in a row that found no connection up
+  MutexLock lock(watch_mu_);
+  while (!watch_stop_) {
+    watch_cv_.WaitFor(watch_mu_, kRebind);
+    if (watch_stop_) break;
+    lock.Unlock();
+    bool up = false;
+    for (const auto& p : engine_->Paths()) up = up || p.connections_up > 0;
+    down = up ? 0 : down + 1;
+    if (down >= 2) {
+      // (Blocking here holds up nothing but the next look.)
+      auto port = nfs::LockManagerPort(nlm_path_.host, std::min<std::chrono::milliseconds>(lookup_timeout_, kRebind * 2),
+                                       nlm_path_.local);
+      if (port && *port != nlm_path_.port) {
+        engine::Endpoint moved = nlm_path_;
+        moved.port = *port;
+        const std::string old = nlm_path_.host + ":" + std::to_string(nlm_path_.port);
+        if (auto added = engine_->AddPath(moved); !added) {
+          log->warn("the server's lock manager is now on port {}, but lock calls cannot go there: {}", *port,
+                    added.error().what);
+        } else {
+          if (auto removed = engine_->RemovePath(old); !removed) log->warn("{}", removed.error().what);
+          log->info("the server's lock manager is now on port {} (was {}): lock calls go there", *port,
+                    nlm_path_.port);
+          nlm_path_ = moved;
+          down = 0;
+        }
+      }
+    }
+    lock.Lock();
+  }
+}
+
+void LockService::StopWatch() {
+  {
+    MutexLock lock(watch_mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.SignalAll();
+  if (watch_.joinable()) watch_.join();
 }
 
 void LockService::Stop(std::chrono::milliseconds timeout) {
@@ -230,10 +277,12 @@ void LockService::Stop(std::chrono::milliseconds timeout) {
   } else if (auto ok = Mark(false, /*gone=*/true); !ok) {
     log->warn("{}", ok.error().what);
   }
+  StopWatch();
   engine_->Stop();
 }
 
 LockService::~LockService() {
+  StopWatch();
   if (!stopped_ && engine_) engine_->Stop();
 }
 

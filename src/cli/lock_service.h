@@ -5,7 +5,12 @@
 // engine of their own with one connection: the server knows a client's
 // locks by the address they come from, so they must come from one
 // address (a call waits while that path is down, and is sent again when
-// it is back).
+// it is back). The server's lock manager may come back on another port
+// after a restart (it registers wherever it is given, unless configured):
+// while that path has no connection up, the port is looked up again every
+// kRebind (GETPORT to the server's portmapper) and, if it moved, the path
+// moves with it (calls waiting there go to the new port), as the Linux
+// client's RPC layer binds again after a reconnect fails.
 //
 // Restarts. The server knows this host's locks by the address they come
 // from, so a state file per local address (/var/lib/mpnfs/nlm/ADDRESS,
@@ -25,13 +30,16 @@
 // locks on that server from that address, is not known here.)
 //
 // Thread safety: Start and Stop from the mounting thread; locks() from any.
+// The rebinding runs on a thread of its own; watch_mu_ is a leaf.
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cli/options.h"
+#include "common/mutex.h"
 #include "engine/engine.h"
 #include "fs/locks.h"
 #include "mpnfs/result.h"
@@ -42,6 +50,7 @@ namespace mpnfs::cli {
 class LockService {
  public:
   static constexpr const char* kStateDir = "/var/lib/mpnfs/nlm";
+  static constexpr std::chrono::seconds kRebind{2};
 
   // An error when the server has no lock manager or the state file cannot
   // be kept.
@@ -59,6 +68,9 @@ class LockService {
   // Rewrites this mount's line (held: may hold locks; gone: the mount
   // ends, the line goes).
   Result<Ok> Mark(bool held, bool gone = false);
+  // The rebinding thread: see the top.
+  void Watch();
+  void StopWatch();
 
   std::string state_file_;
   std::string me_;  // "PID STARTTIME"
@@ -67,6 +79,12 @@ class LockService {
   std::unique_ptr<nfs::Nlm> nlm_;
   std::unique_ptr<fs::Locks> locks_;
   bool stopped_ = false;
+  engine::Endpoint nlm_path_;      // where lock calls go now (the watch thread's)
+  std::chrono::milliseconds lookup_timeout_{0};
+  Mutex watch_mu_;
+  CondVar watch_cv_;
+  bool watch_stop_ GUARDED_BY(watch_mu_) = false;
+  std::thread watch_;
 };
 
 }  // namespace mpnfs::cli

@@ -3,6 +3,7 @@ lock manager (NLM v4), so two gateways on one export exclude each other as
 two hosts would; local_lock=all keeps them on each gateway."""
 import fcntl
 import os
+import pathlib
 import signal
 import struct
 import subprocess
@@ -72,6 +73,30 @@ def try_lock(path, exclusive=True, start=0, length=0):
         return False
     finally:
         os.close(fd)
+
+
+def try_lock_within(path, secs, exclusive=True, start=0, length=0):
+    """try_lock from a child process: None if it got no answer within
+    `secs` (the child is then killed, which ends its request)."""
+    code = textwrap.dedent("""
+        import fcntl, os, sys
+        fd = os.open(sys.argv[1], os.O_RDWR)
+        try:
+            fcntl.lockf(fd, int(sys.argv[2]) | fcntl.LOCK_NB, int(sys.argv[4]), int(sys.argv[3]))
+            print("granted")
+        except OSError as e:
+            print("refused" if e.errno in (11, 13) else e)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code, str(path), str(fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH),
+                          str(start), str(length)], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = p.communicate(timeout=secs)
+    except subprocess.TimeoutExpired:
+        p.kill()  # (it ends once the gateway answers the request it is in)
+        HOLDERS.append(p)
+        return None
+    assert out.strip() in ("granted", "refused"), out
+    return out.strip() == "granted"
 
 
 def getlk(path, start=0, length=0):
@@ -408,4 +433,35 @@ def test_a_lock_held_while_its_path_fails_stays_held_and_goes_once_the_path_retu
     deadline = time.time() + 60
     while not try_lock(b_path / "locked"):
         assert time.time() < deadline, "A's unlock never reached the server"
+        time.sleep(0.2)
+
+
+def test_locks_are_reclaimed_when_the_restarted_servers_lock_manager_moved(bed, two):
+    """The server's lock manager comes back on another port (as one given
+    no fixed port does): both gateways look it up again, A reclaims its
+    lock there in the grace period, and B stays excluded until A lets go."""
+    a, b = two
+    conf = pathlib.Path(BED_ENV["MPNFS_TB"]) / "ganesha.conf"
+    text = conf.read_text()
+    assert "NLM_Port = 32803" in text and "Grace_Period = 5" in text
+    h = Holder(a.path / "locked", "ex", 0, 100)
+    try:
+        conf.write_text(text.replace("NLM_Port = 32803", "NLM_Port = 32813")
+                        .replace("Grace_Period = 5", "Grace_Period = 15"))
+        bed.restart_server()
+        end = time.time() + 20
+        while time.time() < end:
+            got = try_lock_within(b.path / "locked", 30, True, 50, 1)
+            assert got is not None, "B's lock request got no answer: the lock manager's new port was not found"
+            assert not got, "B got A's range after the lock manager moved"
+            time.sleep(0.5)
+        assert "lock manager is now on port 32813" in a.log_text()
+        assert "reclaiming this mount's locks" in a.log_text()
+    finally:
+        conf.write_text(text)
+        bed.restart_server()
+    h.release()
+    deadline = time.time() + 30
+    while not try_lock(b.path / "locked"):
+        assert time.time() < deadline, "A's unlock did not reach the lock manager back on its port"
         time.sleep(0.2)
