@@ -238,8 +238,11 @@ void LockService::Watch() {
         if (auto added = engine_->AddPath(moved); !added) {
           log->warn("the server's lock manager is now on port {}, but lock calls cannot go there: {}", *port,
                     added.error().what);
+        } else if (auto removed = engine_->RemovePath(old); !removed) {
+          // (The old port answered again meanwhile: the calls stay there.)
+          (void)engine_->RemovePath(moved.host + ":" + std::to_string(moved.port));
+          log->warn("the server's lock manager answers on port {} again: {}", nlm_path_.port, removed.error().what);
         } else {
-          if (auto removed = engine_->RemovePath(old); !removed) log->warn("{}", removed.error().what);
           log->info("the server's lock manager is now on port {} (was {}): lock calls go there", *port,
                     nlm_path_.port);
           nlm_path_ = moved;
@@ -279,6 +282,9 @@ void LockService::Stop(std::chrono::milliseconds timeout) {
   }
   StopWatch();
   engine_->Stop();
+  // Its timer's retries (a wait, a grace period) reply to FUSE requests:
+  // they end here, while the FUSE session still exists.
+  locks_.reset();
 }
 
 LockService::~LockService() {

@@ -104,21 +104,35 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
                     std::function<bool()> interrupted, const nfs::Cred& c, nfs::Cb<Ok> cb,
                     std::chrono::milliseconds next) {
   if (stopping_) {
-    Answered({fh, r.owner}, file, Outcome::kRefused, r);
+    Answered({fh, r.owner}, file, Outcome::kRefused, r, c);
     return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
+  }
+  {
+    // (A retry, too, waits while the file's locks are asked for again.)
+    MutexLock lock(mu_);
+    if (ReassertingLocked(fh)) {
+      lock.Unlock();
+      return Later([this, fh, file, r, wait, interrupted = std::move(interrupted), c, cb = std::move(cb),
+                    next]() mutable { Attempt(fh, file, r, wait, std::move(interrupted), c, std::move(cb), next); });
+    }
+    ++held_[{fh, r.owner}].sending;
   }
   nlm_.Lock(fh, OwnerOf(r.owner), RangeOf(r), false, c,
             [this, fh, file, r, wait, interrupted = std::move(interrupted), c, cb = std::move(cb),
              next](Result<n4::Stat> s) mutable {
               const Key k{fh, r.owner};
+              {
+                MutexLock lock(mu_);
+                if (auto it = held_.find(k); it != held_.end() && it->second.sending > 0) --it->second.sending;
+              }
               if (!s) {
                 // No answer: the server may have granted it (kept as held).
-                Answered(k, file, Outcome::kUnknown, r);
+                Answered(k, file, Outcome::kUnknown, r, c);
                 return cb(s.error());
               }
               std::chrono::milliseconds delay;
               if (*s == n4::Stat::kGranted) {
-                Answered(k, file, Outcome::kGranted, r);
+                Answered(k, file, Outcome::kGranted, r, c);
                 if (stopping_) {
                   // Granted while the mount ends (after ReleaseAll took the
                   // list): given back at once.
@@ -133,11 +147,11 @@ void Locks::Attempt(const nfs::Fh& fh, const void* file, const Request& r, bool 
                 delay = next;
                 next = std::min(next * 2, kMaxPoll);
               } else {
-                Answered(k, file, Outcome::kRefused, r);
+                Answered(k, file, Outcome::kRefused, r, c);
                 return cb(StatError(*s, "NLM4_LOCK"));
               }
               if ((interrupted && interrupted()) || stopping_) {
-                Answered(k, file, Outcome::kRefused, r);
+                Answered(k, file, Outcome::kRefused, r, c);
                 return cb(Error::Errno(stopping_ ? ESHUTDOWN : EINTR,
                                        stopping_ ? "the mount is ending" : "lock wait interrupted"));
               }
@@ -164,13 +178,14 @@ void Locks::UnlockRange(const nfs::Fh& fh, uint64_t owner, uint64_t start, uint6
               });
 }
 
-void Locks::Answered(const Key& k, const void* file, Outcome o, const Request& r) {
+void Locks::Answered(const Key& k, const void* file, Outcome o, const Request& r, const nfs::Cred& c) {
   {
     MutexLock lock(mu_);
     Held& h = held_[k];  // (a release may have taken it out meanwhile)
     if (h.pending > 0) --h.pending;
     if (o != Outcome::kRefused) {
       h.files.insert(file);
+      h.cred = c;
       h.granted = true;  // (or may be: an unanswered request)
       if (o == Outcome::kGranted) {
         // (One left unanswered is not kept: its caller was told it failed.)
@@ -182,7 +197,7 @@ void Locks::Answered(const Key& k, const void* file, Outcome o, const Request& r
     }
     // Forgotten if nothing of the owner's on the file was granted and no
     // other request for it is on its way.
-    if (h.granted || h.pending > 0) return;
+    if (h.granted || h.pending > 0 || h.sending > 0) return;
     held_.erase(k);
     ForgetPidLocked(k.second);
   }
@@ -359,8 +374,17 @@ void Locks::Check() {
       // mount's: the server lost this one. (A server that names no holder,
       // as Linux's lockd does, has denied it for this mount's.)
       const n4::Holder& h = t->holder;
-      const bool ours = h.oh.empty() ||
-                        (h.oh.size() == 16 && std::equal(instance_.begin(), instance_.end(), h.oh.begin()));
+      bool ours = h.oh.size() == 16 && std::equal(instance_.begin(), instance_.end(), h.oh.begin());
+      MutexLock lock(mu_);
+      if (h.oh.empty()) {
+        // A server that names no holder (Linux's lockd): this mount's if it
+        // is exactly one of the ranges this mount holds on the file.
+        for (auto it = held_.lower_bound({p.k.first, 0}); it != held_.end() && it->first.first == p.k.first; ++it) {
+          for (const auto& x : it->second.ranges.All()) {
+            ours = ours || (x.start == h.offset && LockRanges::LengthOf(x) == h.length && x.exclusive == h.exclusive);
+          }
+        }
+      }
       forgotten = !ours && (p.r.exclusive || h.exclusive);
     }
     {
@@ -414,12 +438,19 @@ void Locks::ReassertKey(const Key& k, bool reclaim, std::function<void()> done) 
     gen = it->second.gen;
   }
   auto left = std::make_shared<std::atomic<size_t>>(ranges.size() + 1);
-  auto piece_done = [this, k, reclaim, gen, left, done] {
-    if (--*left > 0) return;
+  auto finish = std::make_shared<std::function<void()>>();
+  *finish = [this, k, reclaim, gen, done, weak = std::weak_ptr<std::function<void()>>(finish)] {
     bool again = false;
     {
       MutexLock lock(mu_);
       auto it = held_.find(k);
+      if (it != held_.end() && it->second.sending > 0 && !stopping_) {
+        // A request's LOCK sent before this began is still unanswered: its
+        // answer may come after the server took this one's.
+        lock.Unlock();
+        if (auto f = weak.lock()) Later([f] { (*f)(); });
+        return;
+      }
       // A request granted meanwhile (a wait, a downgrade) may have been
       // answered before a LOCK sent here for the same bytes: the owner's
       // ranges are asked for again as they are now.
@@ -432,16 +463,16 @@ void Locks::ReassertKey(const Key& k, bool reclaim, std::function<void()> done) 
     if (again) return ReassertKey(k, reclaim, done);
     done();
   };
+  auto piece_done = [left, finish] {
+    if (--*left == 0) (*finish)();
+  };
   // A lock another host holds now is lost: no longer this mount's.
   auto lost = [this, k](const LockRanges::Range& r) {
     ++lost_;
     Log("locks")->error("a lock was lost to another host while the server restarted (bytes {}-{} of a file)", r.start,
                         r.end == LockRanges::kToEnd ? std::string("end") : std::to_string(r.end - 1));
     MutexLock lock(mu_);
-    if (auto it = held_.find(k); it != held_.end()) {
-      it->second.ranges.Apply(r.start, r.end, false, true);
-      ++it->second.gen;
-    }
+    if (auto it = held_.find(k); it != held_.end()) it->second.ranges.Apply(r.start, r.end, false, true);
   };
   // Granted while the mount ends (ReleaseAll waits for this): given back.
   auto granted = [this, k, cred, piece_done](const nfs::LockRange& wire) {

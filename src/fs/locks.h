@@ -145,7 +145,7 @@ class Locks {
   // A LOCK request ended: granted, refused for good, or unanswered (the
   // server may have granted it: kept as held).
   enum class Outcome { kGranted, kRefused, kUnknown };
-  void Answered(const Key& k, const void* file, Outcome o, const Request& r);
+  void Answered(const Key& k, const void* file, Outcome o, const Request& r, const nfs::Cred& c);
   // Whether locks of the file are being asked for again (then a request
   // on it runs Later: it must not cross a LOCK sent for the same bytes).
   bool ReassertingLocked(const nfs::Fh& fh) const REQUIRES(mu_);
@@ -174,6 +174,7 @@ class Locks {
     std::set<const void*> files;  // the open files it locked through
     bool granted = false;         // a lock of the owner on the file was (or may have been) granted
     int pending = 0;              // LOCK requests on their way
+    int sending = 0;              // their LOCK calls unanswered now
     LockRanges ranges;            // what the server granted
     uint64_t gen = 0;             // counts changes to `ranges`
     nfs::Cred cred;               // of the last request (asking again carries it)

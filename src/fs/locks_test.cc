@@ -86,6 +86,10 @@ class FakeLockManager final : public nfs::LockClient {
     MutexLock lock(mu_);
     return reclaims_;
   }
+  int test_calls() {
+    MutexLock lock(mu_);
+    return test_calls_;
+  }
   // LOCK calls are kept (not done) until LetLocksIn().
   void HoldLocks() {
     MutexLock lock(mu_);
@@ -130,6 +134,7 @@ class FakeLockManager final : public nfs::LockClient {
   n4::TestRes TestLocked(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     ++calls_;
+    ++test_calls_;
     n4::TestRes res;
     if (grace_ > 0 || in_grace_) {
       if (grace_ > 0) --grace_;
@@ -202,6 +207,7 @@ class FakeLockManager final : public nfs::LockClient {
   int grace_ GUARDED_BY(mu_) = 0;
   bool in_grace_ GUARDED_BY(mu_) = false;
   int reclaims_ GUARDED_BY(mu_) = 0;
+  int test_calls_ GUARDED_BY(mu_) = 0;
   bool name_holder_ GUARDED_BY(mu_) = true;
   bool hold_locks_ GUARDED_BY(mu_) = false;
   std::vector<std::function<void()>> held_calls_ GUARDED_BY(mu_);
@@ -505,11 +511,23 @@ TEST(Locks, AServerThatKeepsItsLocksIsOnlyTestedNeverAskedAgain) {
     Locks a(server, Instance('a'), {}, 2ms);
     ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());
     ASSERT_TRUE(Set(a, &kA, Req(2, F_RDLCK, 20, 10)).ok());
-    const int locks = server.lock_calls();
+    const int locks = server.lock_calls(), tests = server.test_calls();
     std::this_thread::sleep_for(100ms);  // some 50 checks
+    EXPECT_GT(server.test_calls(), tests + 5) << "the locks were not tested";
     EXPECT_EQ(server.lock_calls(), locks);
     EXPECT_EQ(server.reclaims(), 0);
   }
+}
+
+TEST(Locks, ALockLostToAnotherHostIsSeenAlsoWhenTheServerNamesNoHolder) {
+  FakeLockManager server;
+  server.NameNoHolder();
+  Locks a(server, Instance('a'), {}, 2ms), b(server, Instance('b'));
+  ASSERT_TRUE(Set(a, &kA, Req(1, F_WRLCK, 0, 10)).ok());
+  // Forgotten by a restart; B holds the same bytes now, in another range.
+  server.Restart(false, std::make_pair(b.OwnerOf(1), nfs::LockRange{true, 0, 20}));
+  ASSERT_TRUE(WaitUntil([&] { return a.LostLocks() == 1; }));
+  EXPECT_EQ(server.HoldsByte(kFile, a.OwnerOf(1), 0), 0);
 }
 
 TEST(Locks, RequestsOnAFileWaitWhileItsLocksAreAskedForAgain) {

@@ -460,6 +460,13 @@ def test_locks_are_reclaimed_when_the_restarted_servers_lock_manager_moved(bed, 
     finally:
         conf.write_text(text)
         bed.restart_server()
+    # Back on its first port: A follows it and holds the lock there again.
+    deadline = time.time() + 30
+    while "now on port 32803" not in a.log_text():
+        assert time.time() < deadline, "A did not follow the lock manager back to its port"
+        time.sleep(0.5)
+    got = try_lock_within(b.path / "locked", 60, True, 50, 1)
+    assert got is False, f"B's request after the move back: {got}"
     h.release()
     deadline = time.time() + 30
     while not try_lock(b.path / "locked"):
