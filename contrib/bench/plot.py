@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Draws the README's charts from the benchmark reports recorded beside this
+"""Draws the charts of docs/BENCHMARKS.md from the benchmark reports recorded beside this
 script (their tables and JSON lines are the data; nothing is typed in here):
 
   charts/multipath-scaling.svg  MULTIPATH.md "Scaling over paths": MB/s
