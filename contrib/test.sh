@@ -1,7 +1,7 @@
 #!/bin/bash
 # The test suite, as root on Debian 12 (.ci/run calls exactly this):
 #
-#   contrib/test.sh          everything, about 35 minutes on 2 cores
+#   contrib/test.sh          everything, about 39 minutes on 2 cores
 #   contrib/test.sh --quick  the GCC build, its unit tests without the crash
 #                            explorer's long explorations, and the quick part
 #                            of the integration tests: under 10 minutes
