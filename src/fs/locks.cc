@@ -64,13 +64,14 @@ void Locks::Get(const nfs::Fh& fh, const Request& r, const nfs::Cred& c, nfs::Cb
 void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait,
                 std::function<bool()> interrupted, const nfs::Cred& c, nfs::Cb<Ok> cb) {
   if (stopping_) return cb(Error::Errno(ESHUTDOWN, "the mount is ending"));
-  auto again = [this, fh, file, r, wait, interrupted, c, cb] { Set(fh, file, r, wait, interrupted, c, cb); };
+  // (Copies made only when the request must wait.)
+  auto later = [&] { Later([this, fh, file, r, wait, interrupted, c, cb] { Set(fh, file, r, wait, interrupted, c, cb); }); };
   if (r.type == F_UNLCK) {
     {
       MutexLock lock(mu_);
       if (ReassertingLocked(fh)) {
         lock.Unlock();
-        return Later(std::move(again));
+        return later();
       }
       if (auto it = held_.find({fh, r.owner}); it != held_.end()) {
         it->second.ranges.Apply(r.start, LockRanges::EndOf(r.start, r.length), false, true);
@@ -96,7 +97,7 @@ void Locks::Set(const nfs::Fh& fh, const void* file, const Request& r, bool wait
       pids_[r.owner] = r.pid;
     }
   }
-  if (busy) return Later(std::move(again));
+  if (busy) return later();
   Attempt(fh, file, r, wait, std::move(interrupted), c, std::move(cb), kFirstPoll);
 }
 
@@ -368,32 +369,28 @@ void Locks::Check() {
       if (first) Log("locks")->info("the server is in its grace period (it restarted): reclaiming this mount's locks");
       return Reassert(true);
     }
+    MutexLock lock(mu_);
+    in_grace_ = false;
     bool forgotten = t->stat == n4::Stat::kGranted;
     if (t->stat == n4::Stat::kDenied) {
       // Denied for another host's lock that cannot stand beside this
-      // mount's: the server lost this one. (A server that names no holder,
-      // as Linux's lockd does, has denied it for this mount's.)
+      // mount's: the server lost this one. A server that names no holder
+      // (Linux's lockd) denied it for this mount's if the lock it reports
+      // is exactly one this mount holds on the file.
       const n4::Holder& h = t->holder;
       bool ours = h.oh.size() == 16 && std::equal(instance_.begin(), instance_.end(), h.oh.begin());
-      MutexLock lock(mu_);
-      if (h.oh.empty()) {
-        // A server that names no holder (Linux's lockd): this mount's if it
-        // is exactly one of the ranges this mount holds on the file.
-        for (auto it = held_.lower_bound({p.k.first, 0}); it != held_.end() && it->first.first == p.k.first; ++it) {
-          for (const auto& x : it->second.ranges.All()) {
-            ours = ours || (x.start == h.offset && LockRanges::LengthOf(x) == h.length && x.exclusive == h.exclusive);
-          }
+      for (auto it = held_.lower_bound({p.k.first, 0});
+           h.oh.empty() && it != held_.end() && it->first.first == p.k.first; ++it) {
+        for (const auto& x : it->second.ranges.All()) {
+          ours = ours || (x.start == h.offset && LockRanges::LengthOf(x) == h.length && x.exclusive == h.exclusive);
         }
       }
       forgotten = !ours && (p.r.exclusive || h.exclusive);
     }
-    {
-      MutexLock lock(mu_);
-      in_grace_ = false;
-      // (Changed since: tested again next time.)
-      auto it = held_.find(p.k);
-      forgotten = forgotten && it != held_.end() && it->second.gen == p.gen && !it->second.reasserting;
-    }
+    // (Changed since: tested again next time.)
+    auto it = held_.find(p.k);
+    forgotten = forgotten && it != held_.end() && it->second.gen == p.gen && !it->second.reasserting;
+    lock.Unlock();
     if (!forgotten) return NextCheck();
     Log("locks")->warn("the server no longer holds this mount's locks (it restarted): asking for them again");
     Reassert(false);
@@ -438,69 +435,64 @@ void Locks::ReassertKey(const Key& k, bool reclaim, std::function<void()> done) 
     gen = it->second.gen;
   }
   auto left = std::make_shared<std::atomic<size_t>>(ranges.size() + 1);
-  auto finish = std::make_shared<std::function<void()>>();
-  *finish = [this, k, reclaim, gen, done, weak = std::weak_ptr<std::function<void()>>(finish)] {
-    bool again = false;
-    {
-      MutexLock lock(mu_);
-      auto it = held_.find(k);
-      if (it != held_.end() && it->second.sending > 0 && !stopping_) {
-        // A request's LOCK sent before this began is still unanswered: its
-        // answer may come after the server took this one's.
-        lock.Unlock();
-        if (auto f = weak.lock()) Later([f] { (*f)(); });
-        return;
-      }
-      // A request granted meanwhile (a wait, a downgrade) may have been
-      // answered before a LOCK sent here for the same bytes: the owner's
-      // ranges are asked for again as they are now.
-      again = it != held_.end() && !stopping_ && it->second.gen != gen;
-      if (!again) {
-        if (it != held_.end()) it->second.reasserting = false;
-        --reasserts_;
-      }
+  auto piece_done = [this, k, reclaim, gen, done, left] {
+    if (--*left == 0) EndReassertKey(k, reclaim, gen, done);
+  };
+  // A granted LOCK is given back if the mount is ending (ReleaseAll waits
+  // for this); one denied is lost to another host: no longer this mount's.
+  auto settle = [this, k, cred, piece_done](const LockRanges::Range& r, const nfs::LockRange& wire,
+                                             Result<n4::Stat> s) {
+    if (s && *s == n4::Stat::kGranted && stopping_) {
+      return nlm_.Unlock(k.first, OwnerOf(k.second), wire.offset, wire.length, cred,
+                         [piece_done](Result<n4::Stat>) { piece_done(); });
     }
-    if (again) return ReassertKey(k, reclaim, done);
-    done();
-  };
-  auto piece_done = [left, finish] {
-    if (--*left == 0) (*finish)();
-  };
-  // A lock another host holds now is lost: no longer this mount's.
-  auto lost = [this, k](const LockRanges::Range& r) {
-    ++lost_;
-    Log("locks")->error("a lock was lost to another host while the server restarted (bytes {}-{} of a file)", r.start,
-                        r.end == LockRanges::kToEnd ? std::string("end") : std::to_string(r.end - 1));
-    MutexLock lock(mu_);
-    if (auto it = held_.find(k); it != held_.end()) it->second.ranges.Apply(r.start, r.end, false, true);
-  };
-  // Granted while the mount ends (ReleaseAll waits for this): given back.
-  auto granted = [this, k, cred, piece_done](const nfs::LockRange& wire) {
-    if (!stopping_) return piece_done();
-    nlm_.Unlock(k.first, OwnerOf(k.second), wire.offset, wire.length, cred,
-                [piece_done](Result<n4::Stat>) { piece_done(); });
+    if (s && *s == n4::Stat::kDenied) {
+      ++lost_;
+      Log("locks")->error("a lock was lost to another host while the server restarted (bytes {}-{} of a file)",
+                          r.start, r.end == LockRanges::kToEnd ? std::string("end") : std::to_string(r.end - 1));
+      MutexLock lock(mu_);
+      if (auto it = held_.find(k); it != held_.end()) it->second.ranges.Apply(r.start, r.end, false, true);
+    }
+    piece_done();  // (no answer: the next check finds it)
   };
   for (const auto& r : ranges) {
     const nfs::LockRange wire{r.exclusive, r.start, LockRanges::LengthOf(r)};
     nlm_.Lock(k.first, OwnerOf(k.second), wire, reclaim, cred,
-              [this, k, r, wire, cred, reclaim, lost, granted, piece_done](Result<n4::Stat> s) {
-                if (!s) return piece_done();  // (no answer: the next check finds it)
-                if (*s == n4::Stat::kDeniedGracePeriod && reclaim) {
+              [this, k, r, wire, cred, reclaim, settle](Result<n4::Stat> s) {
+                if (s && *s == n4::Stat::kDeniedGracePeriod && reclaim) {
                   // Not in its grace period after all: as a new lock (the
                   // same owner asking again for what it holds is granted).
                   return nlm_.Lock(k.first, OwnerOf(k.second), wire, false, cred,
-                                   [r, wire, lost, granted, piece_done](Result<n4::Stat> s2) {
-                                     if (s2 && *s2 == n4::Stat::kGranted) return granted(wire);
-                                     if (s2 && *s2 == n4::Stat::kDenied) lost(r);
-                                     piece_done();
-                                   });
+                                   [r, wire, settle](Result<n4::Stat> s2) { settle(r, wire, s2); });
                 }
-                if (*s == n4::Stat::kGranted) return granted(wire);
-                if (*s == n4::Stat::kDenied) lost(r);
-                piece_done();
+                settle(r, wire, s);
               });
   }
   piece_done();
+}
+
+void Locks::EndReassertKey(const Key& k, bool reclaim, uint64_t gen, std::function<void()> done) {
+  bool again = false;
+  {
+    MutexLock lock(mu_);
+    auto it = held_.find(k);
+    if (it != held_.end() && it->second.sending > 0 && !stopping_) {
+      // A request's LOCK sent before this began is still unanswered: its
+      // answer may come after the server took this one's.
+      lock.Unlock();
+      return Later([this, k, reclaim, gen, done] { EndReassertKey(k, reclaim, gen, done); });
+    }
+    // A request granted meanwhile (a wait, a downgrade) may have been
+    // answered before a LOCK sent here for the same bytes: the owner's
+    // ranges are asked for again as they are now.
+    again = it != held_.end() && !stopping_ && it->second.gen != gen;
+    if (!again) {
+      if (it != held_.end()) it->second.reasserting = false;
+      --reasserts_;
+    }
+  }
+  if (again) return ReassertKey(k, reclaim, done);
+  done();
 }
 
 void Locks::UnlockAll(std::vector<Key> keys, const nfs::Cred& c, nfs::Cb<Ok> cb) {

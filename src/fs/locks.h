@@ -157,6 +157,9 @@ class Locks {
   void Check();
   void Reassert(bool reclaim);
   void ReassertKey(const Key& k, bool reclaim, std::function<void()> done);
+  // Once every LOCK of a ReassertKey round was answered (`gen`: the key's
+  // when the round began).
+  void EndReassertKey(const Key& k, bool reclaim, uint64_t gen, std::function<void()> done);
   void ForgetPidLocked(uint64_t owner) REQUIRES(mu_);
   // UNLOCK, asked again while the server is in its grace period.
   void UnlockRange(const nfs::Fh& fh, uint64_t owner, uint64_t start, uint64_t length, const nfs::Cred& c,

@@ -39,7 +39,7 @@ class FakeLockManager final : public nfs::LockClient {
   // make the next call at once, as on an engine thread).
   void Test(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, const nfs::Cred&,
             nfs::Cb<n4::TestRes> cb) override {
-    cb(TestLocked(fh, o, r));
+    cb(DoTest(fh, o, r));
   }
   void Lock(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool reclaim, const nfs::Cred&,
             nfs::Cb<n4::Stat> cb) override {
@@ -47,15 +47,15 @@ class FakeLockManager final : public nfs::LockClient {
       MutexLock lock(mu_);
       if (hold_locks_) {
         // Taken in, done later: as a LOCK that reaches the server late.
-        held_calls_.push_back([this, fh, o, r, reclaim, cb] { cb(LockLocked(fh, o, r, reclaim)); });
+        held_calls_.push_back([this, fh, o, r, reclaim, cb] { cb(DoLock(fh, o, r, reclaim)); });
         return;
       }
     }
-    cb(LockLocked(fh, o, r, reclaim));
+    cb(DoLock(fh, o, r, reclaim));
   }
   void Unlock(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len, const nfs::Cred&,
               nfs::Cb<n4::Stat> cb) override {
-    cb(UnlockLocked(fh, o, off, len));
+    cb(DoUnlock(fh, o, off, len));
   }
 
   size_t HeldCount(const nfs::Fh& fh) {
@@ -131,7 +131,7 @@ class FakeLockManager final : public nfs::LockClient {
   }
 
  private:
-  n4::TestRes TestLocked(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r) EXCLUDES(mu_) {
+  n4::TestRes DoTest(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     ++calls_;
     ++test_calls_;
@@ -149,7 +149,7 @@ class FakeLockManager final : public nfs::LockClient {
     return res;
   }
   // A reclaim is granted only in a grace period (as NFS-Ganesha does).
-  n4::Stat LockLocked(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool reclaim)
+  n4::Stat DoLock(const nfs::Fh& fh, const nfs::LockOwner& o, const nfs::LockRange& r, bool reclaim)
       EXCLUDES(mu_) {
     MutexLock lock(mu_);
     ++calls_;
@@ -166,7 +166,7 @@ class FakeLockManager final : public nfs::LockClient {
     table_[fh].push_back(Held{Key(o), r.exclusive, r.offset, End(r)});
     return n4::Stat::kGranted;
   }
-  n4::Stat UnlockLocked(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len) EXCLUDES(mu_) {
+  n4::Stat DoUnlock(const nfs::Fh& fh, const nfs::LockOwner& o, uint64_t off, uint64_t len) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     ++calls_;
     ++unlock_calls_;
