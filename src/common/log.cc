@@ -1,6 +1,8 @@
 #include "common/log.h"
 
 #include <spdlog/sinks/dist_sink.h>
+
+#include <algorithm>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
 #include <syslog.h>
@@ -51,7 +53,8 @@ std::shared_ptr<spdlog::logger> Log(const std::string& layer) {
   MutexLock lock(s.mu);
   if (auto l = spdlog::get(layer)) return l;
   auto l = std::make_shared<spdlog::logger>(layer, s.sink);
-  l->set_level(s.level);
+  l->set_level(layer == "setup" && s.level > spdlog::level::debug ? std::max(s.level, spdlog::level::err)
+                                                                    : s.level);
   l->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [%n] %v");
   l->flush_on(spdlog::level::warn);
   spdlog::register_logger(l);

@@ -1,4 +1,8 @@
 // Logging: one spdlog logger per layer ("engine", "nfs", "fs", "fuse", "mount").
+// The layer "setup" (the engine of a single call made at mount time or to
+// find the lock manager again, nfs/mount3.h) shows only errors unless the
+// level is debug or finer: its callers report what failed, and a lookup
+// repeated every few seconds must not log each of its connections.
 //
 // InitLogging() decides the sink once at start-up: stderr in the foreground,
 // syslog (ident "mpnfs") once daemonised. Layers fetch their logger with

@@ -18,7 +18,7 @@ Connection::Connection(Engine* engine, Loop* loop, Endpoint ep, int index,
       name_(fmt::format("{}:{}#{}", ep_.host, ep_.port, index)),
       opts_(opts),
       factory_(factory),
-      log_(Log("engine")),
+      log_(Log(opts.log_layer)),
       backoff_(opts.backoff_initial, opts.backoff_max) {}
 
 Connection::~Connection() = default;
@@ -112,6 +112,7 @@ int Connection::events() const { return t_ ? t_->Events() : 0; }
 
 void Connection::Connect() {
   if (state_ != State::kDown) return;
+  connect_tried_ = true;
   connect_failed_ = false;
   t_ = factory_(this);
   if (failed_connects_ == 0) {
@@ -225,9 +226,11 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     Finish(r, CallOutcome{CallStatus::kShutdown, nullptr, r->reissued, "shutdown"});
     return;
   }
-  if (r->pinned && state_ == State::kDown) {
+  if (r->pinned && state_ == State::kDown && connect_tried_) {
     // Pinned to this path (SubmitOptions::path): not moved, and not kept
-    // for a reconnect that may never come.
+    // for a reconnect that may never come. (Before the first connect has
+    // begun the connection is not down but not yet started: the call
+    // waits for that connect's outcome.)
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
     Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, "pinned path down"});
     return;

@@ -204,6 +204,7 @@ class Connection : public TransportSink {
   bool connect_failed_ = false;
   std::string fail_reason_;
   bool ever_up_ = false;
+  bool connect_tried_ = false;  // Connect() has run at least once
   bool reprobe_ = false;     // probing an up connection just enabled again
   std::deque<std::shared_ptr<Request>> pending_;
   std::list<Attempt> inflight_;

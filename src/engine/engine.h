@@ -147,6 +147,8 @@ struct EngineOptions {
   // after such a late execution, as long as the server held the request
   // less than this. Zero resends at once.
   std::chrono::milliseconds resend_fence{2000};
+  // The logger the connections log to (common/log.h).
+  std::string log_layer = "engine";
 };
 
 // One NFS procedure on one connection, or summed over several (Merge).

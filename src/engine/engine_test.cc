@@ -187,6 +187,24 @@ TEST_F(EngineTest, APinnedCallIsNotSentOnAnotherPathWhileItsPathIsDown) {
   EXPECT_EQ(Await(c2).first, CallStatus::kTimedOut);
 }
 
+// A call pinned to a path as soon as the engine has started (a one-shot
+// engine for one call, nfs/mount3.h) waits for the path's first connect: a
+// connection that has not begun connecting is not a path that is down.
+TEST_F(EngineTest, APinnedCallSubmittedAtStartWaitsForTheFirstConnect) {
+  for (int i = 0; i < 200; ++i) {
+    auto o = Opts();
+    o.loops = 1;
+    auto e = Make(o);
+    e->Start();
+    auto c = std::make_shared<ProbeCall>();
+    SubmitOptions so;
+    so.path = o.paths[0];
+    so.deadline = 5s;
+    e->Submit(c, Cred{}, so);
+    ASSERT_EQ(Await(c).first, CallStatus::kOk) << "attempt " << i;
+  }
+}
+
 TEST_F(EngineTest, RetransmitsWithTheSameXidAfterTimeo) {
   auto o = Opts();
   o.timeo = 50ms;

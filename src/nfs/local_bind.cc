@@ -102,34 +102,79 @@ Result<LocalBinding> ResolveLocal(const std::string& local) {
   return b;
 }
 
-Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port) {
+namespace {
+
+// A socket of `type` toward host:port (numeric), bound to `b`'s interface
+// (not yet to an address); `server` gets host:port.
+Result<int> SocketToward(const LocalBinding& b, const std::string& host, int port, int type,
+                         sockaddr_storage* server, socklen_t* server_len) {
   addrinfo hints{};
   hints.ai_flags = AI_NUMERICHOST;
-  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_socktype = type;
   addrinfo* ai = nullptr;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &ai) != 0 || ai == nullptr) {
     return Error::Errno(EINVAL, "not a numeric address: " + host);
   }
-  sockaddr_storage server{};
-  std::memcpy(&server, ai->ai_addr, ai->ai_addrlen);
-  const socklen_t server_len = ai->ai_addrlen;
+  *server = sockaddr_storage{};
+  std::memcpy(server, ai->ai_addr, ai->ai_addrlen);
+  *server_len = ai->ai_addrlen;
   freeaddrinfo(ai);
-  SetPort(&server, port);
-  if (b.addr_len != 0 && b.addr.ss_family != server.ss_family) {
+  SetPort(server, port);
+  if (b.addr_len != 0 && b.addr.ss_family != server->ss_family) {
     return Error::Errno(EAFNOSUPPORT, "local address and server address " + host +
                                           " are of different families");
   }
-  int fd = socket(server.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = socket(server->ss_family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Error::Errno(errno, std::string("socket: ") + strerror(errno));
+  if (!b.ifname.empty() && setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, b.ifname.c_str(),
+                                      static_cast<socklen_t>(b.ifname.size())) != 0) {
+    const int e = errno;
+    close(fd);
+    return Error::Errno(e, "cannot bind to interface " + b.ifname + ": " + strerror(e));
+  }
+  return fd;
+}
+
+}  // namespace
+
+Result<std::string> SourceAddress(const LocalBinding& b, const std::string& host) {
+  sockaddr_storage server{};
+  socklen_t server_len = 0;
+  auto s = SocketToward(b, host, 111, SOCK_DGRAM, &server, &server_len);
+  if (!s) return s.error();
+  const int fd = *s;
+  auto fail = [fd](const std::string& what) {
+    const int e = errno;
+    close(fd);
+    return Error::Errno(e, what + ": " + strerror(e));
+  };
+  if (b.addr_len != 0 && bind(fd, reinterpret_cast<const sockaddr*>(&b.addr), b.addr_len) != 0) {
+    return fail("cannot bind to the local address");
+  }
+  // A datagram socket's connect() sends nothing: it only picks the route.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&server), server_len) != 0) return fail("no route to " + host);
+  sockaddr_storage me{};
+  socklen_t me_len = sizeof me;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&me), &me_len) != 0) return fail("getsockname");
+  close(fd);
+  char text[INET6_ADDRSTRLEN] = "";
+  const void* a = me.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr)
+                                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&me)->sin_addr);
+  if (inet_ntop(me.ss_family, a, text, sizeof text) == nullptr) return Error::Errno(EIO, "no local address toward " + host);
+  return std::string(text);
+}
+
+Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port) {
+  sockaddr_storage server{};
+  socklen_t server_len = 0;
+  auto s = SocketToward(b, host, port, SOCK_STREAM, &server, &server_len);
+  if (!s) return s.error();
+  const int fd = *s;
   auto fail = [fd](const std::string& what) {
     int e = errno;
     close(fd);
     return Error::Errno(e, what + ": " + strerror(e));
   };
-  if (!b.ifname.empty() && setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, b.ifname.c_str(),
-                                      static_cast<socklen_t>(b.ifname.size())) != 0) {
-    return fail("cannot bind to interface " + b.ifname);
-  }
   // Prefer a reserved port (as the kernel client does): servers
   // exporting with `secure` insist on one. Each of 512-1023 is tried once
   // from a random start, skipping those named for a local service (see

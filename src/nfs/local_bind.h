@@ -31,4 +31,8 @@ Result<LocalBinding> ResolveLocal(const std::string& local);
 // interface, any address), connecting to host:port (numeric).
 Result<int> ConnectFrom(const LocalBinding& b, const std::string& host, int port);
 
+// The address a connection bound as `b` would leave from toward `host`
+// (numeric), as the routing table picks it; nothing is sent.
+Result<std::string> SourceAddress(const LocalBinding& b, const std::string& host);
+
 }  // namespace mpnfs::nfs

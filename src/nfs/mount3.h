@@ -1,11 +1,27 @@
-// The calls made once at mount time, from the mounting thread: MountExport
-// asks the server's MOUNT v3 service for an export's root file handle;
-// LockManagerPort finds the server's lock manager; NotifyRestart tells the
-// server's status monitor that this client restarted. Each is a blocking
-// call over its own TCP connection (made as the
-// engine's are: ConnectFrom, bound to the path's `local=`, from a reserved
-// port when allowed), encoded and decoded by proto/mount3.h, given up at the
-// deadline. Errors carry a message meant for the command line.
+// The calls made outside the mount's NFS engine: MountExport asks the
+// server's MOUNT v3 service for an export's root file handle (at mount
+// time); LockManagerPort finds the server's lock manager (at mount time, and
+// again while it cannot be reached: cli/lock_service.h); NotifyRestart tells
+// the server's status monitor that this client restarted.
+//
+// Each call goes over an engine of its own (engine/engine.h) with one
+// connection to the service's port, made as the mount's paths make theirs
+// (RpcTransport: bound to the path's `local=`, from a reserved port when
+// allowed, TCP_USER_TIMEOUT), encoded and decoded by proto/mount3.h and
+// proto/nsm.h. The engine retransmits a call left unanswered (same XID,
+// same connection) after a quarter of the time given, and ends it at the
+// deadline; a connection refused or lost ends it at once, so the caller
+// can try its next address. Their connections log to the "setup" layer
+// (common/log.h); the callers log what failed.
+//
+// Errors carry a message meant for the command line: ECONNREFUSED (refused,
+// closed before the reply, or not registered with the portmapper),
+// EHOSTUNREACH (no connection otherwise), ETIMEDOUT, EIO (an RPC-level
+// rejection or a reply that does not decode), ENODEV/EADDRNOTAVAIL (a bad
+// `local`), or MOUNT's own status as an errno.
+//
+// Thread safety: plain blocking functions, from any thread but an engine
+// loop thread.
 #pragma once
 
 #include <chrono>

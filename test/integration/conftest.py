@@ -137,8 +137,10 @@ class Mount:
             self.proc.wait(timeout=10)
 
 
-def start_mount(mountpoint, opts="", source=None, foreground=True, extra=()):
-    o = "mountport=20048" + ("," + opts if opts else "")
+def start_mount(mountpoint, opts="", source=None, foreground=True, extra=(), portmapper=False):
+    """portmapper: ask the server's portmapper where MOUNT is (by default the
+    tests name its port, which spares the lookup)."""
+    o = ",".join(x for x in ("" if portmapper else "mountport=20048", opts) if x)
     log = str(mountpoint) + ".log"
     args = [BIN, source or f"{SERVER}:{EXPORT}", str(mountpoint), "-o", o, *extra]
     if foreground:
@@ -171,10 +173,10 @@ def mount_factory(bed, request):
     os.chmod(MNT_ROOT, 0o755)
     base = MNT_ROOT / f"{request.node.name[:40]}-{os.getpid()}"  # control socket paths stay < 108 bytes
 
-    def make(opts="", source=None):
+    def make(opts="", source=None, portmapper=False):
         mp = pathlib.Path(f"{base}-{len(mounts)}")
         mp.mkdir(mode=0o755)
-        proc, log = start_mount(mp, opts, source)
+        proc, log = start_mount(mp, opts, source, portmapper=portmapper)
         m = Mount(mp, proc, log)
         mounts.append(m)
         deadline = time.time() + 30

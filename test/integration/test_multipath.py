@@ -307,6 +307,24 @@ def test_local_interface_binds_the_path(mount_factory):
     assert sent[1] > 32 << 20 and sent[0] < 1 << 20, f"bytes sent on mitc1, mitc2: {sent}"
 
 
+def test_mount_and_port_lookups_leave_by_local_while_the_route_to_the_server_is_dead(bed, mount_factory):
+    """The calls made before the NFS engine exists (GETPORT to the
+    portmapper, MOUNT, the lock manager's port) are bound as the path is: with
+    path 1's link dead, a mount of path 1's address through path 2's
+    interface comes up and works."""
+    bed.link("down", 1)
+    try:
+        m = mount_factory(f"path={SERVER},local={LINK}c2,log_level=debug", portmapper=True)
+        (m.path / "via-c2").write_bytes(b"y" * 65536)
+        os.sync()
+        assert (m.path / "via-c2").read_bytes() == b"y" * 65536
+        log = m.log_text()
+        assert f"portmapper at {SERVER}:111: answered" in log, log
+        assert f"MOUNT service at {SERVER}:20048: answered" in log, log
+    finally:
+        bed.link("up", 1)
+
+
 def test_local_address_binds_source_and_interface(mount_factory):
     m = mount_factory(f"path={SERVER}+{SERVER2},local=10.{NET}.3.1+10.{NET}.4.1")
     (m.path / "src").write_bytes(b"x" * 65536)
