@@ -660,6 +660,20 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
 int main(int argc, char** argv) {
   using namespace mpnfs;
   std::vector<std::string> args(argv + 1, argv + argc);
+  // Called as mount(8)'s helper (mount -t mpnfs, an fstab line of type
+  // mpnfs): its conventions, cli/options.h TranslateHelperArgs.
+  const char* slash = strrchr(argv[0], '/');
+  const bool helper = strcmp(slash != nullptr ? slash + 1 : argv[0], "mount.mpnfs") == 0;
+  cli::HelperArgs h;
+  if (helper) {
+    auto t = cli::TranslateHelperArgs(args);
+    if (!t) {
+      fprintf(stderr, "mount.mpnfs: %s\n", t.error().what.c_str());
+      return kExitUsage;
+    }
+    h = std::move(t).value();
+    args = h.args;
+  }
   const char* env_tab = getenv("MPNFS_TAB");
   auto parsed = cli::LoadMountOptions(args, env_tab != nullptr ? env_tab : "", "/etc/mpnfstab",
                                       cli::ReadFileIfExists);
@@ -683,6 +697,16 @@ int main(int argc, char** argv) {
             found ? "not a directory" : strerror(errno));
     return kExitMountFailed;
   }
+  if (!m.ignored.empty()) {
+    std::string list;
+    for (const auto& o : m.ignored) list += (list.empty() ? "" : ", ") + o;
+    fprintf(stderr, "mpnfs: ignoring unknown options (sloppy): %s\n", list.c_str());
+  }
+  if (h.verbose) {
+    fprintf(stderr, "mount.mpnfs: %s %s:%s on %s\n", h.fake ? "would mount" : "mounting", m.server.c_str(),
+            m.export_path.c_str(), m.mountpoint.c_str());
+  }
+  if (h.fake) return 0;  // (-f: the options and the mountpoint are checked; nothing is mounted)
   spdlog::level::level_enum level = spdlog::level::info;
   ParseLogLevel(m.debug ? "debug" : m.log_level, &level);
   // A daemon logs to syslog from the start; what the user must see on the

@@ -56,7 +56,8 @@ bool SplitSource(const std::string& src, std::string* server, std::string* expor
 }
 
 std::string UsageText() {
-  return "usage: mpnfs SERVER:/EXPORT MOUNTPOINT [-f] [-d] [-o OPTION[,OPTION...]]\n"
+  return "usage: mpnfs SERVER:/EXPORT MOUNTPOINT [-f] [-d] [--sloppy] [-o OPTION[,OPTION...]]\n"
+         "       mount.mpnfs SERVER:/EXPORT MOUNTPOINT [-sfnv] [-o OPTION[,OPTION...]]\n"
          "       mpnfs -h | --help | -V | --version\n"
          "Mounts an NFSv3 export through FUSE. Options: see mpnfs(8).\n";
 }
@@ -84,6 +85,54 @@ Result<std::string> ParseMetricsAddress(const std::string& value) {
   return addr + ":" + std::to_string(p);
 }
 
+Result<HelperArgs> TranslateHelperArgs(const std::vector<std::string>& argv) {
+  HelperArgs h;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    auto value = [&](const char* what) -> Result<std::string> {
+      if (i + 1 >= argv.size()) return Bad(std::string("option ") + what + " needs an argument");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help" || a == "-V" || a == "--version") {
+      h.args.push_back(a);
+    } else if (a == "-o") {
+      auto v = value("-o");
+      if (!v) return v.error();
+      for (size_t at = 0; at <= v->size();) {
+        const size_t end = std::min(v->find(',', at), v->size());
+        if (v->compare(at, end - at, "remount") == 0) {
+          return Bad("remount is not supported: a running mount's options are not changed by mounting "
+                     "again; unmount and mount, or change paths and weights online with mpnfsctl(8)");
+        }
+        at = end + 1;
+      }
+      h.args.push_back("-o");
+      h.args.push_back(*v);
+    } else if (a == "-t") {
+      auto v = value("-t");
+      if (!v) return v.error();
+      if (*v != "mpnfs" && *v != "fuse.mpnfs") return Bad("mount.mpnfs mounts type mpnfs, not " + *v);
+    } else if (a == "-N") {
+      return Bad("mounting in another network namespace (-N) is not supported");
+    } else if (a.size() > 1 && a[0] == '-' && a[1] != '-') {
+      for (char c : a.substr(1)) {
+        switch (c) {
+          case 's': h.args.push_back("--sloppy"); break;
+          case 'f': h.fake = true; break;
+          case 'n': break;
+          case 'v': h.verbose = true; break;
+          default: return Bad(std::string("unknown flag -") + c + " (mount.mpnfs takes -s, -f, -n, -v, -o, -t)");
+        }
+      }
+    } else if (!a.empty() && a[0] == '-') {
+      return Bad("unknown argument '" + a + "'");
+    } else {
+      h.args.push_back(a);
+    }
+  }
+  return h;
+}
+
 Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
   MountOptions m;
   std::vector<std::string> positional;
@@ -101,6 +150,8 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       m.foreground = true;
     } else if (a == "-s") {
       // single-threaded FUSE: accepted for compatibility, mpnfs is always multi-threaded
+    } else if (a == "--sloppy") {
+      m.sloppy = true;
     } else if (a == "-o") {
       if (i + 1 >= args.size()) return Bad("option -o needs an argument");
       opt_strings.push_back(args[++i]);
@@ -322,6 +373,8 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         // fstab / systemd bookkeeping: not ours to act on
       } else if (key == "fsname" || key == "subtype") {
         m.fuse_opts.push_back(opt);
+      } else if (m.sloppy) {
+        m.ignored.push_back(opt);
       } else {
         return Bad("unknown option '" + opt + "' (see mpnfs(8))");
       }

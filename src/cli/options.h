@@ -26,6 +26,10 @@ struct MountOptions {
   bool debug = false;
   bool help = false;
   bool version = false;
+  // --sloppy (mount.mpnfs -s): an unknown -o option is listed in `ignored`
+  // instead of failing the mount.
+  bool sloppy = false;
+  std::vector<std::string> ignored;
   // path=: server addresses that carry NFS traffic (one or more TCP
   // connections each); empty: the SERVER address alone.
   std::vector<std::string> paths;
@@ -66,6 +70,21 @@ struct MountOptions {
 };
 
 Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
+
+// mount.mpnfs: the calling convention of mount(8)'s helpers,
+//   mount.mpnfs SPEC DIR [-sfnv] [-N NAMESPACE] [-o OPTIONS] [-t TYPE]
+// turned into mpnfs's own arguments. -s (sloppy) becomes --sloppy; -f
+// (fake: check everything, mount nothing) and -v (verbose) are returned as
+// flags; -n (no mtab: there is none) is accepted. Refused with a message: a
+// network namespace (-N), a type other than mpnfs, and `remount` (a running
+// mount's options are not changed by mounting again: unmount and mount, or
+// change paths and weights online with mpnfsctl(8)).
+struct HelperArgs {
+  std::vector<std::string> args;  // for ParseMountArgs / LoadMountOptions
+  bool fake = false;
+  bool verbose = false;
+};
+Result<HelperArgs> TranslateHelperArgs(const std::vector<std::string>& argv);
 
 // One path weight ("4"), as weight= and `path add ... weight=` take it:
 // 1 to engine::kMaxWeight; nullopt otherwise.

@@ -49,6 +49,53 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->metrics, "");  // no HTTP endpoint unless asked
 }
 
+// mount(8) calls its helper as: mount.mpnfs SPEC DIR [-sfnv] [-o OPTIONS].
+// mpnfs's own -f (foreground) and -s (FUSE single thread) mean other things:
+// the helper's flags must not reach ParseMountArgs as they are.
+TEST(OptionsTest, MountHelperFlagsFollowMount8) {
+  auto h = TranslateHelperArgs({"srv:/exp", "/mnt", "-sfnv", "-o", "rw,soft", "-t", "mpnfs"});
+  ASSERT_TRUE(h.ok()) << h.error().what;
+  EXPECT_TRUE(h->fake);
+  EXPECT_TRUE(h->verbose);
+  EXPECT_EQ(h->args, (std::vector<std::string>{"srv:/exp", "/mnt", "--sloppy", "-o", "rw,soft"}));
+  auto m = Parse(h->args);
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_FALSE(m->foreground) << "mount -f is a fake mount, not a foreground one";
+  EXPECT_TRUE(m->engine.soft);
+
+  h = TranslateHelperArgs({"srv:/exp", "/mnt", "-n", "-o", "hard"});
+  ASSERT_TRUE(h.ok()) << h.error().what;
+  EXPECT_FALSE(h->fake);
+  EXPECT_FALSE(h->verbose);
+  EXPECT_EQ(h->args, (std::vector<std::string>{"srv:/exp", "/mnt", "-o", "hard"}));
+
+  for (const auto& bad : std::vector<std::vector<std::string>>{
+           {"srv:/exp", "/mnt", "-o", "rw,remount"},
+           {"srv:/exp", "/mnt", "-o", "remount"},
+           {"srv:/exp", "/mnt", "-N", "/proc/1/ns/net"},
+           {"srv:/exp", "/mnt", "-t", "nfs"},
+           {"srv:/exp", "/mnt", "-x"},
+           {"srv:/exp", "/mnt", "-o"}}) {
+    auto r = TranslateHelperArgs(bad);
+    EXPECT_FALSE(r.ok()) << bad.back();
+  }
+  auto r = TranslateHelperArgs({"srv:/exp", "/mnt", "-o", "remount"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().what.find("unmount and mount"), std::string::npos) << r.error().what;
+  // An option that only starts like remount is not refused here.
+  EXPECT_TRUE(TranslateHelperArgs({"srv:/exp", "/mnt", "-o", "remounted"}).ok());
+}
+
+TEST(OptionsTest, SloppyListsUnknownOptionsInsteadOfFailing) {
+  EXPECT_FALSE(Parse({"srv:/exp", "/mnt", "-o", "soft,vers=3,frobnicate"}).ok());
+  auto m = Parse({"srv:/exp", "/mnt", "--sloppy", "-o", "soft,vers=3,frobnicate"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_TRUE(m->engine.soft);
+  EXPECT_EQ(m->ignored, (std::vector<std::string>{"vers=3", "frobnicate"}));
+  // A known option with a bad value is still an error.
+  EXPECT_FALSE(Parse({"srv:/exp", "/mnt", "--sloppy", "-o", "timeo=abc"}).ok());
+}
+
 TEST(OptionsTest, MetricsListensOnLoopbackUnlessTheAddressSaysOtherwise) {
   auto m = Parse({"s:/e", "/m", "-o", "metrics=9100"});
   ASSERT_TRUE(m.ok()) << m.error().what;
