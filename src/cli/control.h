@@ -42,7 +42,7 @@ namespace mpnfs::cli {
 // The socket path of the mount at `mountpoint` (made absolute first).
 Result<std::string> ControlPathFor(const std::string& mountpoint);
 
-// The statistics document (documented in mpnfs(8), STATISTICS).
+// The statistics document (documented in mpnfsctl(8)).
 // `cache` is null for a mount without the SSD cache; `uptime_s` is the time
 // since the mount started (what the counters cover).
 std::string StatsJson(const std::string& source, const std::string& mountpoint,

@@ -100,7 +100,7 @@ Result<Ok> FlushWithProgress(fs::Filesystem& filesystem, cache::BlockCache& c,
   return result;
 }
 
-// Answers one control-socket command (see cli/control.h, mpnfs(8) STATISTICS).
+// Answers one control-socket command (see cli/control.h, mpnfsctl(8)).
 // Runs on the command's own thread (never an engine loop thread).
 void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::Engine& eng,
              fs::Filesystem& filesystem, nfs::Nfs3& nfs, const nfs::Fh& root,

@@ -7,7 +7,7 @@
 // turned into prometheus-cpp MetricFamily objects (StatsCollectable is a
 // prometheus::Collectable that does that in Collect()), which prometheus-cpp's
 // TextSerializer renders and its Exposer (civetweb) serves. Metric names
-// and labels are documented in mpnfs(8), STATISTICS: every name starts with
+// and labels are documented in mpnfsctl(8): every name starts with
 // `mpnfs_`, counters end in `_total`, units are in the names; labels are
 // `mount` (the mountpoint), `path` (a connection: address:port#index) and
 // `op` (the NFS procedure). Totals over paths are not exported (they would
