@@ -1,7 +1,7 @@
 #!/bin/bash
 # The test suite, as root on Debian 12 (.ci/run calls exactly this):
 #
-#   contrib/test.sh          everything, about 39 minutes on 2 cores
+#   contrib/test.sh          everything, about 40 minutes on 2 cores
 #   contrib/test.sh --quick  the GCC build, its unit tests without the crash
 #                            explorer's long explorations, and the quick part
 #                            of the integration tests: under 10 minutes
@@ -9,12 +9,14 @@
 # Everything: installs what is missing; builds with GCC and runs the unit
 # tests; builds with clang under AddressSanitizer + UndefinedBehaviorSanitizer
 # with -Wthread-safety -Werror (the lock annotations are checked there) and
-# runs the unit tests again, and the protocol decoders' fuzz targets for 30 s
+# runs the unit tests again, and the protocol decoders' fuzz targets for 20 s
 # each; builds the concurrent parts under clang's
 # ThreadSanitizer and runs their tests; then runs the integration tests (a
 # real NFS-Ganesha in network namespaces, real FUSE mounts, real programs)
-# with the GCC binary, then again with mpnfs under ThreadSanitizer and under
-# AddressSanitizer.
+# with the GCC binary; builds the Debian package (contrib/package.sh: lintian
+# included), installs it, mounts through an /etc/fstab line and purges it;
+# then runs the integration tests again with mpnfs under ThreadSanitizer and
+# under AddressSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=false
@@ -62,7 +64,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   build-clang/src/crash_test --gtest_filter="-$CRASH_LONG" --gtest_brief=1
 
-step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 30 s per target)"
+step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 20 s per target)"
 # From the committed corpus, the replies captured from Ganesha
 # (contrib/fuzz/record-corpus.py) and every regression input; new inputs go
 # to a scratch directory, and a failing input is left there and printed.
@@ -72,7 +74,7 @@ for t in fuzz_rpc_reply fuzz_nfs3_results fuzz_readdir fuzz_mount fuzz_nlm; do
   dirs=("test/fuzz/corpus/$t")
   [ -d "test/fuzz/captured/$t" ] && dirs+=("test/fuzz/captured/$t")
   [ -d "test/fuzz/regressions/$t" ] && dirs+=("test/fuzz/regressions/$t")
-  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=30 -timeout=10 \
+  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=20 -timeout=10 \
       -rss_limit_mb=2048 -artifact_prefix="$fuzz_tmp/" "$fuzz_tmp/$t" "${dirs[@]}" >"$fuzz_tmp/$t.log" 2>&1; then
     tail -40 "$fuzz_tmp/$t.log"
     echo "fuzz target $t failed; its input and log are in $fuzz_tmp" >&2
@@ -91,7 +93,13 @@ TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan engine engine_stats balanc
   block_cache_paged crc_store filesystem flusher gone_check hidden_names --print-errorlogs
 
 step "integration tests (NFS-Ganesha in a network namespace, real FUSE mounts)"
-MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v test/integration
+MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v --durations=15 test/integration
+
+step "Debian package: dpkg-buildpackage, lintian, apt install, an fstab mount, purge"
+pkg_tmp=$(mktemp -d /tmp/mpnfs-deb.XXXXXX)
+contrib/package.sh "$pkg_tmp"
+MPNFS_IT_DEB=$(ls "$pkg_tmp"/mpnfs_*.deb) pytest -q test/integration/test_package.py
+rm -rf "$pkg_tmp"
 
 # mpnfs itself under the sanitizers: a data race or a memory error (a leak
 # at exit included) kills the mount and fails the test. There the 1 GiB
@@ -101,9 +109,9 @@ MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v test/integration
 step "integration tests, mpnfs under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" MPNFS_BIN="$PWD/build-tsan/src/mpnfs" \
   MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-server-restart \
-  pytest -q test/integration
+  pytest -q --durations=15 test/integration
 step "integration tests, mpnfs under AddressSanitizer"
 ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
   MPNFS_BIN="$PWD/build-clang/src/mpnfs" MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-kill9 \
-  pytest -q test/integration
+  pytest -q --durations=15 test/integration
 step done
