@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(meson ninja-build gcc g++ clang libclang-rt-14-dev pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common sqlite3 fio python3 python3-pytest iproute2 attr
       acl psmisc rsync util-linux procps zlib1g-dev postgresql-15 postgresql-client-15
-      prometheus-cpp-dev nlohmann-json3-dev prometheus debhelper lintian)
+      prometheus-cpp-dev nlohmann-json3-dev prometheus debhelper lintian build-essential)
 # --bench: what the benchmark scripts need besides (the charts' plotting library,
 # perf for write_cpu.sh).
 [ "${1:-}" = "--bench" ] && PKGS+=(python3-matplotlib linux-perf)

@@ -15,7 +15,9 @@ trap 'rm -rf "$work"' EXIT
 mkdir "$work/mpnfs"
 # The source files as they are in the work tree (uncommitted edits and new
 # files included; what .gitignore names left out).
-git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/mpnfs"
+git ls-files -z --cached --others --exclude-standard |
+  while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+  xargs -0 cp --parents -t "$work/mpnfs"
 (cd "$work/mpnfs" && DEB_BUILD_OPTIONS="nocheck parallel=$(nproc)" dpkg-buildpackage -us -uc -b >"$work/build.log" 2>&1) || {
   tail -40 "$work/build.log"
   echo "package: dpkg-buildpackage failed" >&2

@@ -97,9 +97,11 @@ MPNFS_BIN="$PWD/build/src/mpnfs" pytest -v --durations=15 test/integration
 
 step "Debian package: dpkg-buildpackage, lintian, apt install, an fstab mount, purge"
 pkg_tmp=$(mktemp -d /tmp/mpnfs-deb.XXXXXX)
+trap 'rm -rf "$pkg_tmp"' EXIT
 contrib/package.sh "$pkg_tmp"
 MPNFS_IT_DEB=$(ls "$pkg_tmp"/mpnfs_*.deb) pytest -q test/integration/test_package.py
 rm -rf "$pkg_tmp"
+trap - EXIT
 
 # mpnfs itself under the sanitizers: a data race or a memory error (a leak
 # at exit included) kills the mount and fails the test. There the 1 GiB

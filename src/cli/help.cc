@@ -70,6 +70,7 @@ std::string HelpText() {
       "\nFlags:\n"
       "    -f                   stay in the foreground, log to standard error\n"
       "    -d                   debug: -f, log_level=debug and FUSE request tracing\n"
+      "    --sloppy             name and ignore unknown options instead of failing\n"
       "    -h, --help           this summary\n"
       "    -V, --version        the version\n"
       "\nOptions (-o OPT[,OPT...]; defaults in brackets; mpnfs(8) has the details):\n";

@@ -98,20 +98,18 @@ Result<HelperArgs> TranslateHelperArgs(const std::vector<std::string>& argv) {
     } else if (a == "-o") {
       auto v = value("-o");
       if (!v) return v.error();
-      for (size_t at = 0; at <= v->size();) {
-        const size_t end = std::min(v->find(',', at), v->size());
-        if (v->compare(at, end - at, "remount") == 0) {
-          return Bad("remount is not supported: a running mount's options are not changed by mounting "
-                     "again; unmount and mount, or change paths and weights online with mpnfsctl(8)");
-        }
-        at = end + 1;
-      }
       h.args.push_back("-o");
       h.args.push_back(*v);
-    } else if (a == "-t") {
-      auto v = value("-t");
-      if (!v) return v.error();
-      if (*v != "mpnfs" && *v != "fuse.mpnfs") return Bad("mount.mpnfs mounts type mpnfs, not " + *v);
+    } else if (a.rfind("-o", 0) == 0 && a.size() > 2) {
+      h.args.push_back(a);
+    } else if (a == "-t" || (a.rfind("-t", 0) == 0 && a.size() > 2)) {
+      std::string type = a.substr(2);
+      if (type.empty()) {
+        auto v = value("-t");
+        if (!v) return v.error();
+        type = *v;
+      }
+      if (type != "mpnfs" && type != "fuse.mpnfs") return Bad("mount.mpnfs mounts type mpnfs, not " + type);
     } else if (a == "-N") {
       return Bad("mounting in another network namespace (-N) is not supported");
     } else if (a.size() > 1 && a[0] == '-' && a[1] != '-') {
@@ -373,6 +371,10 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         // fstab / systemd bookkeeping: not ours to act on
       } else if (key == "fsname" || key == "subtype") {
         m.fuse_opts.push_back(opt);
+      } else if (opt == "remount") {
+        // (mount -o remount: through mount.mpnfs or mount.fuse3 alike.)
+        return Bad("remount is not supported: a running mount's options are not changed by mounting "
+                   "again; unmount and mount, or change paths and weights online with mpnfsctl(8)");
       } else if (m.sloppy) {
         m.ignored.push_back(opt);
       } else {

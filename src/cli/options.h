@@ -76,9 +76,9 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
 // turned into mpnfs's own arguments. -s (sloppy) becomes --sloppy; -f
 // (fake: check everything, mount nothing) and -v (verbose) are returned as
 // flags; -n (no mtab: there is none) is accepted. Refused with a message: a
-// network namespace (-N), a type other than mpnfs, and `remount` (a running
-// mount's options are not changed by mounting again: unmount and mount, or
-// change paths and weights online with mpnfsctl(8)).
+// network namespace (-N) and a type other than mpnfs. (ParseMountArgs
+// refuses `remount`, however mpnfs is called: a running mount's options
+// are not changed by mounting again.)
 struct HelperArgs {
   std::vector<std::string> args;  // for ParseMountArgs / LoadMountOptions
   bool fake = false;

@@ -69,9 +69,12 @@ TEST(OptionsTest, MountHelperFlagsFollowMount8) {
   EXPECT_FALSE(h->verbose);
   EXPECT_EQ(h->args, (std::vector<std::string>{"srv:/exp", "/mnt", "-o", "hard"}));
 
+  h = TranslateHelperArgs({"srv:/exp", "/mnt", "-ohard", "-tmpnfs"});
+  ASSERT_TRUE(h.ok()) << h.error().what;
+  EXPECT_EQ(h->args, (std::vector<std::string>{"srv:/exp", "/mnt", "-ohard"}));
+
   for (const auto& bad : std::vector<std::vector<std::string>>{
-           {"srv:/exp", "/mnt", "-o", "rw,remount"},
-           {"srv:/exp", "/mnt", "-o", "remount"},
+           {"srv:/exp", "/mnt", "-tnfs"},
            {"srv:/exp", "/mnt", "-N", "/proc/1/ns/net"},
            {"srv:/exp", "/mnt", "-t", "nfs"},
            {"srv:/exp", "/mnt", "-x"},
@@ -79,11 +82,20 @@ TEST(OptionsTest, MountHelperFlagsFollowMount8) {
     auto r = TranslateHelperArgs(bad);
     EXPECT_FALSE(r.ok()) << bad.back();
   }
-  auto r = TranslateHelperArgs({"srv:/exp", "/mnt", "-o", "remount"});
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().what.find("unmount and mount"), std::string::npos) << r.error().what;
-  // An option that only starts like remount is not refused here.
-  EXPECT_TRUE(TranslateHelperArgs({"srv:/exp", "/mnt", "-o", "remounted"}).ok());
+}
+
+// mount -o remount reaches mpnfs through mount.mpnfs or mount.fuse3: refused
+// either way, saying what to do instead.
+TEST(OptionsTest, RemountIsRefusedWithWhatToDoInstead) {
+  for (const char* o : {"remount", "rw,remount", "remount,hard"}) {
+    for (bool sloppy : {false, true}) {
+      std::vector<std::string> a{"srv:/exp", "/mnt", "-o", o};
+      if (sloppy) a.push_back("--sloppy");
+      auto r = Parse(a);
+      ASSERT_FALSE(r.ok()) << o;
+      EXPECT_NE(r.error().what.find("unmount and mount"), std::string::npos) << r.error().what;
+    }
+  }
 }
 
 TEST(OptionsTest, SloppyListsUnknownOptionsInsteadOfFailing) {

@@ -27,6 +27,11 @@ LogState& State() {
   return s;
 }
 
+// A layer's level when the process's is `level` (log.h: "setup" is quieter).
+spdlog::level::level_enum LevelFor(const std::string& layer, spdlog::level::level_enum level) {
+  return layer == "setup" && level > spdlog::level::debug ? std::max(level, spdlog::level::err) : level;
+}
+
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -45,7 +50,7 @@ void InitLogging(LogSink sink, spdlog::level::level_enum level) {
     s.sink->set_sinks({std::make_shared<spdlog::sinks::stderr_sink_mt>()});
   }
   s.level = level;
-  spdlog::apply_all([level](std::shared_ptr<spdlog::logger> l) { l->set_level(level); });
+  spdlog::apply_all([level](std::shared_ptr<spdlog::logger> l) { l->set_level(LevelFor(l->name(), level)); });
 }
 
 std::shared_ptr<spdlog::logger> Log(const std::string& layer) {
@@ -53,8 +58,7 @@ std::shared_ptr<spdlog::logger> Log(const std::string& layer) {
   MutexLock lock(s.mu);
   if (auto l = spdlog::get(layer)) return l;
   auto l = std::make_shared<spdlog::logger>(layer, s.sink);
-  l->set_level(layer == "setup" && s.level > spdlog::level::debug ? std::max(s.level, spdlog::level::err)
-                                                                    : s.level);
+  l->set_level(LevelFor(layer, s.level));
   l->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [%n] %v");
   l->flush_on(spdlog::level::warn);
   spdlog::register_logger(l);

@@ -230,9 +230,10 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     // Pinned to this path (SubmitOptions::path): not moved, and not kept
     // for a reconnect that may never come. (Before the first connect has
     // begun the connection is not down but not yet started: the call
-    // waits for that connect's outcome.)
+    // waits here for that connect's outcome.)
     stats_.queued.fetch_sub(1, std::memory_order_relaxed);
-    Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, "pinned path down"});
+    const std::string why = "pinned path down: " + down_reason_;
+    Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, why});
     return;
   }
   if (disabled() && !r->pinned) {
@@ -254,7 +255,7 @@ void Connection::Enqueue(std::shared_ptr<Request> r) {
     }
     return;
   }
-  if (state_ == State::kDown) {
+  if (state_ == State::kDown && !r->pinned) {
     // Picked just before this connection went down: another one takes it.
     if (Connection* other = engine_->PickConnection(this, r->cost)) {
       other->Deliver(std::move(r));
@@ -525,7 +526,8 @@ void Connection::OnEvents(int revents) {
 void Connection::Fail(const std::string& why) {
   if (state_ == State::kDown) return;
   const bool was_up = state_ == State::kUp;
-  SetState(State::kDown, (was_up ? "connection lost: " : "connect failed: ") + why);
+  down_reason_ = (was_up ? "connection lost: " : "connect failed: ") + why;
+  SetState(State::kDown, down_reason_);
   up_ = false;
   suspect_ = false;
   asked_others_ = false;
@@ -549,9 +551,10 @@ void Connection::Fail(const std::string& why) {
   }
   stats_.reissues.fetch_add(rescued.size(), std::memory_order_relaxed);
   // Calls pinned to this path are not moved to another: they fail now.
-  auto fail_pinned = [this](std::shared_ptr<Request>& r) {
+  const std::string pinned_why = "pinned path down: " + down_reason_;
+  auto fail_pinned = [this, &pinned_why](std::shared_ptr<Request>& r) {
     if (!r->pinned) return false;
-    Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, "pinned path down"});
+    Finish(r, CallOutcome{CallStatus::kTimedOut, nullptr, r->reissued, pinned_why});
     return true;
   };
   std::erase_if(rescued, fail_pinned);

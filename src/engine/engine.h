@@ -234,11 +234,14 @@ struct SubmitOptions {
   std::optional<std::chrono::milliseconds> deadline;
   // Pin: only the connections of the path at this endpoint (host and port)
   // may take the call (used by `mpnfsctl calibrate` to measure one path
-  // alone), enabled or not. A pinned call is never moved to another path:
-  // while its path's connection is connecting it waits there (until
+  // alone, and by the one-call engines of nfs/mount3.h), enabled or not. A
+  // pinned call is never moved to another path: while its path's
+  // connection is connecting, or has not begun its first connect (an
+  // engine just started, a path just added), it waits there (until
   // `deadline`, or soft timeout); if that connection is down, or goes down
   // with the call queued or in flight, the call fails at once (kTimedOut,
-  // "pinned path down"), so it never waits for a reconnect that may not come.
+  // "pinned path down: " and why it went down), so it never waits for a
+  // reconnect that may not come.
   // A path not on the mount fails the call with kShutdown.
   std::optional<Endpoint> path = std::nullopt;
 };

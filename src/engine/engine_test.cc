@@ -205,6 +205,26 @@ TEST_F(EngineTest, APinnedCallSubmittedAtStartWaitsForTheFirstConnect) {
   }
 }
 
+// Nor is a pinned call that reaches its connection before the first connect
+// handed to another path that is up already.
+TEST_F(EngineTest, APinnedCallSubmittedAtStartStaysOnItsPath) {
+  for (int i = 0; i < 200; ++i) {
+    auto o = TwoPaths(0ms);
+    o.loops = 2;
+    auto e = Make(o);
+    e->Start();
+    auto c = std::make_shared<ProbeCall>();
+    SubmitOptions so;
+    so.path = o.paths[1];
+    so.deadline = 5s;
+    e->Submit(c, Cred{}, so);
+    ASSERT_EQ(Await(c).first, CallStatus::kOk) << "attempt " << i;
+    for (const auto& s : e->Stats()) {
+      if (s.endpoint.rfind("10.0.0.1", 0) == 0) ASSERT_EQ(s.calls, 0u) << "attempt " << i;
+    }
+  }
+}
+
 TEST_F(EngineTest, RetransmitsWithTheSameXidAfterTimeo) {
   auto o = Opts();
   o.timeo = 50ms;

@@ -1,5 +1,7 @@
 #include "nfs/mount3.h"
 
+#include <cstring>
+#include <exception>
 #include <future>
 #include <new>
 #include <optional>
@@ -67,11 +69,13 @@ class Call final : public engine::RpcCall {
 
 // One call to prog/vers/proc at host:port, over an engine of its own with
 // one connection, made as the mount's paths make theirs (bound to `local`,
-// from a reserved port when allowed, TCP_USER_TIMEOUT): retransmitted on
+// from a reserved port when allowed; TCP_USER_TIMEOUT at the engine's
+// default): retransmitted on
 // that connection after a quarter of the time left, given up at the
 // deadline. The errors: ECONNREFUSED (refused, or closed before the reply:
 // the next address is tried), EHOSTUNREACH (no connection otherwise),
-// ETIMEDOUT, EIO (an RPC-level rejection, or a reply that does not decode).
+// ETIMEDOUT, EIO (an RPC-level rejection, or a reply that does not decode),
+// EAGAIN (no engine could be started).
 template <class Args, class Res>
 Result<Res> CallOnce(const std::string& host, int port, const std::string& local, engine::RpcCall::Program p,
                      Args args, Clock::time_point deadline, const char* what) {
@@ -91,43 +95,52 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
   eo.resend_fence = Millis(0);
   eo.log_layer = "setup";
   const int tcp_to = static_cast<int>(eo.tcp_user_timeout.count());
-  engine::Engine eng(eo, [tcp_to, p](engine::TransportSink* sink) {
-    return std::make_unique<RpcTransport>(sink, tcp_to, engine::RpcCall::Program{p.prog, p.vers, 0});
-  });
-  eng.Start();
   auto call = std::make_shared<Call<Args, Res>>(what, p, std::move(args));
   auto outcome = call->done.get_future();
-  engine::SubmitOptions so;
-  so.deadline = left;
-  so.path = ep;  // a connection that fails ends the call: the caller tries the next address
-  eng.Submit(call, engine::Cred{}, so);
-  auto o = outcome.get();
-  std::string last_change, state;
+  std::string state;
   uint64_t transmissions = 0;
-  for (const auto& c : eng.Stats()) {
-    if (!c.history.empty()) last_change = c.history.back().reason;
-    state = c.state;
-    for (const auto& op : c.ops) transmissions += op.transmissions;
+  try {
+    engine::Engine eng(eo, [tcp_to, p](engine::TransportSink* sink) {
+      return std::make_unique<RpcTransport>(sink, tcp_to, engine::RpcCall::Program{p.prog, p.vers, 0});
+    });
+    eng.Start();
+    engine::SubmitOptions so;
+    so.deadline = left;
+    so.path = ep;  // a connection that fails ends the call: the caller tries the next address
+    eng.Submit(call, engine::Cred{}, so);
+    outcome.wait();
+    for (const auto& c : eng.Stats()) {
+      state = c.state;
+      for (const auto& op : c.ops) transmissions += op.transmissions;
+    }
+    eng.Stop();
+  } catch (const std::exception& e) {
+    // (A loop that cannot get its epoll or eventfd, a thread that cannot
+    // start: out of descriptors or threads.) The engine is gone, and the
+    // call with it if it was submitted.
+    return Error::Errno(EAGAIN, std::string("cannot ask the ") + what + ": " + e.what());
   }
-  eng.Stop();
+  auto o = outcome.get();
   Log("nfs")->debug("{} at {}:{}: {} after {} transmission(s)", what, host, port,
                     o.status == CallStatus::kOk ? "answered" : "failed (" + o.error + ")", transmissions);
   switch (o.status) {
     case CallStatus::kOk:
       return std::move(*o.res);
     case CallStatus::kFailed:
-      return Error::Errno(EIO, std::string("the ") + what + ": " + o.error);
     case CallStatus::kShutdown:
       return Error::Errno(EIO, std::string("the ") + what + ": " + o.error);
     case CallStatus::kTimedOut:
       break;
   }
-  if (o.error == "pinned path down") {
-    // The connection failed; its last state change says how.
-    const int err = last_change.find("refused") != std::string::npos || last_change.rfind("connection lost", 0) == 0
+  static constexpr std::string_view kDown = "pinned path down: ";
+  if (o.error.rfind(kDown, 0) == 0) {
+    // The connection failed, and the engine says how: refused, or lost
+    // before the reply, is ECONNREFUSED; anything else EHOSTUNREACH.
+    const std::string why = o.error.substr(kDown.size());
+    const int err = why.find(std::strerror(ECONNREFUSED)) != std::string::npos || why.rfind("connection lost", 0) == 0
                         ? ECONNREFUSED
                         : EHOSTUNREACH;
-    return Error::Errno(err, std::string("cannot reach the ") + what + ": " + last_change);
+    return Error::Errno(err, std::string("cannot reach the ") + what + ": " + why);
   }
   return Error::Errno(ETIMEDOUT, std::string("the ") + what + " did not answer in time" +
                                      (state == "connecting" ? " (no connection)"

@@ -7,7 +7,7 @@
 // Each call goes over an engine of its own (engine/engine.h) with one
 // connection to the service's port, made as the mount's paths make theirs
 // (RpcTransport: bound to the path's `local=`, from a reserved port when
-// allowed, TCP_USER_TIMEOUT), encoded and decoded by proto/mount3.h and
+// allowed; TCP_USER_TIMEOUT at the engine's default), encoded and decoded by proto/mount3.h and
 // proto/nsm.h. The engine retransmits a call left unanswered (same XID,
 // same connection) after a quarter of the time given, and ends it at the
 // deadline; a connection refused or lost ends it at once, so the caller
@@ -17,7 +17,8 @@
 // Errors carry a message meant for the command line: ECONNREFUSED (refused,
 // closed before the reply, or not registered with the portmapper),
 // EHOSTUNREACH (no connection otherwise), ETIMEDOUT, EIO (an RPC-level
-// rejection or a reply that does not decode), ENODEV/EADDRNOTAVAIL (a bad
+// rejection or a reply that does not decode), EAGAIN (out of threads or
+// descriptors for the call's engine), ENODEV/EADDRNOTAVAIL (a bad
 // `local`), or MOUNT's own status as an errno.
 //
 // Thread safety: plain blocking functions, from any thread but an engine
