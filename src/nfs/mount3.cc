@@ -142,10 +142,11 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
                         : EHOSTUNREACH;
     return Error::Errno(err, std::string("cannot reach the ") + what + ": " + why);
   }
+  if (state == "connecting") {
+    return Error::Errno(ETIMEDOUT, std::string("server unreachable: no connection to the ") + what + " in time");
+  }
   return Error::Errno(ETIMEDOUT, std::string("the ") + what + " did not answer in time" +
-                                     (state == "connecting" ? " (no connection)"
-                                      : state == "probing"  ? " (connected, but not even a NULL call was answered)"
-                                                            : ""));
+                                     (state == "probing" ? " (connected, but not even a NULL call was answered)" : ""));
 }
 
 // The port `prog` (version `vers`, TCP) is registered on at `host`'s

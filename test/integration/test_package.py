@@ -1,6 +1,7 @@
 """The Debian package (contrib/package.sh) as an admin uses it: installed
-with apt, the export mounted through an /etc/fstab line of type mpnfs with
-`mount DIR`, unmounted, purged; nothing of it is left behind.
+with apt, the export mounted through an /etc/fstab line with `mount DIR`
+(type mpnfs, then fuse.mpnfs), unmounted, purged; nothing of it is left
+behind.
 
 Runs when MPNFS_IT_DEB names the package file (contrib/test.sh builds it);
 it installs to and removes from the system, so it refuses to run over an
@@ -74,19 +75,22 @@ def test_package_installs_mounts_from_fstab_and_purges_clean(bed, tmp_path):
         assert "mpnfsctl stats [--prometheus] MOUNTPOINT" in man("mpnfsctl")
         # mount.mpnfs(8) is mpnfs(8).
         assert "Installed as mount.mpnfs, mpnfs is what mount -t mpnfs" in man("mount.mpnfs")
-        set_fstab(f"{SERVER}:{EXPORT} {mp} mpnfs _netdev,nofail,mountport=20048,hard 0 0")
-        run("mount", str(mp))
-        assert is_mounted(mp)
-        (mp / "from-the-package").write_text("ok")
-        assert (mp / "from-the-package").read_text() == "ok"
-        assert '"connections"' in run("mpnfsctl", "stats", str(mp)).stdout
-        run("umount", str(mp))
-        for _ in range(150):
-            if run("pgrep", "-f", f"mpnfs .*{mp}", check=False).returncode != 0:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("mpnfs still running after umount")
+        # Both fstab types: mpnfs (mount.mpnfs) and fuse.mpnfs (mount.fuse3,
+        # which finds the packaged mpnfs in /usr/sbin).
+        for fstype, name in (("mpnfs", "from-the-package"), ("fuse.mpnfs", "through-mount-fuse3")):
+            set_fstab(f"{SERVER}:{EXPORT} {mp} {fstype} _netdev,nofail,mountport=20048,hard 0 0")
+            run("mount", str(mp))
+            assert is_mounted(mp), fstype
+            (mp / name).write_text("ok")
+            assert (mp / name).read_text() == "ok"
+            assert '"connections"' in run("mpnfsctl", "stats", str(mp)).stdout
+            run("umount", str(mp))
+            for _ in range(150):
+                if run("pgrep", "-f", f"mpnfs .*{mp}", check=False).returncode != 0:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"mpnfs still running after umount ({fstype})")
     finally:
         if is_mounted(mp):
             run("umount", "-l", str(mp), check=False)
