@@ -9,7 +9,7 @@
 # Everything: installs what is missing; builds with GCC and runs the unit
 # tests; builds with clang under AddressSanitizer + UndefinedBehaviorSanitizer
 # with -Wthread-safety -Werror (the lock annotations are checked there) and
-# runs the unit tests again, and the protocol decoders' fuzz targets for 20 s
+# runs the unit tests again, and the protocol decoders' fuzz targets for 15 s
 # each; builds the concurrent parts under clang's
 # ThreadSanitizer and runs their tests; then runs the integration tests (a
 # real NFS-Ganesha in network namespaces, real FUSE mounts, real programs)
@@ -64,7 +64,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   build-clang/src/crash_test --gtest_filter="-$CRASH_LONG" --gtest_brief=1
 
-step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 20 s per target)"
+step "fuzzing the protocol decoders (libFuzzer under ASan + UBSan, 15 s per target)"
 # From the committed corpus, the replies captured from Ganesha
 # (contrib/fuzz/record-corpus.py) and every regression input; new inputs go
 # to a scratch directory, and a failing input is left there and printed.
@@ -74,7 +74,7 @@ for t in fuzz_rpc_reply fuzz_nfs3_results fuzz_readdir fuzz_mount fuzz_nlm; do
   dirs=("test/fuzz/corpus/$t")
   [ -d "test/fuzz/captured/$t" ] && dirs+=("test/fuzz/captured/$t")
   [ -d "test/fuzz/regressions/$t" ] && dirs+=("test/fuzz/regressions/$t")
-  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=20 -timeout=10 \
+  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-clang/test/fuzz/$t" -max_total_time=15 -timeout=10 \
       -rss_limit_mb=2048 -artifact_prefix="$fuzz_tmp/" "$fuzz_tmp/$t" "${dirs[@]}" >"$fuzz_tmp/$t.log" 2>&1; then
     tail -40 "$fuzz_tmp/$t.log"
     echo "fuzz target $t failed; its input and log are in $fuzz_tmp" >&2
@@ -107,22 +107,24 @@ trap - EXIT
 # at exit included) kills the mount and fails the test. There the 1 GiB
 # failover transfers move 256 MiB, mpnfs_fsx runs 1000 operations per mode
 # rather than 3000, and PostgreSQL runs only where named
-# (MPNFS_IT_PG_MODES): the instrumented binary is slower. Left out there:
-# the modules whose subject is decided by the server, the kernel or
-# mount(8) (permission decisions, attributes as stored, the kernel's page
-# cache, mount(8) and fstab plumbing, the package); the requests they make
-# go through the same code as test_operations.py and test_data.py, which
-# run under both sanitizers.
-SAN_SKIP=()
-for f in test_permissions.py test_preserved_attrs.py test_kernel_cache.py test_mounting.py test_package.py; do
+# (MPNFS_IT_PG_MODES), and git clones twice per mode rather than three times
+# (MPNFS_IT_GIT_CLONES): the instrumented binary is slower. Left out there:
+# the modules whose subject is decided by the server or mount(8)
+# (permission decisions on a plain mount, mount(8) and fstab plumbing, the
+# package), whose requests go through the same code as test_operations.py,
+# and calibrate's table on a terminal (the measuring it does is the one the
+# other calibrate tests check).
+SAN_SKIP=(--deselect test/integration/test_calibrate.py::test_calibrate_table_and_one_path)
+for f in test_permissions.py test_mounting.py test_package.py; do
   SAN_SKIP+=(--ignore="test/integration/$f")
 done
 step "integration tests, mpnfs under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" MPNFS_BIN="$PWD/build-tsan/src/mpnfs" \
-  MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-server-restart \
+  MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_GIT_CLONES=2 MPNFS_IT_PG_MODES=default-1path,writeback-server-restart \
   pytest -q --durations=15 "${SAN_SKIP[@]}" test/integration
 step "integration tests, mpnfs under AddressSanitizer"
 ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-  MPNFS_BIN="$PWD/build-clang/src/mpnfs" MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_PG_MODES=default-1path,writeback-kill9 \
+  MPNFS_BIN="$PWD/build-clang/src/mpnfs" MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_GIT_CLONES=2 \
+  MPNFS_IT_PG_MODES=default-1path,writeback-kill9 \
   pytest -q --durations=15 "${SAN_SKIP[@]}" test/integration
 step done

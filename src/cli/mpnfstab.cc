@@ -153,6 +153,9 @@ Result<MountOptions> LoadMountOptions(const std::vector<std::string>& args,
                                           "' cannot be set in 'options:' (use path: and local: lines)");
         }
       }
+      if (("," + e->options + ",").find(",remount,") != std::string::npos) {
+        return Error::Errno(EINVAL, e->where + ": 'remount' is not an option of a server's mounts");
+      }
       merged = {"-o", e->options};
     }
     merged.insert(merged.end(), args.begin(), args.end());

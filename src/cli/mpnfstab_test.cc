@@ -147,6 +147,13 @@ TEST_F(LoadTest, NamedFilesMustExistAndBeWellFormed) {
   EXPECT_FALSE(LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader()).ok());
   files_["/etc/mpnfstab"] = "server: s\nexport: /e mount: /m\noptions: local=eth0\n";
   EXPECT_FALSE(LoadMountOptions({"s:/e", "/m"}, "", "/etc/mpnfstab", Reader()).ok());
+  // remount is about one mount, not a server's: refused in the file's words,
+  // also where --sloppy would have ignored an unknown option.
+  files_["/etc/mpnfstab"] = "server: s\nexport: /e mount: /m\noptions: hard,remount\n";
+  m = LoadMountOptions({"s:/e", "/m", "--sloppy"}, "", "/etc/mpnfstab", Reader());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().what.find("/etc/mpnfstab:1: 'remount' is not an option of a server's mounts"),
+            std::string::npos) << m.error().what;
 }
 
 TEST_F(LoadTest, LocalLinesBindTheirPaths) {

@@ -44,6 +44,7 @@ const char* Connection::StateName(State s) {
 void Connection::SetState(State to, std::string reason) {
   const State from = state_;
   state_ = to;
+  if (to == State::kDown) down_reason_ = reason;
   state_pub_ = to == State::kDown ? 0 : to == State::kConnecting ? 1 : to == State::kUp ? 2 : 3;
   const auto now = std::chrono::system_clock::now();
   MutexLock lock(history_mu_);
@@ -526,8 +527,7 @@ void Connection::OnEvents(int revents) {
 void Connection::Fail(const std::string& why) {
   if (state_ == State::kDown) return;
   const bool was_up = state_ == State::kUp;
-  down_reason_ = (was_up ? "connection lost: " : "connect failed: ") + why;
-  SetState(State::kDown, down_reason_);
+  SetState(State::kDown, (was_up ? "connection lost: " : "connect failed: ") + why);
   up_ = false;
   suspect_ = false;
   asked_others_ = false;

@@ -205,7 +205,7 @@ class Connection : public TransportSink {
   std::string fail_reason_;
   bool ever_up_ = false;
   bool connect_tried_ = false;  // Connect() has run at least once
-  std::string down_reason_;     // why it last went down ("connect failed: ...")
+  std::string down_reason_;     // why it last went down (SetState's reason)
   bool reprobe_ = false;     // probing an up connection just enabled again
   std::deque<std::shared_ptr<Request>> pending_;
   std::list<Attempt> inflight_;

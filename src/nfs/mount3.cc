@@ -99,27 +99,28 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
   auto outcome = call->done.get_future();
   std::string state;
   uint64_t transmissions = 0;
+  std::optional<engine::Engine> eng;
   try {
-    engine::Engine eng(eo, [tcp_to, p](engine::TransportSink* sink) {
+    eng.emplace(eo, [tcp_to, p](engine::TransportSink* sink) {
       return std::make_unique<RpcTransport>(sink, tcp_to, engine::RpcCall::Program{p.prog, p.vers, 0});
     });
-    eng.Start();
-    engine::SubmitOptions so;
-    so.deadline = left;
-    so.path = ep;  // a connection that fails ends the call: the caller tries the next address
-    eng.Submit(call, engine::Cred{}, so);
-    outcome.wait();
-    for (const auto& c : eng.Stats()) {
-      state = c.state;
-      for (const auto& op : c.ops) transmissions += op.transmissions;
-    }
-    eng.Stop();
+    eng->Start();
   } catch (const std::exception& e) {
     // (A loop that cannot get its epoll or eventfd, a thread that cannot
-    // start: out of descriptors or threads.) The engine is gone, and the
-    // call with it if it was submitted.
+    // start: out of descriptors or threads.) Nothing was sent.
     return Error::Errno(EAGAIN, std::string("cannot ask the ") + what + ": " + e.what());
   }
+  engine::SubmitOptions so;
+  so.deadline = left;
+  so.path = ep;  // a connection that fails ends the call: the caller tries the next address
+  eng->Submit(call, engine::Cred{}, so);
+  outcome.wait();
+  for (const auto& c : eng->Stats()) {
+    state = c.state;
+    for (const auto& op : c.ops) transmissions += op.transmissions;
+  }
+  eng->Stop();
+  eng.reset();
   auto o = outcome.get();
   Log("nfs")->debug("{} at {}:{}: {} after {} transmission(s)", what, host, port,
                     o.status == CallStatus::kOk ? "answered" : "failed (" + o.error + ")", transmissions);
