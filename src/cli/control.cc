@@ -113,7 +113,8 @@ std::string HistoryJson(const std::vector<engine::StateChange>& h) {
 
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
-                      const cache::CacheStats* cache, double uptime_s) {
+                      const cache::CacheStats* cache, double uptime_s,
+                      const std::vector<nfs::ServiceStats>& services) {
   std::string out = fmt::format(
       "{{\"source\": {}, \"mountpoint\": {}, \"uptime_s\": {:.3f}, \"connections\": [",
       JsonString(source), JsonString(mountpoint), uptime_s);
@@ -143,6 +144,21 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
   }
   out += "\n]";
   out += ",\n\"ops\": " + OpsJson(total, total_stab);
+  out += ",\n\"services\": [";
+  for (size_t i = 0; i < services.size(); ++i) {
+    const auto& v = services[i];
+    const auto& o = v.calls;
+    out += fmt::format(
+        "{}\n  {{\"service\": \"{}\", \"endpoint\": {}, \"state\": \"{}\", \"ops\": {}, "
+        "\"transmissions\": {}, \"retransmits\": {}, \"errors\": {}, \"rtt_count\": {}, "
+        "\"rtt_mean_us\": {}, \"rtt_p99_us\": {}, \"exe_mean_us\": {}, \"reconnects\": {}, "
+        "\"lost_locks\": {}, \"last_error\": {}, \"last_call\": {}}}",
+        i == 0 ? "" : ",", v.service, JsonString(v.endpoint), v.state, o.ops, o.transmissions, o.retransmits,
+        o.errors, o.rtt.count, o.rtt.MeanUs(), o.rtt.PercentileUs(99), o.ops == 0 ? 0 : o.exe_us / o.ops,
+        v.reconnects, v.lost_locks, JsonString(v.last_error),
+        v.last_call == std::chrono::system_clock::time_point{} ? "null" : "\"" + IsoTime(v.last_call) + "\"");
+  }
+  out += "]";
   if (cache != nullptr) {
     const auto& k = *cache;
     auto ratio = [](uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / b; };

@@ -36,6 +36,7 @@
 #include "common/mutex.h"
 #include "engine/engine.h"
 #include "mpnfs/result.h"
+#include "nfs/service_stats.h"
 
 namespace mpnfs::cli {
 
@@ -44,10 +45,12 @@ Result<std::string> ControlPathFor(const std::string& mountpoint);
 
 // The statistics document (documented in mpnfsctl(8)).
 // `cache` is null for a mount without the SSD cache; `uptime_s` is the time
-// since the mount started (what the counters cover).
+// since the mount started (what the counters cover); `services` the calls
+// to the server's other services (nfs/service_stats.h).
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
-                      const cache::CacheStats* cache = nullptr, double uptime_s = 0);
+                      const cache::CacheStats* cache = nullptr, double uptime_s = 0,
+                      const std::vector<nfs::ServiceStats>& services = {});
 
 // The control channel of one mount: a unix socket. A client connects,
 // writes one command line ("stats", "cache drop", ...) and reads the answer

@@ -101,6 +101,49 @@ TEST(ControlTest, StatsJsonHasProceduresPerPathAndInTotalAndTheHistory) {
   EXPECT_EQ(doc["cache"]["checksum_ram_bytes"], 4096);
 }
 
+TEST(ControlTest, StatsJsonHasTheServicesCalls) {
+  nfs::ServiceStats mnt;
+  mnt.service = "MOUNT";
+  mnt.endpoint = "10.0.0.2:20048";
+  mnt.calls.ops = 2;
+  mnt.calls.transmissions = 3;
+  mnt.calls.retransmits = 1;
+  mnt.calls.errors = 1;
+  mnt.calls.exe_us = 5000;
+  mnt.last_error = "cannot reach the \"MOUNT service\"";
+  mnt.last_call = std::chrono::system_clock::time_point(std::chrono::milliseconds(1700000000123));
+  nfs::ServiceStats nlm;
+  nlm.service = "NLM";
+  nlm.endpoint = "10.0.0.2:32803#0";
+  nlm.state = "up";
+  nlm.calls.ops = 9;
+  nlm.calls.rtt.buckets[10] = 9;
+  nlm.calls.rtt.count = 9;
+  nlm.calls.rtt.sum_us = 9000;
+  nlm.reconnects = 1;
+  nlm.lost_locks = 2;
+  EXPECT_EQ(nlohmann::json::parse(StatsJson("s:/e", "/m", {}))["services"].size(), 0u);
+  const auto doc = nlohmann::json::parse(StatsJson("s:/e", "/m", {}, nullptr, 1, {mnt, nlm}));
+  const auto& s = doc["services"];
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0]["service"], "MOUNT");
+  EXPECT_EQ(s[0]["endpoint"], "10.0.0.2:20048");
+  EXPECT_EQ(s[0]["state"], "none");
+  EXPECT_EQ(s[0]["ops"], 2);
+  EXPECT_EQ(s[0]["transmissions"], 3);
+  EXPECT_EQ(s[0]["retransmits"], 1);
+  EXPECT_EQ(s[0]["errors"], 1);
+  EXPECT_EQ(s[0]["exe_mean_us"], 2500);
+  EXPECT_EQ(s[0]["last_error"], "cannot reach the \"MOUNT service\"");
+  EXPECT_EQ(s[0]["last_call"], "2023-11-14T22:13:20.123Z");
+  EXPECT_EQ(s[1]["state"], "up");
+  EXPECT_EQ(s[1]["rtt_mean_us"], 1000);
+  EXPECT_EQ(s[1]["rtt_p99_us"], 1023);
+  EXPECT_EQ(s[1]["reconnects"], 1);
+  EXPECT_EQ(s[1]["lost_locks"], 2);
+  EXPECT_TRUE(s[1]["last_call"].is_null());
+}
+
 TEST(ControlTest, PathEncodesTheMountpoint) {
   auto p = ControlPathFor("/");
   ASSERT_TRUE(p.ok());

@@ -139,13 +139,15 @@ Result<Ok> LockService::Mark(bool held, bool gone) {
 }
 
 Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, const engine::Endpoint& path,
-                                                        int tcp_user_timeout_ms, std::chrono::milliseconds timeout) {
+                                                        int tcp_user_timeout_ms, std::chrono::milliseconds timeout,
+                                                        nfs::ServiceCounters* counters) {
   static const auto log = Log("locks");
   std::string me_addr;
-  auto port = nfs::LockManagerPort(path.host, timeout, path.local, &me_addr);
+  auto port = nfs::LockManagerPort(path.host, timeout, path.local, &me_addr, counters);
   if (!port) return port.error();
   if (me_addr.empty()) return Error::Errno(EIO, "no local address toward " + path.host);
   std::unique_ptr<LockService> s(new LockService());
+  s->counters_ = counters;
   if (std::error_code ec; !std::filesystem::create_directories(kStateDir, ec) && ec) {
     return Error::Errno(ec.value(), std::string("cannot make ") + kStateDir + ": " + ec.message());
   }
@@ -174,7 +176,7 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
       log->warn("a mount of this host that ended without releasing its locks may have left some on {}; "
                 "they stay until a mount starts while no mount here holds locks", path.host);
     } else if (!dead_held.empty()) {
-      auto me = nfs::NotifyRestart(path.host, s->state_ + 2, timeout, path.local);
+      auto me = nfs::NotifyRestart(path.host, s->state_ + 2, timeout, path.local, counters);
       if (me) {
         s->state_ += 2;
         told = true;
@@ -230,7 +232,7 @@ void LockService::Watch() {
     if (down >= 2) {
       // (Blocking here holds up nothing but the next look.)
       auto port = nfs::LockManagerPort(nlm_path_.host, std::min<std::chrono::milliseconds>(lookup_timeout_, kRebind * 2),
-                                       nlm_path_.local);
+                                       nlm_path_.local, nullptr, counters_);
       if (port && *port != nlm_path_.port) {
         engine::Endpoint moved = nlm_path_;
         moved.port = *port;
@@ -284,7 +286,30 @@ void LockService::Stop(std::chrono::milliseconds timeout) {
   engine_->Stop();
   // Its timer's retries (a wait, a grace period) reply to FUSE requests:
   // they end here, while the FUSE session still exists.
-  locks_.reset();
+  std::unique_ptr<fs::Locks> gone;
+  {
+    MutexLock lock(stats_mu_);
+    lost_at_stop_ = locks_->LostLocks();
+    gone = std::move(locks_);
+  }
+  gone.reset();
+}
+
+nfs::ServiceStats LockService::Stats() const {
+  nfs::ServiceStats s;
+  s.service = "NLM";
+  for (const auto& c : engine_->Stats()) {  // (one connection; two while a path moves)
+    if (s.endpoint.empty() || c.state == "up") {
+      s.endpoint = c.endpoint;
+      s.state = c.state;
+    }
+    for (const auto& op : c.ops) s.calls.Merge(op);
+    s.reconnects += c.reconnects;
+    if (!c.history.empty() && c.history.back().to == "down") s.last_error = c.history.back().reason;
+  }
+  MutexLock lock(stats_mu_);
+  s.lost_locks = locks_ ? locks_->LostLocks() : lost_at_stop_;
+  return s;
 }
 
 LockService::~LockService() {

@@ -29,8 +29,9 @@
 // for the next mount to try. (The kernel's own NFS client, if it also
 // locks on that server from that address, is not known here.)
 //
-// Thread safety: Start and Stop from the mounting thread; locks() from any.
-// The rebinding runs on a thread of its own; watch_mu_ is a leaf.
+// Thread safety: Start and Stop from the mounting thread; locks() and
+// Stats() from any. The rebinding runs on a thread of its own; watch_mu_
+// and stats_mu_ are leaves.
 #pragma once
 
 #include <chrono>
@@ -44,6 +45,7 @@
 #include "fs/locks.h"
 #include "mpnfs/result.h"
 #include "nfs/nlm.h"
+#include "nfs/service_stats.h"
 
 namespace mpnfs::cli {
 
@@ -54,11 +56,17 @@ class LockService {
 
   // An error when the server has no lock manager or the state file cannot
   // be kept.
+  // Its port lookups and status-monitor calls are counted in `counters`
+  // (which must outlive it).
   static Result<std::unique_ptr<LockService>> Start(const MountOptions& m, const engine::Endpoint& path,
-                                                    int tcp_user_timeout_ms, std::chrono::milliseconds timeout);
+                                                    int tcp_user_timeout_ms, std::chrono::milliseconds timeout,
+                                                    nfs::ServiceCounters* counters = nullptr);
   ~LockService();
 
+  // Until Stop().
   fs::Locks& locks() { return *locks_; }
+  // The lock calls' statistics ("NLM"), from any thread, also after Stop().
+  nfs::ServiceStats Stats() const;
   // Releases every lock (waiting at most `timeout`), records that none is
   // held if they all were, and stops the engine.
   void Stop(std::chrono::milliseconds timeout);
@@ -77,7 +85,12 @@ class LockService {
   int32_t state_ = 1;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<nfs::Nlm> nlm_;
+  // Replaced by null in Stop() under stats_mu_ (Stats() may run then); the
+  // other threads use it only before.
   std::unique_ptr<fs::Locks> locks_;
+  mutable Mutex stats_mu_;  // a leaf
+  uint64_t lost_at_stop_ GUARDED_BY(stats_mu_) = 0;
+  nfs::ServiceCounters* counters_ = nullptr;
   bool stopped_ = false;
   engine::Endpoint nlm_path_;      // where lock calls go now (the watch thread's)
   std::chrono::milliseconds lookup_timeout_{0};

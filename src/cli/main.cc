@@ -51,6 +51,7 @@ namespace {
 
 // The mount's statistics now (any thread).
 cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
+                            const nfs::ServiceCounters& services, const cli::LockService* lock_service,
                             const std::string& source, const std::string& mp,
                             std::chrono::steady_clock::time_point started) {
   cli::MountSnapshot s;
@@ -59,6 +60,8 @@ cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
   s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   s.conns = eng.Stats();
   if (auto cache = filesystem.cache()) s.cache = cache->Stats();
+  s.services = services.Snapshot();
+  if (lock_service != nullptr) s.services.push_back(lock_service->Stats());
   return s;
 }
 
@@ -108,7 +111,7 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
   if (cmd == "stats") {
     const cli::MountSnapshot s = snapshot();
     out.Text(cli::StatsJson(s.source, s.mountpoint, s.conns, s.cache ? &*s.cache : nullptr,
-                            s.uptime_s));
+                            s.uptime_s, s.services));
     return;
   }
   if (cmd == "stats prometheus") {
@@ -423,9 +426,11 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   const auto per_try = std::max<std::chrono::milliseconds>(
       std::chrono::milliseconds(timeout) / static_cast<int>(mount_addrs.size()),
       std::chrono::seconds(1));
+  // The calls to the server's other services, for the statistics.
+  nfs::ServiceCounters services;
   Result<nfs::Fh> root = Error::Errno(EIO, "no address to try");
   for (const auto& [a, local] : mount_addrs) {
-    root = nfs::MountExport(a, m.mount_port, m.export_path, per_try, local);
+    root = nfs::MountExport(a, m.mount_port, m.export_path, per_try, local, &services);
     // An answer from the server (even "not exported") ends the search.
     if (root || (root.error().err != ETIMEDOUT && root.error().err != EHOSTUNREACH &&
                  root.error().err != ECONNREFUSED)) {
@@ -512,7 +517,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   // fail with ENOLCK (the mount is still offered).
   std::unique_ptr<cli::LockService> lock_service;
   if (!m.local_posix_locks || !m.local_flocks) {
-    auto ls = cli::LockService::Start(m, m.engine.paths.front(), tcp_to, timeout);
+    auto ls = cli::LockService::Start(m, m.engine.paths.front(), tcp_to, timeout, &services);
     if (ls) {
       lock_service = std::move(ls).value();
     } else {
@@ -567,9 +572,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   char real[PATH_MAX];
   const std::string mp_real = realpath(m.mountpoint.c_str(), real) != nullptr ? real : m.mountpoint;
   auto cpath = cli::ControlPathFor(m.mountpoint);
-  const cli::SnapshotFn snapshot = [&eng, &filesystem, source = m.server + ":" + m.export_path,
-                                    mp = mp_real, started]() {
-    return Snapshot(eng, filesystem, source, mp, started);
+  const cli::SnapshotFn snapshot = [&eng, &filesystem, &services, ls = lock_service.get(),
+                                    source = m.server + ":" + m.export_path, mp = mp_real, started]() {
+    return Snapshot(eng, filesystem, services, ls, source, mp, started);
   };
   // -o metrics=: asked for, so a port that cannot be had fails the mount.
   std::unique_ptr<cli::MetricsServer> metrics;

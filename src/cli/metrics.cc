@@ -214,6 +214,33 @@ void CacheMetrics(Families& f, const Labels& mount, const cache::CacheStats& k) 
           k.wb_arounds);
 }
 
+// The calls to the server's other services (nfs/service_stats.h), by
+// `service`: PORTMAP, MOUNT, NSM (one call at a time), NLM (its own
+// connection, whose state is exported too).
+void ServiceMetrics(Families& f, const Labels& mount, const nfs::ServiceStats& v) {
+  const Labels svc = With(mount, "service", v.service);
+  const auto& o = v.calls;
+  auto counter = [&](const char* name, const char* help, double x) { f.Counter(name, help, svc, x); };
+  counter("mpnfs_service_ops_total", "Calls to the service that ended (answered, failed or timed out)",
+          static_cast<double>(o.ops));
+  counter("mpnfs_service_transmissions_total", "Sends of the service's calls, resends included",
+          static_cast<double>(o.transmissions));
+  counter("mpnfs_service_retransmits_total", "Sends after timeo passed unanswered",
+          static_cast<double>(o.retransmits));
+  counter("mpnfs_service_errors_total", "Calls to the service that ended without an answer",
+          static_cast<double>(o.errors));
+  f.Histogram("mpnfs_service_rtt_seconds", "Send-to-reply time of the service's answered calls", svc, o.rtt);
+  if (v.service == "NLM") {
+    f.Gauge("mpnfs_service_up", "Whether the service's connection is up (1) or not (0)", svc,
+            v.state == "up" ? 1 : 0);
+    counter("mpnfs_service_reconnects_total", "Times the service's connection was lost while up",
+            static_cast<double>(v.reconnects));
+    f.Counter("mpnfs_locks_lost_total",
+              "Locks the server no longer granted when asked again after its restart", mount,
+              static_cast<double>(v.lost_locks));
+  }
+}
+
 }  // namespace
 
 std::vector<MetricFamily> MetricFamilies(const MountSnapshot& s) {
@@ -223,6 +250,7 @@ std::vector<MetricFamily> MetricFamilies(const MountSnapshot& s) {
   f.Gauge("mpnfs_uptime_seconds", "Time since the mount started", mount, s.uptime_s);
   for (const auto& c : s.conns) PathMetrics(f, mount, c);
   if (s.cache) CacheMetrics(f, mount, *s.cache);
+  for (const auto& v : s.services) ServiceMetrics(f, mount, v);
   return f.Take();
 }
 

@@ -30,6 +30,7 @@
 #include "cache/block_cache.h"
 #include "engine/engine.h"
 #include "mpnfs/result.h"
+#include "nfs/service_stats.h"
 
 namespace prometheus {
 class Exposer;
@@ -44,6 +45,7 @@ struct MountSnapshot {
   double uptime_s = 0;  // since the mount started (what the counters cover)
   std::vector<engine::ConnectionStats> conns;
   std::optional<cache::CacheStats> cache;
+  std::vector<nfs::ServiceStats> services;  // nfs/service_stats.h
 };
 using SnapshotFn = std::function<MountSnapshot()>;
 

@@ -60,6 +60,21 @@ MountSnapshot Sample() {
   k.flush_rate_bps = 1000;
   k.flushed_bytes = 10000;
   s.cache = k;
+  nfs::ServiceStats mnt;
+  mnt.service = "MOUNT";
+  mnt.calls.ops = 2;
+  mnt.calls.errors = 1;
+  mnt.calls.transmissions = 3;
+  nfs::ServiceStats nlm;
+  nlm.service = "NLM";
+  nlm.state = "up";
+  nlm.calls.ops = 5;
+  nlm.calls.rtt.buckets[10] = 5;
+  nlm.calls.rtt.count = 5;
+  nlm.calls.rtt.sum_us = 5000;
+  nlm.reconnects = 1;
+  nlm.lost_locks = 3;
+  s.services = {mnt, nlm};
   return s;
 }
 
@@ -175,6 +190,24 @@ TEST(MetricsTest, ReportsPerPathPerProcedureWithEscapedLabels) {
       EXPECT_TRUE(s.labels.at("op") == "READ" || s.labels.at("op") == "WRITE") << s.labels.at("op");
       EXPECT_FALSE(s.labels.at("path") == "10.0.1.1:2049#1" && s.labels.at("op") == "READ");
     }
+  }
+}
+
+TEST(MetricsTest, ReportsTheServicesCallsByService) {
+  std::map<std::string, std::string> types;
+  const auto v = Parse(PrometheusText(Sample()), &types);
+  EXPECT_EQ(Find(v, "mpnfs_service_ops_total", {{"service", "MOUNT"}}), 2);
+  EXPECT_EQ(Find(v, "mpnfs_service_errors_total", {{"service", "MOUNT"}}), 1);
+  EXPECT_EQ(Find(v, "mpnfs_service_transmissions_total", {{"service", "MOUNT"}}), 3);
+  EXPECT_EQ(Find(v, "mpnfs_service_ops_total", {{"service", "NLM"}}), 5);
+  EXPECT_EQ(Find(v, "mpnfs_service_rtt_seconds_count", {{"service", "NLM"}}), 5);
+  EXPECT_EQ(Find(v, "mpnfs_service_up", {{"service", "NLM"}}), 1);
+  EXPECT_EQ(Find(v, "mpnfs_service_reconnects_total", {{"service", "NLM"}}), 1);
+  EXPECT_EQ(Find(v, "mpnfs_locks_lost_total", {}), 3);
+  EXPECT_EQ(types["mpnfs_service_rtt_seconds"], "histogram");
+  // Only a connection kept open has a state.
+  for (const auto& s : v) {
+    if (s.name == "mpnfs_service_up") EXPECT_EQ(s.labels.at("service"), "NLM");
   }
 }
 

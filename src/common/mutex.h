@@ -30,7 +30,8 @@
 //     cache::CrcStore has no lock: it runs under BlockCache::mu_.
 //   fs::Locks::hold_mu_ > fs::Locks::mu_ > Timer::mu_ (its own timer's).
 //   Leaves (nothing is taken under them): Loop::mu_, history_mu_,
-//     Timer::mu_ (common/timer.h), cli::LockService::watch_mu_,
+//     Timer::mu_ (common/timer.h), cli::LockService::watch_mu_ and stats_mu_,
+//     nfs::ServiceCounters::mu_,
 //     HiddenNames::mu_, Gather::mu_, fs::Filesystem::postop_mu_ and its
 //     ReadOp::mu and reaper_mu_, GoneCheck's State::mu, Flusher::mu_ and RoundState::mu,
 //     BlockCache::Reader::mu_, fuse::CredCache::mu_,

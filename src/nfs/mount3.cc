@@ -6,10 +6,13 @@
 #include <new>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "common/log.h"
 #include "engine/engine.h"
 #include "engine/rpc_call.h"
 #include "nfs/local_bind.h"
+#include "nfs/program_call.h"
 #include "nfs/rpc_transport.h"
 #include "proto/mount3.h"
 #include "proto/nlm4.h"
@@ -24,49 +27,6 @@ using engine::CallOutcome;
 using engine::CallStatus;
 using Millis = std::chrono::milliseconds;
 
-// One call of a program other than NFSv3 (MOUNT, PORTMAP, NSM): its
-// arguments, kept for a retransmission, and the promise its outcome keeps.
-template <class Args, class Res>
-class Call final : public engine::RpcCall {
- public:
-  Call(const char* name, Program p, Args args) : name_(name), program_(p), args_(std::move(args)) {}
-
-  const char* Name() const override { return name_; }
-  std::optional<Program> OtherProgram() const override { return program_; }
-  bool EncodeArgs(proto::XdrOut& x) override {
-    using proto::Xdr;  // (the arguments' own, by argument-dependent lookup)
-    return Xdr(x, args_);
-  }
-  bool DecodeResult(proto::XdrIn& x, void* result) override {
-    static_assert(sizeof(Res) <= engine::kMaxResultSize && alignof(Res) <= alignof(std::max_align_t));
-    using proto::Xdr;
-    auto* r = new (result) Res;
-    if (Xdr(x, *r)) return true;
-    r->~Res();
-    return false;
-  }
-  void DestroyResult(void* result) override { static_cast<Res*>(result)->~Res(); }
-  void Complete(const CallOutcome& o) override {
-    if (o.status == CallStatus::kOk) {
-      done.set_value(Outcome{o.status, std::string(), *static_cast<Res*>(o.result)});
-    } else {
-      done.set_value(Outcome{o.status, std::string(o.error), std::nullopt});
-    }
-  }
-
-  struct Outcome {
-    CallStatus status;
-    std::string error;
-    std::optional<Res> res;
-  };
-  std::promise<Outcome> done;
-
- private:
-  const char* const name_;
-  const Program program_;
-  Args args_;
-};
-
 // One call to prog/vers/proc at host:port, over an engine of its own with
 // one connection, made as the mount's paths make theirs (bound to `local`,
 // from a reserved port when allowed; TCP_USER_TIMEOUT at the engine's
@@ -76,11 +36,20 @@ class Call final : public engine::RpcCall {
 // the next address is tried), EHOSTUNREACH (no connection otherwise),
 // ETIMEDOUT, EIO (an RPC-level rejection, or a reply that does not decode),
 // EAGAIN (no engine could be started).
+// The call and its outcome go into `counters` (if given) under `service`.
 template <class Args, class Res>
 Result<Res> CallOnce(const std::string& host, int port, const std::string& local, engine::RpcCall::Program p,
-                     Args args, Clock::time_point deadline, const char* what) {
+                     Args args, Clock::time_point deadline, const char* what, const char* service,
+                     ServiceCounters* counters) {
   const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
   if (left <= Millis(0)) return Error::Errno(ETIMEDOUT, std::string("no time left to ask the ") + what);
+  engine::OpStats counted;
+  auto record = [&](const Result<Res>& r) {
+    if (counters != nullptr) {
+      counters->Record(service, fmt::format("{}:{}", host, port), counted, r ? std::string() : r.error().what);
+    }
+    return r;
+  };
   const engine::Endpoint ep{host, port, local, 1};
   engine::EngineOptions eo;
   eo.paths = {ep};
@@ -95,10 +64,18 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
   eo.resend_fence = Millis(0);
   eo.log_layer = "setup";
   const int tcp_to = static_cast<int>(eo.tcp_user_timeout.count());
-  auto call = std::make_shared<Call<Args, Res>>(what, p, std::move(args));
-  auto outcome = call->done.get_future();
+  struct Outcome {
+    CallStatus status;
+    std::string error;
+    std::optional<Res> res;
+  };
+  std::promise<Outcome> done;
+  auto outcome = done.get_future();
+  auto call = std::make_shared<ProgramCall<Args, Res>>(
+      what, p, std::move(args), [&done](CallStatus st, std::string_view error, const Res* res) {
+        done.set_value(Outcome{st, std::string(error), res != nullptr ? std::optional<Res>(*res) : std::nullopt});
+      });
   std::string state;
-  uint64_t transmissions = 0;
   std::optional<engine::Engine> eng;
   try {
     eng.emplace(eo, [tcp_to, p](engine::TransportSink* sink) {
@@ -108,7 +85,7 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
   } catch (const std::exception& e) {
     // (A loop that cannot get its epoll or eventfd, a thread that cannot
     // start: out of descriptors or threads.) Nothing was sent.
-    return Error::Errno(EAGAIN, std::string("cannot ask the ") + what + ": " + e.what());
+    return record(Error::Errno(EAGAIN, std::string("cannot ask the ") + what + ": " + e.what()));
   }
   engine::SubmitOptions so;
   so.deadline = left;
@@ -117,19 +94,19 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
   outcome.wait();
   for (const auto& c : eng->Stats()) {
     state = c.state;
-    for (const auto& op : c.ops) transmissions += op.transmissions;
+    for (const auto& op : c.ops) counted.Merge(op);
   }
   eng->Stop();
   eng.reset();
   auto o = outcome.get();
   Log("nfs")->debug("{} at {}:{}: {} after {} transmission(s)", what, host, port,
-                    o.status == CallStatus::kOk ? "answered" : "failed (" + o.error + ")", transmissions);
+                    o.status == CallStatus::kOk ? "answered" : "failed (" + o.error + ")", counted.transmissions);
   switch (o.status) {
     case CallStatus::kOk:
-      return std::move(*o.res);
+      return record(std::move(*o.res));
     case CallStatus::kFailed:
     case CallStatus::kShutdown:
-      return Error::Errno(EIO, std::string("the ") + what + ": " + o.error);
+      return record(Error::Errno(EIO, std::string("the ") + what + ": " + o.error));
     case CallStatus::kTimedOut:
       break;
   }
@@ -141,23 +118,25 @@ Result<Res> CallOnce(const std::string& host, int port, const std::string& local
     const int err = why.find(std::strerror(ECONNREFUSED)) != std::string::npos || why.rfind("connection lost", 0) == 0
                         ? ECONNREFUSED
                         : EHOSTUNREACH;
-    return Error::Errno(err, std::string("cannot reach the ") + what + ": " + why);
+    return record(Error::Errno(err, std::string("cannot reach the ") + what + ": " + why));
   }
   if (state == "connecting") {
-    return Error::Errno(ETIMEDOUT, std::string("server unreachable: no connection to the ") + what + " in time");
+    return record(
+        Error::Errno(ETIMEDOUT, std::string("server unreachable: no connection to the ") + what + " in time"));
   }
-  return Error::Errno(ETIMEDOUT, std::string("the ") + what + " did not answer in time" +
-                                     (state == "probing" ? " (connected, but not even a NULL call was answered)" : ""));
+  return record(Error::Errno(ETIMEDOUT, std::string("the ") + what + " did not answer in time" +
+                                            (state == "probing" ? " (connected, but not even a NULL call was answered)"
+                                                                : "")));
 }
 
 // The port `prog` (version `vers`, TCP) is registered on at `host`'s
 // portmapper; ENOENT when it is not registered.
 Result<int> PortOf(const std::string& host, const std::string& local, uint32_t prog, uint32_t vers,
-                   Clock::time_point deadline, const char* what) {
+                   Clock::time_point deadline, const char* what, ServiceCounters* counters) {
   namespace pm = proto::portmap;
   auto r = CallOnce<pm::GetportArgs, pm::GetportRes>(
       host, static_cast<int>(pm::kPort), local, {pm::kProgram, pm::kVersion, pm::kProcGetport},
-      pm::GetportArgs{prog, vers, pm::kTcp, 0}, deadline, "portmapper");
+      pm::GetportArgs{prog, vers, pm::kTcp, 0}, deadline, "portmapper", "PORTMAP", counters);
   if (!r) return r.error();
   if (r->port == 0 || r->port > 65535) {
     return Error::Errno(ENOENT, std::string("the server's portmapper knows no ") + what + " over TCP");
@@ -179,38 +158,40 @@ Result<std::string> Me(const std::string& host, const std::string& local) {
 }  // namespace
 
 Result<int> LockManagerPort(const std::string& host, std::chrono::milliseconds timeout, const std::string& local,
-                            std::string* local_addr) {
+                            std::string* local_addr, ServiceCounters* counters) {
   if (local_addr != nullptr) {
     auto me = Me(host, local);
     if (!me) return me.error();
     *local_addr = *me;
   }
   return PortOf(host, local, proto::nlm4::kProgram, proto::nlm4::kVersion, Clock::now() + timeout,
-                "lock manager (NLM v4)");
+                "lock manager (NLM v4)", counters);
 }
 
 Result<std::string> NotifyRestart(const std::string& host, int32_t state, std::chrono::milliseconds timeout,
-                                  const std::string& local) {
+                                  const std::string& local, ServiceCounters* counters) {
   const auto deadline = Clock::now() + timeout;
   auto me = Me(host, local);
   if (!me) return me.error();
-  auto port = PortOf(host, local, proto::nsm::kProgram, proto::nsm::kVersion, deadline, "status monitor (NSM)");
+  auto port = PortOf(host, local, proto::nsm::kProgram, proto::nsm::kVersion, deadline, "status monitor (NSM)",
+                     counters);
   if (!port) return port.error();
   auto r = CallOnce<proto::nsm::StatChge, proto::nsm::Void>(
       host, *port, local, {proto::nsm::kProgram, proto::nsm::kVersion, proto::nsm::kNotify},
-      proto::nsm::StatChge{*me, state}, deadline, "status monitor (NSM)");
+      proto::nsm::StatChge{*me, state}, deadline, "status monitor (NSM)", "NSM", counters);
   if (!r) return r.error();
   return *me;
 }
 
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
-                       std::chrono::milliseconds timeout, const std::string& local) {
+                       std::chrono::milliseconds timeout, const std::string& local, ServiceCounters* counters) {
   const auto deadline = Clock::now() + timeout;
   if (!local.empty()) {
     if (auto b = ResolveLocal(local); !b) return b.error();
   }
   if (mount_port <= 0) {
-    auto port = PortOf(host, local, proto::mount3::kProgram, proto::mount3::kVersion, deadline, "MOUNT v3 service");
+    auto port = PortOf(host, local, proto::mount3::kProgram, proto::mount3::kVersion, deadline, "MOUNT v3 service",
+                       counters);
     if (!port) {
       // (Unregistered: as unreachable, so the next address is tried.)
       return port.error().err == ENOENT ? Error::Errno(ECONNREFUSED, port.error().what) : port.error();
@@ -219,7 +200,7 @@ Result<Fh> MountExport(const std::string& host, int mount_port, const std::strin
   }
   namespace m3 = proto::mount3;
   auto res = CallOnce<m3::MntArgs, m3::MntRes>(host, mount_port, local, {m3::kProgram, m3::kVersion, m3::kProcMnt},
-                                               m3::MntArgs{export_path}, deadline, "MOUNT service");
+                                               m3::MntArgs{export_path}, deadline, "MOUNT service", "MOUNT", counters);
   if (!res) return res.error();
   if (res->status != m3::kOk) return Error::Errno(m3::ErrnoOf(res->status), m3::Explain(res->status));
   return Fh(res->fh);

@@ -21,6 +21,9 @@
 // descriptors for the call's engine), ENODEV/EADDRNOTAVAIL (a bad
 // `local`), or MOUNT's own status as an errno.
 //
+// Each call, and how it ended, is counted in `counters` if given
+// (nfs/service_stats.h: PORTMAP, MOUNT, NSM).
+//
 // Thread safety: plain blocking functions, from any thread but an engine
 // loop thread.
 #pragma once
@@ -30,6 +33,7 @@
 #include <string>
 
 #include "mpnfs/result.h"
+#include "nfs/service_stats.h"
 #include "nfs/types.h"
 
 namespace mpnfs::nfs {
@@ -37,18 +41,20 @@ namespace mpnfs::nfs {
 // mount_port 0: ask the server's portmapper (port 111) where MOUNT listens.
 // `local`: the path's local= (an interface or address), or empty.
 Result<Fh> MountExport(const std::string& host, int mount_port, const std::string& export_path,
-                       std::chrono::milliseconds timeout, const std::string& local = "");
+                       std::chrono::milliseconds timeout, const std::string& local = "",
+                       ServiceCounters* counters = nullptr);
 
 // The TCP port of the server's NLM v4 service (ENOENT: none registered);
 // `local_addr`, if given, gets this client's address toward the server.
 Result<int> LockManagerPort(const std::string& host, std::chrono::milliseconds timeout,
-                            const std::string& local = "", std::string* local_addr = nullptr);
+                            const std::string& local = "", std::string* local_addr = nullptr,
+                            ServiceCounters* counters = nullptr);
 
 // SM_NOTIFY to the server's status monitor: the host at this client's
 // address toward the server (what the server's lock manager knows it by)
 // restarted, its NSM state now `state`; the server then drops the locks it
 // held for that address. Returns that address.
 Result<std::string> NotifyRestart(const std::string& host, int32_t state, std::chrono::milliseconds timeout,
-                                  const std::string& local = "");
+                                  const std::string& local = "", ServiceCounters* counters = nullptr);
 
 }  // namespace mpnfs::nfs

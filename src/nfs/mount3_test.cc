@@ -131,6 +131,42 @@ TEST(MountExportTest, ACallLeftUnansweredIsRetransmittedAndItsAnswerTaken) {
   EXPECT_EQ(*r, "root-handle");
 }
 
+// Each call counts for the statistics under its service: a MOUNT answered
+// after a retransmission, then one refused.
+TEST(MountExportTest, TheCallsAndHowTheyEndedAreCountedPerService) {
+  ServiceCounters counters;
+  test::LoopbackListener l;
+  std::thread server([&] { AnswerMount(l, "root-handle", 0, /*ignore=*/1); });
+  auto r = MountExport("127.0.0.1", l.port(), "/export", std::chrono::milliseconds(4000), "", &counters);
+  server.join();
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  auto s = counters.Snapshot();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].service, "MOUNT");
+  EXPECT_EQ(s[0].endpoint, "127.0.0.1:" + std::to_string(l.port()));
+  EXPECT_EQ(s[0].calls.ops, 1u);
+  EXPECT_EQ(s[0].calls.transmissions, 2u);
+  EXPECT_EQ(s[0].calls.retransmits, 1u);
+  EXPECT_EQ(s[0].calls.errors, 0u);
+  EXPECT_EQ(s[0].calls.rtt.count, 1u);
+  EXPECT_EQ(s[0].last_error, "");
+  EXPECT_NE(s[0].last_call, std::chrono::system_clock::time_point{});
+
+  int port;
+  {
+    SilentServer gone;
+    port = gone.port();
+  }
+  r = MountExport("127.0.0.1", port, "/export", std::chrono::milliseconds(2000), "", &counters);
+  ASSERT_FALSE(r.ok());
+  s = counters.Snapshot();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].endpoint, "127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(s[0].calls.ops, 2u);
+  EXPECT_EQ(s[0].calls.errors, 1u);
+  EXPECT_EQ(s[0].last_error, r.error().what);
+}
+
 TEST(MountExportTest, AnUnknownLocalInterfaceIsAClearError) {
   auto r = MountExport("127.0.0.1", 1, "/export", std::chrono::milliseconds(1000), "nosuchif0");
   ASSERT_FALSE(r.ok());

@@ -2,6 +2,7 @@
 in total in `mpnfsctl stats`, the Prometheus text of `mpnfsctl stats
 --prometheus` and of the `-o metrics=` HTTP endpoint (both checked with
 promtool), and `mpnfsctl iostat` while I/O runs."""
+import fcntl
 import json
 import os
 import socket
@@ -138,6 +139,37 @@ def test_history_says_why_a_path_went_down_and_that_it_came_back(bed, mount_fact
     assert after[-1]["to"] == "up", h
     assert c["transitions"] >= 6
     assert lost[0]["time"] <= after[-1]["time"]  # ISO 8601 UTC: compares as text
+
+
+def test_stats_count_the_calls_to_the_mount_port_and_lock_services(mount_factory):
+    """The calls made outside the NFS paths are statistics too: MOUNT and
+    the portmapper's port lookups (at mount time) and the lock manager's
+    calls, in `mpnfsctl stats` and in the Prometheus text."""
+    m = mount_factory(portmapper=True)
+    fd = os.open(m.path / "locked", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 10, 0)
+    finally:
+        os.close(fd)
+    services = {s["service"]: s for s in stats(m)["services"]}
+    assert set(services) == {"PORTMAP", "MOUNT", "NLM"}, services
+    mnt = services["MOUNT"]
+    assert mnt["ops"] == 1 and mnt["errors"] == 0 and mnt["rtt_count"] == 1, mnt
+    assert mnt["endpoint"].startswith(SERVER + ":") and mnt["last_error"] == "" and mnt["last_call"], mnt
+    # GETPORT for MOUNT, then for the lock manager.
+    pm = services["PORTMAP"]
+    assert pm["ops"] == 2 and pm["errors"] == 0 and pm["endpoint"] == f"{SERVER}:111", pm
+    nlm = services["NLM"]
+    assert nlm["state"] == "up" and nlm["errors"] == 0 and nlm["lost_locks"] == 0, nlm
+    assert nlm["ops"] >= 2 and nlm["rtt_count"] == nlm["ops"], nlm  # LOCK and UNLOCK at least
+    r = ctl("stats", "--prometheus", str(m.path))
+    assert r.returncode == 0, r.stderr
+    mount = f'mount="{m.path}"'
+    assert f'mpnfs_service_ops_total{{{mount},service="MOUNT"}} 1' in r.stdout, r.stdout
+    assert f'mpnfs_service_up{{{mount},service="NLM"}} 1' in r.stdout, r.stdout
+    rc, out = promtool(r.stdout)
+    assert rc == 0 and out == "", out
 
 
 def test_stats_prometheus_passes_promtool(mount_factory):
