@@ -149,12 +149,12 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
     const auto& v = services[i];
     const auto& o = v.calls;
     out += fmt::format(
-        "{}\n  {{\"service\": \"{}\", \"endpoint\": {}, \"state\": \"{}\", \"ops\": {}, "
-        "\"transmissions\": {}, \"retransmits\": {}, \"errors\": {}, \"rtt_count\": {}, "
+        "{}\n  {{\"service\": {}, \"endpoint\": {}, \"state\": {}, \"ops\": {}, "
+        "\"transmissions\": {}, \"retransmits\": {}, \"errors\": {}, \"refusals\": {}, \"rtt_count\": {}, "
         "\"rtt_mean_us\": {}, \"rtt_p99_us\": {}, \"exe_mean_us\": {}, \"reconnects\": {}, "
         "\"lost_locks\": {}, \"last_error\": {}, \"last_call\": {}}}",
-        i == 0 ? "" : ",", v.service, JsonString(v.endpoint), v.state, o.ops, o.transmissions, o.retransmits,
-        o.errors, o.rtt.count, o.rtt.MeanUs(), o.rtt.PercentileUs(99), o.ops == 0 ? 0 : o.exe_us / o.ops,
+        i == 0 ? "" : ",", JsonString(v.service), JsonString(v.endpoint), JsonString(v.state), o.ops,
+        o.transmissions, o.retransmits, o.errors, o.nfs_errors, o.rtt.count, o.rtt.MeanUs(), o.rtt.PercentileUs(99), o.ops == 0 ? 0 : o.exe_us / o.ops,
         v.reconnects, v.lost_locks, JsonString(v.last_error),
         v.last_call == std::chrono::system_clock::time_point{} ? "null" : "\"" + IsoTime(v.last_call) + "\"");
   }

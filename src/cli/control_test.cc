@@ -109,12 +109,13 @@ TEST(ControlTest, StatsJsonHasTheServicesCalls) {
   mnt.calls.transmissions = 3;
   mnt.calls.retransmits = 1;
   mnt.calls.errors = 1;
+  mnt.calls.nfs_errors = 1;
   mnt.calls.exe_us = 5000;
   mnt.last_error = "cannot reach the \"MOUNT service\"";
   mnt.last_call = std::chrono::system_clock::time_point(std::chrono::milliseconds(1700000000123));
   nfs::ServiceStats nlm;
   nlm.service = "NLM";
-  nlm.endpoint = "10.0.0.2:32803#0";
+  nlm.endpoint = "10.0.0.2:32803";
   nlm.state = "up";
   nlm.calls.ops = 9;
   nlm.calls.rtt.buckets[10] = 9;
@@ -133,6 +134,7 @@ TEST(ControlTest, StatsJsonHasTheServicesCalls) {
   EXPECT_EQ(s[0]["transmissions"], 3);
   EXPECT_EQ(s[0]["retransmits"], 1);
   EXPECT_EQ(s[0]["errors"], 1);
+  EXPECT_EQ(s[0]["refusals"], 1);
   EXPECT_EQ(s[0]["exe_mean_us"], 2500);
   EXPECT_EQ(s[0]["last_error"], "cannot reach the \"MOUNT service\"");
   EXPECT_EQ(s[0]["last_call"], "2023-11-14T22:13:20.123Z");

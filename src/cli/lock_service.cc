@@ -298,14 +298,25 @@ void LockService::Stop(std::chrono::milliseconds timeout) {
 nfs::ServiceStats LockService::Stats() const {
   nfs::ServiceStats s;
   s.service = "NLM";
-  for (const auto& c : engine_->Stats()) {  // (one connection; two while a path moves)
-    if (s.endpoint.empty() || c.state == "up") {
-      s.endpoint = c.endpoint;
-      s.state = c.state;
-    }
+  // The counts over every connection it had (one; a path moved to the
+  // lock manager's new port leaves its old one behind, counts final).
+  for (const auto& c : engine_->StatsEver()) {
     for (const auto& op : c.ops) s.calls.Merge(op);
     s.reconnects += c.reconnects;
-    if (!c.history.empty() && c.history.back().to == "down") s.last_error = c.history.back().reason;
+  }
+  // Where it goes now, and how that is.
+  for (const auto& c : engine_->Stats()) {
+    if (!s.endpoint.empty() && c.state != "up") continue;
+    s.endpoint = c.endpoint.substr(0, c.endpoint.rfind('#'));
+    s.state = c.state;
+    s.last_error.clear();
+    if (c.state == "up") continue;
+    for (auto h = c.history.rbegin(); h != c.history.rend(); ++h) {
+      if (h->to == "down") {
+        s.last_error = h->reason;
+        break;
+      }
+    }
   }
   MutexLock lock(stats_mu_);
   s.lost_locks = locks_ ? locks_->LostLocks() : lost_at_stop_;

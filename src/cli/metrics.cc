@@ -229,6 +229,9 @@ void ServiceMetrics(Families& f, const Labels& mount, const nfs::ServiceStats& v
           static_cast<double>(o.retransmits));
   counter("mpnfs_service_errors_total", "Calls to the service that ended without an answer",
           static_cast<double>(o.errors));
+  counter("mpnfs_service_refusals_total",
+          "Answers that refused (MOUNT's status other than OK, a program the portmapper does not know)",
+          static_cast<double>(o.nfs_errors));
   f.Histogram("mpnfs_service_rtt_seconds", "Send-to-reply time of the service's answered calls", svc, o.rtt);
   if (v.service == "NLM") {
     f.Gauge("mpnfs_service_up", "Whether the service's connection is up (1) or not (0)", svc,

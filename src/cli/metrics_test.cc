@@ -64,6 +64,7 @@ MountSnapshot Sample() {
   mnt.service = "MOUNT";
   mnt.calls.ops = 2;
   mnt.calls.errors = 1;
+  mnt.calls.nfs_errors = 1;
   mnt.calls.transmissions = 3;
   nfs::ServiceStats nlm;
   nlm.service = "NLM";
@@ -205,9 +206,16 @@ TEST(MetricsTest, ReportsTheServicesCallsByService) {
   EXPECT_EQ(Find(v, "mpnfs_service_reconnects_total", {{"service", "NLM"}}), 1);
   EXPECT_EQ(Find(v, "mpnfs_locks_lost_total", {}), 3);
   EXPECT_EQ(types["mpnfs_service_rtt_seconds"], "histogram");
-  // Only a connection kept open has a state.
+  EXPECT_EQ(Find(v, "mpnfs_service_refusals_total", {{"service", "MOUNT"}}), 1);
   for (const auto& s : v) {
-    if (s.name == "mpnfs_service_up") EXPECT_EQ(s.labels.at("service"), "NLM");
+    // Only a connection kept open has a state.
+    if (s.name == "mpnfs_service_up") {
+      EXPECT_EQ(s.labels.at("service"), "NLM");
+    }
+    // The mount's locks, not a service's.
+    if (s.name == "mpnfs_locks_lost_total") {
+      EXPECT_EQ(s.labels.count("service"), 0u);
+    }
   }
 }
 

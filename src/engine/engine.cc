@@ -274,6 +274,14 @@ std::vector<ConnectionStats> Engine::Stats() const {
   return out;
 }
 
+std::vector<ConnectionStats> Engine::StatsEver() const {
+  MutexLock lock(admin_mu_);
+  std::vector<ConnectionStats> out;
+  out.reserve(owned_.size());
+  for (const auto& c : owned_) out.push_back(c->Snapshot());
+  return out;
+}
+
 // --- online path maintenance ---
 
 namespace {

@@ -267,6 +267,10 @@ class Engine {
                    const Cred& cred);
 
   std::vector<ConnectionStats> Stats() const;
+  // As Stats(), and also the connections of removed paths, which Stats()
+  // no longer lists (their counts are final): what a total over the
+  // engine's life sums, so that it never goes down.
+  std::vector<ConnectionStats> StatsEver() const;
   const EngineOptions& options() const { return opts_; }
 
   // --- online path maintenance (see the top of this file); any thread,

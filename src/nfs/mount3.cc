@@ -41,15 +41,15 @@ template <class Args, class Res>
 Result<Res> CallOnce(const std::string& host, int port, const std::string& local, engine::RpcCall::Program p,
                      Args args, Clock::time_point deadline, const char* what, const char* service,
                      ServiceCounters* counters) {
-  const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  if (left <= Millis(0)) return Error::Errno(ETIMEDOUT, std::string("no time left to ask the ") + what);
   engine::OpStats counted;
-  auto record = [&](const Result<Res>& r) {
+  auto record = [&](Result<Res> r) {
     if (counters != nullptr) {
       counters->Record(service, fmt::format("{}:{}", host, port), counted, r ? std::string() : r.error().what);
     }
     return r;
   };
+  const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+  if (left <= Millis(0)) return record(Error::Errno(ETIMEDOUT, std::string("no time left to ask the ") + what));
   const engine::Endpoint ep{host, port, local, 1};
   engine::EngineOptions eo;
   eo.paths = {ep};
@@ -139,7 +139,9 @@ Result<int> PortOf(const std::string& host, const std::string& local, uint32_t p
       pm::GetportArgs{prog, vers, pm::kTcp, 0}, deadline, "portmapper", "PORTMAP", counters);
   if (!r) return r.error();
   if (r->port == 0 || r->port > 65535) {
-    return Error::Errno(ENOENT, std::string("the server's portmapper knows no ") + what + " over TCP");
+    const std::string why = std::string("the server's portmapper knows no ") + what + " over TCP";
+    if (counters != nullptr) counters->Refused("PORTMAP", why);
+    return Error::Errno(ENOENT, why);
   }
   return static_cast<int>(r->port);
 }
@@ -202,7 +204,10 @@ Result<Fh> MountExport(const std::string& host, int mount_port, const std::strin
   auto res = CallOnce<m3::MntArgs, m3::MntRes>(host, mount_port, local, {m3::kProgram, m3::kVersion, m3::kProcMnt},
                                                m3::MntArgs{export_path}, deadline, "MOUNT service", "MOUNT", counters);
   if (!res) return res.error();
-  if (res->status != m3::kOk) return Error::Errno(m3::ErrnoOf(res->status), m3::Explain(res->status));
+  if (res->status != m3::kOk) {
+    if (counters != nullptr) counters->Refused("MOUNT", m3::Explain(res->status));
+    return Error::Errno(m3::ErrnoOf(res->status), m3::Explain(res->status));
+  }
   return Fh(res->fh);
 }
 

@@ -73,20 +73,22 @@ uint32_t ReadCallXid(int fd) {
 // record fragments (answering with `xid_delta` added to the call's XID),
 // after leaving `ignore` calls unanswered (each must be a retransmission of
 // the first: the same XID on the same connection).
+// A `status` other than MNT3_OK (0) is answered alone.
 void AnswerMount(const test::LoopbackListener& l, const std::string& handle, uint32_t xid_delta = 0,
-                 int ignore = 0) {
+                 int ignore = 0, uint32_t status = 0) {
   const int fd = l.Accept();
   ASSERT_GE(fd, 0);
   const uint32_t xid = ReadCallXid(fd);
   for (int i = 0; i < ignore; ++i) EXPECT_EQ(ReadCallXid(fd), xid) << "not a retransmission";
   std::vector<char> body;
-  for (uint32_t w : {xid + xid_delta, 1u, 0u, 0u, 0u, 0u, 0u /* MNT3_OK */, static_cast<uint32_t>(handle.size())}) {
-    Put(&body, w);
+  for (uint32_t w : {xid + xid_delta, 1u, 0u, 0u, 0u, 0u, status}) Put(&body, w);
+  if (status == 0) {
+    Put(&body, static_cast<uint32_t>(handle.size()));
+    body.insert(body.end(), handle.begin(), handle.end());
+    while (body.size() % 4) body.push_back(0);
+    Put(&body, 1);  // one flavor
+    Put(&body, 1);  // AUTH_SYS
   }
-  body.insert(body.end(), handle.begin(), handle.end());
-  while (body.size() % 4) body.push_back(0);
-  Put(&body, 1);  // one flavor
-  Put(&body, 1);  // AUTH_SYS
   std::vector<char> rec;
   const size_t half = 12;
   Put(&rec, static_cast<uint32_t>(half));
@@ -164,6 +166,20 @@ TEST(MountExportTest, TheCallsAndHowTheyEndedAreCountedPerService) {
   EXPECT_EQ(s[0].endpoint, "127.0.0.1:" + std::to_string(port));
   EXPECT_EQ(s[0].calls.ops, 2u);
   EXPECT_EQ(s[0].calls.errors, 1u);
+  EXPECT_EQ(s[0].last_error, r.error().what);
+
+  // An answer that refuses: a call answered, and a refusal.
+  test::LoopbackListener refusing;
+  std::thread server2([&] { AnswerMount(refusing, "", 0, 0, /*MNT3ERR_ACCES*/ 13); });
+  r = MountExport("127.0.0.1", refusing.port(), "/export", std::chrono::milliseconds(4000), "", &counters);
+  server2.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().err, EACCES) << r.error().what;
+  s = counters.Snapshot();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].calls.ops, 3u);
+  EXPECT_EQ(s[0].calls.errors, 1u);
+  EXPECT_EQ(s[0].calls.nfs_errors, 1u);
   EXPECT_EQ(s[0].last_error, r.error().what);
 }
 

@@ -10,12 +10,20 @@ void ServiceCounters::Record(const std::string& service, const std::string& endp
   s.endpoint = endpoint;
   s.calls.Merge(engine_counts);
   if (engine_counts.ops == 0) {
-    // No engine ended it (none could start): the call still happened.
+    // No engine counted it (see the header): the call still happened.
     s.calls.ops += 1;
     if (!error.empty()) s.calls.errors += 1;
   }
   s.last_error = error;
   s.last_call = std::chrono::system_clock::now();
+}
+
+void ServiceCounters::Refused(const std::string& service, const std::string& why) {
+  MutexLock lock(mu_);
+  ServiceStats& s = by_name_[service];
+  s.service = service;
+  s.calls.nfs_errors += 1;
+  s.last_error = why;
 }
 
 std::vector<ServiceStats> ServiceCounters::Snapshot() const {

@@ -6,8 +6,11 @@
 //
 // The counts are the engine's (engine::OpStats, each call's engine summed
 // per service): a call that ends counts in `ops`, one that ends without an
-// answer also in `errors`. A one-call engine that could not even start
-// counts its call as an op and an error here.
+// answer also in `errors`. A call the engine did not count (none could
+// start, no time was left to send it, the engine ended it while stopping)
+// counts here as an op, and as an error if it failed. An answer that
+// refuses (MOUNT's status other than OK, a program the portmapper does not
+// know) counts in `calls.nfs_errors` (Refused()).
 //
 // Thread safety: ServiceCounters is thread safe; its mu_ is a leaf.
 #pragma once
@@ -31,7 +34,9 @@ struct ServiceStats {
   engine::OpStats calls;
   uint64_t reconnects = 0;  // NLM: connections lost while up
   uint64_t lost_locks = 0;  // NLM: locks the server no longer granted after its restart (fs/locks.h)
-  std::string last_error;   // why its last call failed; empty if it succeeded
+  // Why its last call failed or was refused (empty if it succeeded); NLM:
+  // while its connection is not up, why it last went down.
+  std::string last_error;
   std::chrono::system_clock::time_point last_call{};  // when its last call ended
 };
 
@@ -43,6 +48,8 @@ class ServiceCounters {
   // (empty if answered).
   void Record(const std::string& service, const std::string& endpoint, const engine::OpStats& engine_counts,
               const std::string& error);
+  // The answer to the last call of `service` refused it: `why`.
+  void Refused(const std::string& service, const std::string& why);
   // Every service called so far, by name.
   std::vector<ServiceStats> Snapshot() const;
 

@@ -2,6 +2,7 @@
 lock manager (NLM v4), so two gateways on one export exclude each other as
 two hosts would; local_lock=all keeps them on each gateway."""
 import fcntl
+import json
 import os
 import pathlib
 import signal
@@ -106,6 +107,14 @@ def getlk(path, start=0, length=0):
         return struct.unpack("hhqqi", r)
     finally:
         os.close(fd)
+
+
+def nlm_stats(m):
+    """The lock calls' entry of `mpnfsctl stats`."""
+    r = subprocess.run([os.path.join(os.path.dirname(BIN), "mpnfsctl"), "stats", str(m.path)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return next(s for s in json.loads(r.stdout)["services"] if s["service"] == "NLM")
 
 
 @pytest.fixture
@@ -445,6 +454,10 @@ def test_locks_are_reclaimed_when_the_restarted_servers_lock_manager_moved(bed, 
     text = conf.read_text()
     assert "NLM_Port = 32803" in text and "Grace_Period = 5" in text
     h = Holder(a.path / "locked", "ex", 0, 100)
+    for _ in range(40):  # (more lock calls than the new port will see in the test)
+        assert try_lock(a.path / "locked", True, 200, 1)
+    nlm_before = nlm_stats(a)
+    assert nlm_before["endpoint"] == f"{SERVER}:32803" and nlm_before["ops"] >= 80, nlm_before
     try:
         conf.write_text(text.replace("NLM_Port = 32803", "NLM_Port = 32813")
                         .replace("Grace_Period = 5", "Grace_Period = 15"))
@@ -457,6 +470,11 @@ def test_locks_are_reclaimed_when_the_restarted_servers_lock_manager_moved(bed, 
             time.sleep(0.5)
         assert "lock manager is now on port 32813" in a.log_text()
         assert "reclaiming this mount's locks" in a.log_text()
+        # The lock calls' statistics follow the connection to the new port,
+        # and count on from what they were.
+        nlm_moved = nlm_stats(a)
+        assert nlm_moved["endpoint"] == f"{SERVER}:32813" and nlm_moved["state"] == "up", nlm_moved
+        assert nlm_moved["ops"] >= nlm_before["ops"] + 1, (nlm_before, nlm_moved)
     finally:
         conf.write_text(text)
         bed.restart_server()
