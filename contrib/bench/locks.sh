@@ -35,14 +35,13 @@ cleanup2() {
 trap cleanup2 EXIT
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
-contrib/testbed.sh up 1 >/dev/null
+bed_up 1
 mount_mpnfs
 mkdir -p "$MNT2"
 "${MPNFS_BIN:-build/src/mpnfs}" "$SERVER:$EXPORT" "$MNT2" -f -o mountport=20048 2>>"$MPNFS_TB/mpnfs2.log" &
 PID2=$!
 for _ in $(seq 100); do grep -q " $MNT2 fuse.mpnfs " /proc/mounts && break; sleep 0.1; done
 echo 0 > "$MNT/lockfile"
-sleep 6  # the server's lock grace period after its start (testbed.sh: 5 s)
 
 python3 - "$MNT" "$MNT2" "$SERVER" "$EXPORT" "$ROUNDS" >> "$REPORT" <<'PY'
 import fcntl, os, socket, statistics, struct, subprocess, sys, threading, time
