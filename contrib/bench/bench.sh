@@ -23,7 +23,7 @@ Q="version=3&nfsport=2049&mountport=20048"
 bed_up() {
   contrib/testbed.sh down >/dev/null 2>&1 || true
   rm -rf "$MPNFS_TB"
-  bed_up 1 ${1:-}
+  bed_start 1 ${1:-}
 }
 
 seq_suite() {  # $1 size MiB, $2 label

@@ -46,7 +46,7 @@ fio_iops() {  # FILE RW-OPTIONS...: IOPS and mean completion latency (us)
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
 rm -rf "$MPNFS_TB"
-bed_up 1
+bed_start 1
 dd if=/dev/urandom of="$SRC" bs=1M count="$SIZE" status=none
 mount_mpnfs
 dd if=/dev/urandom of="$MNT/rand.bin" bs=1M count=1024 conv=fsync status=none
@@ -113,7 +113,7 @@ kill_null
 [ "${PATHS:-1}" = 0 ] || {
 contrib/testbed.sh down >/dev/null 2>&1 || true
 rm -rf "$MPNFS_TB"
-bed_up 4
+bed_start 4
 mount_mpnfs
 dd if=/dev/urandom of="$MNT/rand.bin" bs=1M count=1024 conv=fsync status=none
 umount_mpnfs

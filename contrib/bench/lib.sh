@@ -25,9 +25,10 @@ cpu_secs() { awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf 
 row() { local line; line="|$(printf ' %s |' "$@")"; echo "$line" >> "$REPORT"; echo "$line"; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # The test bed with N paths [RATE], once its server's grace period after a
-# start (5 s, testbed.sh) is over: in it the server answers truncations
-# with NFS3ERR_JUKEBOX, which libnfs's tools do not retry.
-bed_up() { contrib/testbed.sh up "$@" >/dev/null; sleep 6; }
+# start (5 s, testbed.sh, lifted at its next check) is over: in it the
+# server answers truncations with NFS3ERR_JUKEBOX, which libnfs's tools do
+# not retry.
+bed_start() { contrib/testbed.sh up "$@" >/dev/null; sleep 7; }
 
 mount_mpnfs() {  # [OPTIONS]
   mkdir -p "$MNT"
@@ -54,7 +55,7 @@ mount_peer() {  # COMMAND
 fresh_bed_with_data() {  # MIB [SCAN_MIB]: a new one-path bed holding db.bin (and scan.bin)
   contrib/testbed.sh down >/dev/null 2>&1 || true
   rm -rf "$MPNFS_TB" "$SRC"
-  bed_up 1
+  bed_start 1
   mkdir -p "$SRC"
   mount_mpnfs
   dd if=/dev/urandom of="$MNT/db.bin" bs=1M count="$1" conv=fsync status=none

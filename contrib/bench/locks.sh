@@ -35,7 +35,7 @@ cleanup2() {
 trap cleanup2 EXIT
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
-bed_up 1
+bed_start 1
 mount_mpnfs
 mkdir -p "$MNT2"
 "${MPNFS_BIN:-build/src/mpnfs}" "$SERVER:$EXPORT" "$MNT2" -f -o mountport=20048 2>>"$MPNFS_TB/mpnfs2.log" &

@@ -49,7 +49,7 @@ cat "$REPORT"
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
 rm -rf "$MPNFS_TB"
-bed_up 1
+bed_start 1
 
 # Files for the RAM and listing figures, made on the export before the
 # server starts (changing it behind a running Ganesha is not allowed).

@@ -1,11 +1,11 @@
 #!/bin/bash
-# mpnfs multipath benchmark: one NFS-Ganesha server reached over up to four
+# mpnfs multipath benchmark: one NFS-Ganesha server reached over up to eight
 # veth paths, each shaped with tbf (RATE mbit, default 200, both directions).
 # Prints a markdown report; with -o FILE also writes it there.
 #   contrib/bench/multipath.sh [-o contrib/bench/MULTIPATH.md] [RATE_MBIT]
 #
 # Measured: sequential write (dd conv=fsync) and single-stream read (dd
-# bs=1M, empty page cache) over 1, 2, 3 and 4 paths, as scaling efficiency
+# bs=1M, empty page cache) over 1, 2, 3, 4 and 8 paths, as scaling efficiency
 # T(N) / (N x T(1)); a 4-job fio read over 4 paths (the aggregate a single
 # stream is compared with); three paths of 100, 200 and 400 mbit against the
 # sum of what each carries alone (unweighted, with weight= and with the
@@ -59,19 +59,19 @@ cat "$REPORT"
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
 rm -rf "$MPNFS_TB"
-contrib/testbed.sh up 4 "${RATE}mbit" >/dev/null
-dd if=/dev/urandom of="$SRC" bs=1M count=$((4 * PER)) status=none
+bed_start 8 "${RATE}mbit"
+dd if=/dev/urandom of="$SRC" bs=1M count=$((8 * PER)) status=none
 
 echo "## Scaling over paths of ${RATE} mbit" | tee -a "$REPORT"
 row "paths" "write MB/s" "write scaling" "read MB/s (one dd)" "read scaling" "CPU s/GiB write / read"
 echo "|---|---|---|---|---|---|" >> "$REPORT"
 W1= R1=
-for n in 1 2 3 4; do
+for n in 1 2 3 4 8; do
   seq_run "$n" $((n * PER))
   [ -n "$W1" ] || { W1=$W; R1=$R; }
   row "$n" "$W" "$(pct "$W" "$(times "$n" "$W1")")" "$R" "$(pct "$R" "$(times "$n" "$R1")")" "$WCPU / $RCPU"
+  [ "$n" != 4 ] || R4=$R
 done
-R4=$R
 
 # The same four paths unshaped, for the CPU cost without tbf in the way.
 for k in 1 2 3 4; do contrib/testbed.sh shape "$k" off; done

@@ -165,7 +165,7 @@ end_syncs() {  # TPS
 bed_up() {  # [GANESHA_ENV]
   contrib/testbed.sh down >/dev/null 2>&1 || true
   rm -rf "$MPNFS_TB"
-  MPNFS_TB_GANESHA_ENV=${1:-} bed_up 1
+  MPNFS_TB_GANESHA_ENV=${1:-} bed_start 1
 }
 
 {

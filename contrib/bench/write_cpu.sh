@@ -28,7 +28,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
 rm -rf "$MPNFS_TB"
-bed_up 1
+bed_start 1
 RAW=$(mktemp)
 for r in $(seq "$ROUNDS"); do
   echo "round $r of $ROUNDS" >&2

@@ -26,7 +26,7 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"Data path", "direct_io", "direct_io", "no kernel page cache for data files"},
       {"Data path", "write_behind=MIB", "write_behind=64", "page-cache writes sent before acknowledged, per file (64)"},
       {"Data path", "sync", "sync", "every write FILE_SYNC, no write-behind"},
-      {"Data path", "read_ahead_kb=KB", "read_ahead_kb=4096", "kernel readahead of the mount (4096)"},
+      {"Data path", "read_ahead_kb=KB", "read_ahead_kb=4096", "kernel readahead of the mount (4096; 1024 per path beyond 4)"},
       {"Data path", "max_inflight=N", "max_inflight=128", "calls in flight per connection (128)"},
       {"Data path", "conns_per_path=N", "conns_per_path=1", "TCP connections per path (1)"},
       {"Data path", "loops=N", "loops=0", "event-loop threads (0: one per core)"},

@@ -409,4 +409,6 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
   return m;
 }
 
+int DefaultReadAheadKb(size_t paths) { return static_cast<int>(std::max<size_t>(4, paths)) * 1024; }
+
 }  // namespace mpnfs::cli

@@ -49,7 +49,7 @@ struct MountOptions {
   int mount_timeout_s = 30;
   std::string log_level = "info";
   int max_background = 512;
-  int read_ahead_kb = 4096;
+  int read_ahead_kb = -1;  // -1: DefaultReadAheadKb() of the mount's paths
   bool readdirplus = true;
   // The kernel checks mode bits (FUSE default_permissions) before mpnfs asks
   // the server; `nodefault_permissions` leaves every check to the server.
@@ -68,6 +68,12 @@ struct MountOptions {
   // empty: nowhere (the default).
   std::string metrics;
 };
+
+// The kernel readahead a mount of `paths` paths gets without read_ahead_kb=:
+// 4 MiB, and 1 MiB per path beyond four, so that one sequential reader
+// keeps a 1 MiB READ in flight on every path (with less, some paths idle:
+// eight paths of 200 mbit read at 84% of their sum with 4 MiB, 99% with 8).
+int DefaultReadAheadKb(size_t paths);
 
 Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args);
 

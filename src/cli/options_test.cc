@@ -44,7 +44,7 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->fs.write_behind, 64u << 20);
   EXPECT_EQ(m->mount_timeout_s, 30);
   EXPECT_EQ(m->log_level, "info");
-  EXPECT_EQ(m->read_ahead_kb, 4096);
+  EXPECT_EQ(m->read_ahead_kb, -1);  // DefaultReadAheadKb() of the paths, at mount
   EXPECT_EQ(m->max_background, 512);
   EXPECT_EQ(m->metrics, "");  // no HTTP endpoint unless asked
 }
@@ -52,6 +52,15 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
 // mount(8) calls its helper as: mount.mpnfs SPEC DIR [-sfnv] [-o OPTIONS].
 // mpnfs's own -f (foreground) and -s (FUSE single thread) mean other things:
 // the helper's flags must not reach ParseMountArgs as they are.
+// One 1 MiB READ in flight per path for a sequential reader: 4 MiB up to
+// four paths, then 1 MiB more per path.
+TEST(OptionsTest, DefaultReadaheadGrowsWithThePathsBeyondFour) {
+  EXPECT_EQ(DefaultReadAheadKb(1), 4096);
+  EXPECT_EQ(DefaultReadAheadKb(4), 4096);
+  EXPECT_EQ(DefaultReadAheadKb(5), 5120);
+  EXPECT_EQ(DefaultReadAheadKb(8), 8192);
+}
+
 TEST(OptionsTest, MountHelperFlagsFollowMount8) {
   auto h = TranslateHelperArgs({"srv:/exp", "/mnt", "-sfnv", "-o", "rw,soft", "-t", "mpnfs"});
   ASSERT_TRUE(h.ok()) << h.error().what;

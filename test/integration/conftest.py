@@ -29,6 +29,7 @@ SERVER = f"10.{NET}.1.2"
 SERVER2 = f"10.{NET}.2.2"  # the same server over the second path
 SERVER3 = f"10.{NET}.3.2"
 SERVER4 = f"10.{NET}.4.2"
+SERVER5 = f"10.{NET}.5.2"  # (a fifth path, for what changes beyond four)
 ALL_PATHS = "+".join([SERVER, SERVER2, SERVER3, SERVER4])
 EXPORT = TB + "/export"
 SQUASHED = TB + "/squashed"
@@ -99,7 +100,7 @@ def bed():
     b = Bed()
     b.run("down", check=False)  # leftovers of an aborted run
     shutil.rmtree(TB, ignore_errors=True)
-    r = b.run("up", "4", check=False)  # four paths: 10.78.K.2 for K = 1..4
+    r = b.run("up", "5", check=False)  # five paths: 10.78.K.2 for K = 1..5
     if r.returncode != 0:
         b.run("down", check=False)
         pytest.fail(f"test bed did not start:\n{r.stdout}\n{r.stderr}")

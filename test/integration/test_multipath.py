@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import (ALL_PATHS, BIN, EXPORT, LINK, NET, SERVER, SERVER2, SERVER3, SERVER4, run_mount,
+from conftest import (ALL_PATHS, BIN, EXPORT, LINK, NET, SERVER, SERVER2, SERVER3, SERVER4, SERVER5, run_mount,
                       start_writer)
 
 CTL = os.path.join(os.path.dirname(BIN), "mpnfsctl")
@@ -386,3 +386,21 @@ def test_mpnfsctl_reports_per_connection_statistics(mount_factory):
     m.unmount()
     r = subprocess.run([CTL, "stats", str(m.path)], capture_output=True, text=True, timeout=10)
     assert r.returncode == 1  # the socket is gone with the mount
+
+
+def readahead_kb(m):
+    """The kernel readahead of mount `m` (its backing device's, in /sys)."""
+    for line in open("/proc/self/mountinfo"):
+        f = line.split()
+        if f[4] == str(m.path):
+            return int(open(f"/sys/class/bdi/{f[2]}/read_ahead_kb").read())
+    raise AssertionError(f"{m.path} not in mountinfo")
+
+
+def test_the_default_readahead_keeps_a_read_in_flight_on_every_path(mount_factory):
+    """4 MiB up to four paths, 1 MiB more per path beyond: one sequential
+    reader then has a 1 MiB READ for each path. read_ahead_kb= wins."""
+    assert readahead_kb(mount_factory()) == 4096
+    assert readahead_kb(mount_factory(f"path={ALL_PATHS}")) == 4096
+    assert readahead_kb(mount_factory(f"path={ALL_PATHS}+{SERVER5}")) == 5120
+    assert readahead_kb(mount_factory(f"path={ALL_PATHS}+{SERVER5},read_ahead_kb=2048")) == 2048
