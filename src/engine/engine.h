@@ -92,7 +92,7 @@
 // connection also keeps its last kHistory state changes with the reason, in
 // a ring under a mutex taken only when the state changes or Stats() runs.
 //
-// Thread safety: Submit(), Stats(), Paths() and the path operations are
+// Thread safety: Submit(), Stats(), StatsEver(), Paths() and the path operations are
 // thread safe (path operations are serialised by admin_mu_, which is never
 // held while waiting for a loop; a loop thread takes it only to retire a
 // connection); Start()/Stop() are called by the owner thread only.
