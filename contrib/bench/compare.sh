@@ -30,9 +30,6 @@ SRC=/dev/shm/mpnfs-cbench-src
 URL="nfs://$SERVER$EXPORT"
 Q="version=3&nfsport=2049&mountport=20048"
 . contrib/bench/lib.sh
-NULLPID=
-trap 'kill_null; cleanup' EXIT
-kill_null() { if [ -n "$NULLPID" ]; then fusermount3 -u "$NULLMNT" 2>/dev/null || true; wait "$NULLPID" 2>/dev/null || true; NULLPID=; fi; rmdir "$NULLMNT" 2>/dev/null || true; }
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # CPU seconds (user + system) of a command run to completion.
@@ -51,10 +48,7 @@ dd if=/dev/urandom of="$SRC" bs=1M count="$SIZE" status=none
 mount_mpnfs
 dd if=/dev/urandom of="$MNT/rand.bin" bs=1M count=1024 conv=fsync status=none
 umount_mpnfs
-mkdir -p "$NULLMNT"
-build/contrib/bench/fuse-null "$NULLMNT" 1024 &
-NULLPID=$!
-for _ in $(seq 50); do [ -e "$NULLMNT/f" ] && break; sleep 0.1; done
+start_null
 
 # The systems: mpnfs (this tree's build, or MPNFS_BIN), then each of PEERS.
 SYS=(mpnfs)

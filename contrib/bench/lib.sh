@@ -5,8 +5,10 @@
 PID=
 REPORT=$(mktemp)
 
+NULLPID=
 cleanup() {
   set +e
+  kill_null
   grep -q " $MNT fuse" /proc/mounts && { fusermount3 -u "$MNT" || umount -l "$MNT"; }
   [ -n "$PID" ] && { wait "$PID" 2>/dev/null; }
   contrib/testbed.sh down >/dev/null 2>&1
@@ -36,6 +38,20 @@ mount_mpnfs() {  # [OPTIONS]
   PID=$!
   for _ in $(seq 100); do grep -q " $MNT fuse.mpnfs " /proc/mounts && return 0; sleep 0.1; done
   echo "mount failed" >&2; cat "$MPNFS_TB/mpnfs.log" >&2; exit 1
+}
+# FUSE with no NFS (fuse-null, its file `f`) at $NULLMNT, which the caller
+# sets: the floor of a FUSE round trip. kill_null (and cleanup) ends it.
+start_null() {
+  mkdir -p "$NULLMNT"
+  build/contrib/bench/fuse-null "$NULLMNT" 1024 &
+  NULLPID=$!
+  for _ in $(seq 50); do [ -e "$NULLMNT/f" ] && return 0; sleep 0.1; done
+  echo "fuse-null did not mount" >&2; exit 1
+}
+kill_null() {
+  [ -n "${NULLMNT:-}" ] || return 0
+  if [ -n "$NULLPID" ]; then fusermount3 -u "$NULLMNT" 2>/dev/null || true; wait "$NULLPID" 2>/dev/null || true; NULLPID=; fi
+  rmdir "$NULLMNT" 2>/dev/null || true
 }
 umount_mpnfs() { fusermount3 -u "$MNT"; wait "$PID" || true; PID=; }
 

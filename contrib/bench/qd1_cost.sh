@@ -21,9 +21,6 @@ MNT=/tmp/mpnfs-qd1cost-mnt
 SRC=/dev/shm/mpnfs-qd1cost-src  # (unused; lib.sh removes it)
 NULLMNT=/tmp/mpnfs-qd1cost-null
 . contrib/bench/lib.sh
-NULLPID=
-kill_null() { if [ -n "$NULLPID" ]; then fusermount3 -u "$NULLMNT" 2>/dev/null || true; wait "$NULLPID" 2>/dev/null || true; NULLPID=; fi; rmdir "$NULLMNT" 2>/dev/null || true; }
-trap 'kill_null; cleanup' EXIT
 fio_qd1() {  # FILE: reads, IOPS and mean latency (us)
   fio --name=q --filename="$1" --rw=randread --bs=4k --direct=1 --ioengine=psync --runtime="$SECS" \
     --time_based --output-format=terse --terse-version=3 2>/dev/null |
@@ -49,11 +46,8 @@ read -r reads iops lat < <(awk -F';' '{ printf "%d %d %.1f\n", $6 / 4, $8, $40 }
 # The two round trips alone.
 rtt_iops=$(build/contrib/bench/nfs-qd1 "nfs://$SERVER$EXPORT/rand.bin?version=3&nfsport=2049&mountport=20048" "$SECS" |
            /usr/bin/python3 -c 'import json,sys; print(int(json.load(sys.stdin)["iops"]))')
-mkdir -p "$NULLMNT"
-build/contrib/bench/fuse-null "$NULLMNT" 1024 &
-NULLPID=$!
-for _ in $(seq 50); do [ -e "$NULLMNT/f" ] && break; sleep 0.1; done
-read -r _ null_iops null_lat < <(fio_qd1 "$NULLMNT/f")
+start_null
+read -r _ null_iops _ < <(fio_qd1 "$NULLMNT/f")
 kill_null
 floor=$(awk -v a="$rtt_iops" -v b="$null_iops" 'BEGIN { printf "%d", 1 / (1 / a + 1 / b) }')
 count() { awk -F, -v e="$2" '$3 == e { print $1 }' "$1"; }
