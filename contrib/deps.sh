@@ -3,7 +3,7 @@
 # only what is missing. Safe to run repeatedly. contrib/deps.sh --bench adds
 # what contrib/bench/ needs.
 set -euo pipefail
-PKGS=(meson ninja-build gcc g++ clang libclang-rt-14-dev pkg-config libfuse3-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
+PKGS=(meson ninja-build gcc g++ clang libclang-rt-14-dev pkg-config libfuse3-dev liburing-dev fuse3 libnfs-dev libnfs-utils libspdlog-dev
       libgtest-dev nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common sqlite3 fio python3 python3-pytest iproute2 attr
       acl psmisc rsync util-linux procps zlib1g-dev postgresql-15 postgresql-client-15
       prometheus-cpp-dev nlohmann-json3-dev prometheus debhelper lintian build-essential)

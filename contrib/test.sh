@@ -15,8 +15,10 @@
 # real NFS-Ganesha in network namespaces, real FUSE mounts, real programs)
 # with the GCC binary; builds the Debian package (contrib/package.sh: lintian
 # included), installs it, mounts through an /etc/fstab line and purges it;
-# then runs the integration tests again with mpnfs under ThreadSanitizer and
-# under AddressSanitizer.
+# then runs the integration tests again with mpnfs under ThreadSanitizer
+# (every mount taking its FUSE requests through io_uring: fuse_uring=on, the
+# fuse module's enable_uring set for the run) and under AddressSanitizer
+# (through /dev/fuse, as in the first run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=false
@@ -118,8 +120,8 @@ SAN_SKIP=(--deselect test/integration/test_calibrate.py::test_calibrate_table_an
 for f in test_permissions.py test_mounting.py test_package.py; do
   SAN_SKIP+=(--ignore="test/integration/$f")
 done
-step "integration tests, mpnfs under ThreadSanitizer"
-TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" MPNFS_BIN="$PWD/build-tsan/src/mpnfs" \
+step "integration tests, mpnfs under ThreadSanitizer, FUSE over io_uring"
+MPNFS_IT_FUSE_URING=1 TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" MPNFS_BIN="$PWD/build-tsan/src/mpnfs" \
   MPNFS_IT_BIG_MIB=256 MPNFS_IT_FSX_OPS=1000 MPNFS_IT_GIT_CLONES=2 MPNFS_IT_PG_MODES=default-1path,writeback-server-restart \
   pytest -q --durations=15 "${SAN_SKIP[@]}" test/integration
 step "integration tests, mpnfs under AddressSanitizer"

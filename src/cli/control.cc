@@ -114,7 +114,8 @@ std::string HistoryJson(const std::vector<engine::StateChange>& h) {
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
                       const cache::CacheStats* cache, double uptime_s,
-                      const std::vector<nfs::ServiceStats>& services) {
+                      const std::vector<nfs::ServiceStats>& services,
+                      const fuse::TransportStats* fuse) {
   std::string out = fmt::format(
       "{{\"source\": {}, \"mountpoint\": {}, \"uptime_s\": {:.3f}, \"connections\": [",
       JsonString(source), JsonString(mountpoint), uptime_s);
@@ -159,6 +160,13 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         v.last_call == std::chrono::system_clock::time_point{} ? "null" : "\"" + IsoTime(v.last_call) + "\"");
   }
   out += "]";
+  if (fuse != nullptr) {
+    out += fmt::format(
+        ",\n\"fuse\": {{\"transport\": {}, \"why\": {}, \"queues\": {}, \"depth\": {}, "
+        "\"ring_requests\": {}, \"device_requests\": {}}}",
+        JsonString(fuse->transport), JsonString(fuse->why), fuse->queues, fuse->depth,
+        fuse->ring_requests, fuse->device_requests);
+  }
   if (cache != nullptr) {
     const auto& k = *cache;
     auto ratio = [](uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / b; };

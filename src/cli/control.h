@@ -35,6 +35,7 @@
 #include "cache/block_cache.h"
 #include "common/mutex.h"
 #include "engine/engine.h"
+#include "fuse/transport_stats.h"
 #include "mpnfs/result.h"
 #include "nfs/service_stats.h"
 
@@ -46,11 +47,13 @@ Result<std::string> ControlPathFor(const std::string& mountpoint);
 // The statistics document (documented in mpnfsctl(8)).
 // `cache` is null for a mount without the SSD cache; `uptime_s` is the time
 // since the mount started (what the counters cover); `services` the calls
-// to the server's other services (nfs/service_stats.h).
+// to the server's other services (nfs/service_stats.h); `fuse` how FUSE
+// requests reach mpnfs (fuse/transport.h), left out when null.
 std::string StatsJson(const std::string& source, const std::string& mountpoint,
                       const std::vector<engine::ConnectionStats>& conns,
                       const cache::CacheStats* cache = nullptr, double uptime_s = 0,
-                      const std::vector<nfs::ServiceStats>& services = {});
+                      const std::vector<nfs::ServiceStats>& services = {},
+                      const fuse::TransportStats* fuse = nullptr);
 
 // The control channel of one mount: a unix socket. A client connects,
 // writes one command line ("stats", "cache drop", ...) and reads the answer

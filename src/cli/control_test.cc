@@ -146,6 +146,19 @@ TEST(ControlTest, StatsJsonHasTheServicesCalls) {
   EXPECT_TRUE(s[1]["last_call"].is_null());
 }
 
+TEST(ControlTest, StatsJsonSaysHowFuseRequestsCome) {
+  EXPECT_FALSE(nlohmann::json::parse(StatsJson("s:/e", "/m", {})).contains("fuse"));
+  const fuse::TransportStats t{"device", "the kernel did not offer \"io_uring\" at INIT", 2, 32, 0, 17};
+  const auto doc = nlohmann::json::parse(StatsJson("s:/e", "/m", {}, nullptr, 1, {}, &t));
+  const auto& f = doc["fuse"];
+  EXPECT_EQ(f["transport"], "device");
+  EXPECT_EQ(f["why"], "the kernel did not offer \"io_uring\" at INIT");
+  EXPECT_EQ(f["queues"], 2);
+  EXPECT_EQ(f["depth"], 32);
+  EXPECT_EQ(f["ring_requests"], 0);
+  EXPECT_EQ(f["device_requests"], 17);
+}
+
 TEST(ControlTest, PathEncodesTheMountpoint) {
   auto p = ControlPathFor("/");
   ASSERT_TRUE(p.ok());

@@ -31,6 +31,8 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"Data path", "conns_per_path=N", "conns_per_path=1", "TCP connections per path (1)"},
       {"Data path", "loops=N", "loops=0", "event-loop threads (0: one per core)"},
       {"Data path", "max_background=N", "max_background=512", "FUSE background requests (512)"},
+      {"Data path", "fuse_uring=auto|on|off", "fuse_uring=auto", "FUSE requests through io_uring rings (off)"},
+      {"Data path", "fuse_uring_depth=N", "fuse_uring_depth=32", "io_uring entries per CPU queue (32)"},
       {"Caching and consistency", "acregmin=S, acregmax=S", "acregmin=3,acregmax=60", "file attribute cache timeouts (3, 60)"},
       {"Caching and consistency", "acdirmin=S, acdirmax=S", "acdirmin=30,acdirmax=60", "directory attribute cache timeouts (30, 60)"},
       {"Caching and consistency", "actimeo=S", "actimeo=10", "all four attribute timeouts"},

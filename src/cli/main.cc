@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <climits>
 #include <cstdio>
@@ -40,6 +41,7 @@
 #include "fs/filesystem.h"
 #include "fs/owner.h"
 #include "fuse/fuse_ops.h"
+#include "fuse/transport.h"
 #include "mpnfs_config.h"
 #include "nfs/rpc_transport.h"
 #include "nfs/mount3.h"
@@ -53,7 +55,8 @@ namespace {
 cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
                             const nfs::ServiceCounters& services, const cli::LockService* lock_service,
                             const std::string& source, const std::string& mp,
-                            std::chrono::steady_clock::time_point started) {
+                            std::chrono::steady_clock::time_point started,
+                            const fuse::FuseTransport* transport) {
   cli::MountSnapshot s;
   s.source = source;
   s.mountpoint = mp;
@@ -62,6 +65,7 @@ cli::MountSnapshot Snapshot(engine::Engine& eng, fs::Filesystem& filesystem,
   if (auto cache = filesystem.cache()) s.cache = cache->Stats();
   s.services = services.Snapshot();
   if (lock_service != nullptr) s.services.push_back(lock_service->Stats());
+  if (transport != nullptr) s.fuse = transport->stats();
   return s;
 }
 
@@ -111,7 +115,7 @@ void Control(const std::string& cmd, bool privileged, cli::Reply& out, engine::E
   if (cmd == "stats") {
     const cli::MountSnapshot s = snapshot();
     out.Text(cli::StatsJson(s.source, s.mountpoint, s.conns, s.cache ? &*s.cache : nullptr,
-                            s.uptime_s, s.services));
+                            s.uptime_s, s.services, s.fuse ? &*s.fuse : nullptr));
     return;
   }
   if (cmd == "stats prometheus") {
@@ -573,9 +577,13 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   char real[PATH_MAX];
   const std::string mp_real = realpath(m.mountpoint.c_str(), real) != nullptr ? real : m.mountpoint;
   auto cpath = cli::ControlPathFor(m.mountpoint);
+  // Set once the session's I/O is taken (after the mount); the statistics
+  // may be asked for from another thread before that.
+  std::atomic<const fuse::FuseTransport*> transport_stats{nullptr};
   const cli::SnapshotFn snapshot = [&eng, &filesystem, &services, ls = lock_service.get(),
-                                    source = m.server + ":" + m.export_path, mp = mp_real, started]() {
-    return Snapshot(eng, filesystem, services, ls, source, mp, started);
+                                    source = m.server + ":" + m.export_path, mp = mp_real, started,
+                                    &transport_stats]() {
+    return Snapshot(eng, filesystem, services, ls, source, mp, started, transport_stats.load());
   };
   // -o metrics=: asked for, so a port that cannot be had fails the mount.
   std::unique_ptr<cli::MetricsServer> metrics;
@@ -589,6 +597,19 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     metrics = std::move(ms).value();
     log->info("Prometheus metrics on http://{}/metrics", m.metrics);
   }
+  fuse::FuseTransport::Options topts;
+  topts.mode = m.fuse_uring == cli::MountOptions::FuseUring::kOn    ? fuse::FuseTransport::Mode::kOn
+               : m.fuse_uring == cli::MountOptions::FuseUring::kOff ? fuse::FuseTransport::Mode::kOff
+                                                                    : fuse::FuseTransport::Mode::kAuto;
+  topts.depth = static_cast<unsigned>(m.fuse_uring_depth);
+  topts.max_write = ctx.opts.max_write;
+  if (topts.mode == fuse::FuseTransport::Mode::kOn) {
+    if (auto allowed = fuse::FuseTransport::KernelAllows(); !allowed) {
+      fuse_session_destroy(se);
+      rep.Done(kExitMountFailed, "mpnfs: fuse_uring=on: " + allowed.error().what);
+      return kExitMountFailed;
+    }
+  }
   if (fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, m.mountpoint.c_str()) != 0) {
     fuse_session_destroy(se);
     rep.Done(kExitMountFailed, "mpnfs: cannot mount on " + m.mountpoint +
@@ -596,6 +617,18 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     return kExitMountFailed;
   }
   if (m.read_ahead_kb > 0) SetReadahead(mp_real, m.read_ahead_kb);
+  // Before the loop reads INIT, which decides the transport.
+  std::unique_ptr<fuse::FuseTransport> transport = fuse::FuseTransport::Install(se, &ctx, topts);
+  if (topts.mode == fuse::FuseTransport::Mode::kOn && !transport->stats().why.empty()) {
+    const std::string why = transport->stats().why;
+    transport->Quiesce();
+    fuse_remove_signal_handlers(se);
+    fuse_session_unmount(se);
+    fuse_session_destroy(se);
+    rep.Done(kExitMountFailed, "mpnfs: fuse_uring=on: " + why);
+    return kExitMountFailed;
+  }
+  transport_stats.store(transport.get());
   // Statistics for `mpnfsctl stats MOUNTPOINT`; the mount works without them.
   std::unique_ptr<cli::ControlSocket> control;
   if (cpath) {
@@ -627,6 +660,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   fuse_loop_cfg_set_idle_threads(cfg, 8);
   int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
+  // The rings hold /dev/fuse open: closed first, so that the unmount's
+  // close of the session's descriptor ends the connection (transport.h).
+  transport->Quiesce();
   metrics.reset();
   // A stop signal from here on, during the unmount too, is recorded, not
   // lost to FUSE's handler nor fatal (StopSignals). Ours go in first:
@@ -655,7 +691,9 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
   eng.Stop();
   control.reset();
   notifier.reset();
+  transport_stats.store(nullptr);
   fuse_session_destroy(se);
+  transport.reset();
   log->info("unmounted {}", m.mountpoint);
   return rc == 0 ? 0 : kExitMountFailed;
 }

@@ -254,6 +254,14 @@ std::vector<MetricFamily> MetricFamilies(const MountSnapshot& s) {
   for (const auto& c : s.conns) PathMetrics(f, mount, c);
   if (s.cache) CacheMetrics(f, mount, *s.cache);
   for (const auto& v : s.services) ServiceMetrics(f, mount, v);
+  if (s.fuse) {
+    f.Gauge("mpnfs_fuse_transport_info", "How FUSE requests reach mpnfs: io_uring or device (/dev/fuse)",
+            With(mount, "transport", s.fuse->transport), 1);
+    f.Counter("mpnfs_fuse_requests_total", "FUSE requests received, by the way they came",
+              With(mount, "transport", "io_uring"), static_cast<double>(s.fuse->ring_requests));
+    f.Counter("mpnfs_fuse_requests_total", "FUSE requests received, by the way they came",
+              With(mount, "transport", "device"), static_cast<double>(s.fuse->device_requests));
+  }
   return f.Take();
 }
 

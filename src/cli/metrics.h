@@ -29,6 +29,7 @@
 
 #include "cache/block_cache.h"
 #include "engine/engine.h"
+#include "fuse/transport_stats.h"
 #include "mpnfs/result.h"
 #include "nfs/service_stats.h"
 
@@ -46,6 +47,7 @@ struct MountSnapshot {
   std::vector<engine::ConnectionStats> conns;
   std::optional<cache::CacheStats> cache;
   std::vector<nfs::ServiceStats> services;  // nfs/service_stats.h
+  std::optional<fuse::TransportStats> fuse;  // fuse/transport.h; none before the mount
 };
 using SnapshotFn = std::function<MountSnapshot()>;
 

@@ -252,6 +252,19 @@ TEST(MetricsTest, RttHistogramIsCumulativeInSeconds) {
   EXPECT_DOUBLE_EQ(Find(v, "mpnfs_rpc_rtt_seconds_sum", {{"op", "READ"}}), 0.012);
 }
 
+TEST(MetricsTest, ReportsTheFuseTransportAndItsRequests) {
+  MountSnapshot s = Sample();
+  EXPECT_EQ(PrometheusText(s).find("mpnfs_fuse_"), std::string::npos);
+  s.fuse = fuse::TransportStats{"io_uring", "", 2, 32, 1234, 5};
+  std::map<std::string, std::string> types;
+  const auto v = Parse(PrometheusText(s), &types);
+  EXPECT_EQ(Find(v, "mpnfs_fuse_transport_info", {{"transport", "io_uring"}}), 1);
+  EXPECT_EQ(Find(v, "mpnfs_fuse_requests_total", {{"transport", "io_uring"}}), 1234);
+  EXPECT_EQ(Find(v, "mpnfs_fuse_requests_total", {{"transport", "device"}}), 5);
+  EXPECT_EQ(types["mpnfs_fuse_requests_total"], "counter");
+  EXPECT_EQ(types["mpnfs_fuse_transport_info"], "gauge");
+}
+
 TEST(MetricsTest, NoCacheNoCacheMetrics) {
   MountSnapshot s = Sample();
   s.cache.reset();

@@ -209,6 +209,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"write_behind", {0, 4096, [&](long v) { m.fs.write_behind = static_cast<uint64_t>(v) << 20; }}},
       {"read_ahead_kb", {0, 1 << 20, [&](long v) { m.read_ahead_kb = static_cast<int>(v); }}},
       {"max_background", {1, 65535, [&](long v) { m.max_background = static_cast<int>(v); }}},
+      {"fuse_uring_depth", {1, 1024, [&](long v) { m.fuse_uring_depth = static_cast<int>(v); }}},
   };
   std::map<std::string, std::function<void()>> flags = {
       {"hard", [&] { m.engine.soft = false; }},
@@ -330,6 +331,17 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
         if (val != "cache" && val != "server") return Bad("wb_fsync= must be cache or server");
         m.cache.fsync_server = val == "server";
         wb_opt = "wb_fsync=";
+      } else if (key == "fuse_uring") {
+        using U = MountOptions::FuseUring;
+        if (val == "auto") {
+          m.fuse_uring = U::kAuto;
+        } else if (val == "on") {
+          m.fuse_uring = U::kOn;
+        } else if (val == "off") {
+          m.fuse_uring = U::kOff;
+        } else {
+          return Bad("fuse_uring= must be auto, on or off");
+        }
       } else if (key == "local_lock") {
         if (val != "none" && val != "flock" && val != "posix" && val != "all") {
           return Bad("local_lock= must be none, flock, posix or all");

@@ -49,6 +49,14 @@ struct MountOptions {
   int mount_timeout_s = 30;
   std::string log_level = "info";
   int max_background = 512;
+  // fuse_uring=: whether FUSE requests come through io_uring
+  // (fuse/transport.h): auto where the kernel offers it, on (the mount
+  // fails where it does not), off (/dev/fuse, the default: faster here,
+  // docs/BENCHMARKS.md). fuse_uring_depth=: ring entries per queue, the
+  // requests one CPU's queue can have in mpnfs at once.
+  enum class FuseUring { kAuto, kOn, kOff };
+  FuseUring fuse_uring = FuseUring::kOff;
+  int fuse_uring_depth = 32;
   int read_ahead_kb = -1;  // -1: DefaultReadAheadKb() of the mount's paths
   bool readdirplus = true;
   // The kernel checks mode bits (FUSE default_permissions) before mpnfs asks

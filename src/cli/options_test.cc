@@ -196,6 +196,25 @@ TEST(OptionsTest, LocalLockSaysWhichLocksStayOnThisHost) {
   EXPECT_EQ(bad.error().what, "local_lock= must be none, flock, posix or all");
 }
 
+TEST(OptionsTest, FuseUringSaysWhetherRequestsComeThroughIoUring) {
+  using U = MountOptions::FuseUring;
+  auto d = Parse({"s:/e", "/m"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->fuse_uring, U::kOff);
+  EXPECT_EQ(d->fuse_uring_depth, 32);
+  for (const auto& [val, mode] : {std::pair{"auto", U::kAuto}, std::pair{"on", U::kOn}, std::pair{"off", U::kOff}}) {
+    auto m = Parse({"s:/e", "/m", "-o", std::string("fuse_uring=") + val + ",fuse_uring_depth=4"});
+    ASSERT_TRUE(m.ok()) << val;
+    EXPECT_EQ(m->fuse_uring, mode) << val;
+    EXPECT_EQ(m->fuse_uring_depth, 4);
+  }
+  auto bad = Parse({"s:/e", "/m", "-o", "fuse_uring=yes"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().what, "fuse_uring= must be auto, on or off");
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "fuse_uring_depth=0"}).ok());
+  EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "fuse_uring_depth=1025"}).ok());
+}
+
 TEST(OptionsTest, AcceptsFstabOnlyOptions) {
   auto m = Parse({"s:/e", "/m", "-o",
                   "rw,_netdev,nofail,noauto,defaults,x-systemd.automount,x-systemd.mount-timeout=30,"

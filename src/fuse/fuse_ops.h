@@ -26,6 +26,8 @@
 
 namespace mpnfs::fuse {
 
+class FuseTransport;
+
 struct FrontOptions {
   unsigned max_write = 1u << 20;
   unsigned max_readahead = 1u << 20;
@@ -64,6 +66,8 @@ struct FuseContext {
   std::function<void(uint64_t ino, std::function<void()> then)> invalidate_data;
   FrontOptions opts;
   CredCache creds;
+  // The device I/O's owner (transport.h), found by its hooks through here.
+  FuseTransport* transport = nullptr;
 };
 
 // The operation table; userdata passed to fuse_session_new must be a FuseContext*.

@@ -33,6 +33,11 @@ SERVER5 = f"10.{NET}.5.2"  # (a fifth path, for what changes beyond four)
 ALL_PATHS = "+".join([SERVER, SERVER2, SERVER3, SERVER4])
 EXPORT = TB + "/export"
 SQUASHED = TB + "/squashed"
+# MPNFS_IT_FUSE_URING=1: every mount takes its FUSE requests through
+# io_uring (fuse_uring=on, with the fuse module's enable_uring set for the
+# run and put back after); otherwise they come through /dev/fuse.
+FUSE_URING = os.environ.get("MPNFS_IT_FUSE_URING") == "1"
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
 
 
 # A writer in its own process (so that the test process, which forks helpers,
@@ -95,6 +100,29 @@ class Bed:
         self.run("shape", str(k), rate)
 
 
+def set_enable_uring(value):
+    """Sets the fuse module's enable_uring ("Y" or "N"); returns what it was."""
+    with open(ENABLE_URING) as f:
+        old = f.read().strip()
+    with open(ENABLE_URING, "w") as f:
+        f.write(value)
+    return old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fuse_uring_run():
+    if not FUSE_URING:
+        yield
+        return
+    if not os.path.exists(ENABLE_URING):
+        pytest.exit("MPNFS_IT_FUSE_URING=1: this kernel has no FUSE over io_uring", returncode=1)
+    old = set_enable_uring("Y")
+    try:
+        yield
+    finally:
+        set_enable_uring(old)
+
+
 @pytest.fixture(scope="session")
 def bed():
     b = Bed()
@@ -141,7 +169,9 @@ class Mount:
 def start_mount(mountpoint, opts="", source=None, foreground=True, extra=(), portmapper=False):
     """portmapper: ask the server's portmapper where MOUNT is (by default the
     tests name its port, which spares the lookup)."""
-    o = ",".join(x for x in ("" if portmapper else "mountport=20048", opts) if x)
+    o = ",".join(x for x in ("" if portmapper else "mountport=20048",
+                             "fuse_uring=on" if FUSE_URING and "fuse_uring=" not in opts else "",
+                             opts) if x)
     log = str(mountpoint) + ".log"
     args = [BIN, source or f"{SERVER}:{EXPORT}", str(mountpoint), "-o", o, *extra]
     if foreground:
