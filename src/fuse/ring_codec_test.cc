@@ -26,8 +26,8 @@ void PutRequest(Slot& s, uint32_t opcode, uint64_t unique, const void* op, size_
   in.nodeid = 7;
   in.len = static_cast<uint32_t>(sizeof(in) + op_size + payload.size());
   memcpy(s.hdr.in_out, &in, sizeof(in));
-  memcpy(s.hdr.op_in, op, op_size);
-  memcpy(s.payload(), payload.data(), payload.size());
+  if (op_size > 0) memcpy(s.hdr.op_in, op, op_size);
+  if (!payload.empty()) memcpy(s.payload(), payload.data(), payload.size());
   s.hdr.ent_in_out.payload_sz = static_cast<uint32_t>(payload.size());
   s.hdr.ent_in_out.commit_id = unique;
 }
