@@ -435,14 +435,21 @@ ssize_t FuseTransport::Writev(int fd, iovec* iov, int count) {
   memcpy(&out, iov[0].iov_base, sizeof(out));
   if (out.unique != 0 && rings_on_.load(std::memory_order_acquire)) {
     Entry* e = nullptr;
+    bool stopped = false;
     {
       MutexLock lock(map_mu_);
       auto it = pending_.find(out.unique);
       if (it != pending_.end()) {
         e = it->second;
         pending_.erase(it);
+        stopped = stopped_;
       }
     }
+    // A ring's request answered after Quiesce(): its ring is closed, and the
+    // kernel ends the request with the connection. Not written to /dev/fuse,
+    // which does not know it, through a descriptor the unmount may have
+    // closed and the number of which may be in use again.
+    if (e != nullptr && stopped) return static_cast<ssize_t>(IovBytes(iov, count));
     if (e != nullptr) {
       if (!PackReply(iov, count, e->hdr, e->payload, payload_cap_)) {
         Log("fuse")->error("a reply of {} bytes does not fit the ring's {}; answered EIO",
@@ -515,7 +522,6 @@ void FuseTransport::Quiesce() {
     MutexLock lock(map_mu_);
     if (stopped_) return;
     stopped_ = true;
-    pending_.clear();
   }
   Start(false);
   for (auto& q : queues_) {

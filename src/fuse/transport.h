@@ -49,8 +49,8 @@
 // closes /dev/fuse (fuse_session_unmount): the rings hold /dev/fuse open,
 // and the connection lives while anything does. Requests that arrive after
 // it are left to the kernel, which ends them with the connection; replies
-// after it go to /dev/fuse, which no longer knows them. The transport is
-// destroyed after the session.
+// to ring requests after it are dropped (never written to a descriptor the
+// unmount may have closed). The transport is destroyed after the session.
 #pragma once
 
 #define FUSE_USE_VERSION 314
