@@ -132,10 +132,12 @@ Result<int> LockCacheDir(const std::string& dir, std::chrono::seconds wait) {
   auto opened = OpenCacheFile(dir, "lock", O_RDWR | O_CREAT);
   if (!opened) return opened.error();
   const int fd = *opened;
-  // Woken when the holder closes its fd (which releases its lock), at the
-  // latest every second (a lock released without a close).
-  const int events = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (events >= 0) inotify_add_watch(events, (dir + "/lock").c_str(), IN_CLOSE);
+  // While the lock is held elsewhere: woken when the holder closes its fd
+  // (which releases its lock), at the latest every second (a lock released
+  // without a close). The watch is made only then: closing an inotify
+  // instance waits for an RCU grace period, milliseconds on every open.
+  int events = -1;
+  bool watched = false;
   const auto deadline = std::chrono::steady_clock::now() + wait;
   bool told = false;
   Result<int> out = fd;
@@ -153,6 +155,13 @@ Result<int> LockCacheDir(const std::string& dir, std::chrono::seconds wait) {
                                                 std::to_string(wait.count()) + " s"
                                           : std::string()));
       break;
+    }
+    if (!watched) {
+      // (then tried again at once: a close before the watch made no event)
+      watched = true;
+      events = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+      if (events >= 0) inotify_add_watch(events, (dir + "/lock").c_str(), IN_CLOSE);
+      continue;
     }
     if (!told) {
       Log("cache")->warn("cache_dir {} is in use by another mount ({}; an earlier mount still "
