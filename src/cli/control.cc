@@ -128,12 +128,12 @@ std::string StatsJson(const std::string& source, const std::string& mountpoint,
         "\"errors\": {}, \"retransmits\": {}, \"reissues\": {}, \"reconnects\": {}, "
         "\"failovers\": {}, \"probes\": {}, "
         "\"bytes_out\": {}, \"bytes_in\": {}, \"inflight\": {}, \"queued\": {}, "
-        "\"outstanding_bytes\": {}, \"weight\": {}, \"rate_bps\": {}, \"sojourn_us\": {}, "
+        "\"outstanding_bytes\": {}, \"weight\": {}, \"link_rate_bps\": {}, \"rate_bps\": {}, \"sojourn_us\": {}, "
         "\"transitions\": {}, \"latency_p50_us\": {},\n   \"ops\": {},\n   \"history\": {},\n   "
         "\"latency_mean_us\": {}, \"latency_p99_us\": {}}}",
         i == 0 ? "" : ",", JsonString(c.endpoint), c.state, c.calls, c.replies, c.errors, c.retransmits,
         c.reissues, c.reconnects, c.failovers, c.probes, c.bytes_out, c.bytes_in, c.inflight,
-        c.queued, c.outstanding_bytes, c.weight, c.rate_bps, c.sojourn_us, c.transitions,
+        c.queued, c.outstanding_bytes, c.weight, c.link_rate_bps, c.rate_bps, c.sojourn_us, c.transitions,
         c.latency_p50_us,
         OpsJson(c.ops, c.write_stability), HistoryJson(c.history), c.latency_mean_us,
         c.latency_p99_us);

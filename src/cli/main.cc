@@ -409,6 +409,7 @@ int RunMount(cli::MountOptions m, Reporter& rep) {
     m.engine.paths.push_back(
         engine::Endpoint{path_addrs[k], m.port, local, k < m.weights.size() ? m.weights[k] : 1});
   }
+  m.engine.weighed = !m.weights.empty();
   if (m.read_ahead_kb < 0) m.read_ahead_kb = cli::DefaultReadAheadKb(m.engine.paths.size());
   // MOUNT is asked over the server's address, then over each path in turn
   // (bound as that path is), so that a mount succeeds while some of them

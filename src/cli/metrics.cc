@@ -110,6 +110,10 @@ void PathMetrics(Families& f, const Labels& mount, const engine::ConnectionStats
           "The weight of the connection's path now (weight=, mpnfsctl path weight; each connection of a path repeats it)",
           path,
           static_cast<double>(c.weight));
+  f.Gauge("mpnfs_path_link_rate_bytes_per_second",
+          "What the connection's link carries, timed on large records (the balancer divides outstanding bytes by it "
+          "unless weights are given; 0: unknown)",
+          path, static_cast<double>(c.link_rate_bps));
   f.Gauge("mpnfs_path_throughput_bytes_per_second",
           "Recent throughput while busy (0 until measured)", path, static_cast<double>(c.rate_bps));
   f.Gauge("mpnfs_path_sojourn_seconds",

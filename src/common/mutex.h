@@ -31,6 +31,7 @@
 //   fs::Locks::hold_mu_ > fs::Locks::mu_ > Timer::mu_ (its own timer's).
 //   Leaves (nothing is taken under them): Loop::mu_, history_mu_,
 //     Timer::mu_ (common/timer.h), cli::LockService::watch_mu_ and stats_mu_,
+//     engine::MountRate::mu_ (engine/link_rate.h: try-locked only),
 //     nfs::ServiceCounters::mu_,
 //     HiddenNames::mu_, Gather::mu_, fs::Filesystem::postop_mu_ and its
 //     ReadOp::mu and reaper_mu_, GoneCheck's State::mu, Flusher::mu_ and RoundState::mu,

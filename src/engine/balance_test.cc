@@ -17,10 +17,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <semaphore>
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/link_rate.h"
 #include "test/fakes/wait_up.h"
 
 namespace mpnfs::engine {
@@ -36,7 +38,13 @@ struct PathModel {
   // A server that batches: a call is answered sooner the more calls of its
   // connection are waiting (latency / their number, at most 8).
   bool batching = false;
+  // The link rate a large reply reports (link_rate.h) is off by up to this
+  // fraction either way, at random (a client's timing of the wire is noisy).
+  double rate_noise = 0;
 };
+
+// What a link with no per_mib carries: the rate its large replies report.
+constexpr uint64_t kFastLink = 4ull << 30;
 
 class TimedTransport;
 
@@ -81,6 +89,7 @@ class TimedNet {
   std::map<std::string, Clock::time_point> link_free_;
   Clock::time_point server_free_{};
   std::map<std::string, int64_t> bytes_;
+  std::mt19937 rng_{7};
   std::thread timer_;  // last: started once the rest is built
 };
 
@@ -111,7 +120,7 @@ class TimedTransport final : public Transport {
       connecting_ = false;
       sink_->OnConnected(true, {});
     }
-    std::vector<CallToken*> due;
+    std::vector<std::pair<CallToken*, uint64_t>> due;
     {
       std::lock_guard lock(net_->mu_);
       const auto now = Clock::now();
@@ -121,29 +130,42 @@ class TimedTransport final : public Transport {
       }
     }
     static int result = 0;
-    for (CallToken* t : due) sink_->OnReply(t, ReplyStatus::kSuccess, &result, nullptr);
+    for (auto [t, rate] : due) {
+      if (rate > 0) sink_->OnLinkRate(rate);
+      sink_->OnReply(t, ReplyStatus::kSuccess, &result, nullptr);
+    }
     return true;
   }
   int Issue(const std::shared_ptr<RpcCall>& call, uint32_t, const Cred&, CallToken* token) override {
     const auto bytes = static_cast<int64_t>(call->BytesIn());
     std::lock_guard lock(net_->mu_);
     net_->bytes_[host_] += bytes;
-    Add(net_->Due(host_, bytes, Clock::now(), pending_.size() + 1), token);
+    uint64_t rate = 0;
+    if (static_cast<uint64_t>(bytes) >= LinkRate::kMinRecord) {
+      // How fast its reply crosses the link: the model's speed, give or take the noise.
+      const PathModel& m = net_->paths.at(host_);
+      const double mib_per_s = m.per_mib > Clock::duration::zero()
+                                   ? 1 / std::chrono::duration<double>(m.per_mib).count()
+                                   : static_cast<double>(kFastLink >> 20);
+      const double noise = 1 + m.rate_noise * std::uniform_real_distribution<double>(-1, 1)(net_->rng_);
+      rate = static_cast<uint64_t>(mib_per_s * noise * (1 << 20));
+    }
+    Add(net_->Due(host_, bytes, Clock::now(), pending_.size() + 1), token, rate);
     return 0;
   }
   int IssueProbe(uint32_t, CallToken* token) override {
     std::lock_guard lock(net_->mu_);
-    Add(Clock::now(), token);
+    Add(Clock::now(), token, 0);
     return 0;
   }
   void Close() override {
-    std::multimap<Clock::time_point, CallToken*> p;
+    std::multimap<Clock::time_point, std::pair<CallToken*, uint64_t>> p;
     {
       std::lock_guard lock(net_->mu_);
       std::erase(net_->live_, this);
       p.swap(pending_);
     }
-    for (auto& [at, t] : p) sink_->OnReply(t, ReplyStatus::kCancel, nullptr, nullptr);
+    for (auto& [at, t] : p) sink_->OnReply(t.first, ReplyStatus::kCancel, nullptr, nullptr);
   }
   std::string LastError() const override { return "timed fake"; }
 
@@ -155,8 +177,9 @@ class TimedTransport final : public Transport {
     (void)n;
   }
   // Under net_->mu_. Replies come back in the order they are due.
-  void Add(Clock::time_point due, CallToken* token) {
-    pending_.emplace(due, token);
+  // `rate`: the link rate its reply reports, 0 none.
+  void Add(Clock::time_point due, CallToken* token, uint64_t rate) {
+    pending_.emplace(due, std::make_pair(token, rate));
     net_->cv_.notify_all();
   }
 
@@ -165,7 +188,8 @@ class TimedTransport final : public Transport {
   int efd_;
   std::string host_;
   bool connecting_ = false;
-  std::multimap<Clock::time_point, CallToken*> pending_;  // by due time; guarded by net_->mu_
+  // By due time, with the link rate each reports; guarded by net_->mu_.
+  std::multimap<Clock::time_point, std::pair<CallToken*, uint64_t>> pending_;
 };
 
 Clock::time_point TimedNet::Due(const std::string& host, int64_t bytes, Clock::time_point now,
@@ -235,6 +259,7 @@ class BalanceTest : public ::testing::Test {
     for (size_t k = 0; k < hosts.size(); ++k) {
       o.paths.push_back(Endpoint{hosts[k], 2049, {}, k < weights.size() ? weights[k] : 1});
     }
+    o.weighed = !weights.empty();
     o.timeo = 60s;
     o.connect_timeout = 2s;
     o.loops = 2;
@@ -314,6 +339,23 @@ TEST_F(BalanceTest, PathsToAServerThatAnswersBusyConnectionsSoonerShareTheWork) 
   UnevenPastThenFree();
 }
 
+// Equal links whose rates are measured with noise (up to 30% either way):
+// the upper quartile of each one's recent samples is about the same, so
+// they share the work about evenly, whatever they carried before.
+TEST_F(BalanceTest, EqualLinksMeasuredWithNoiseShareTheWork) {
+  net_.paths = {{"10.0.0.1", {1ms, 2ms, false, 0.3}}, {"10.0.1.1", {1ms, 2ms, false, 0.3}}};
+  UnevenPastThenFree();
+}
+
+// Links four times apart, both far faster than the server they share: the
+// server is the limit, so the links' rates (above what the mount moves)
+// count the same and the paths share the work.
+TEST_F(BalanceTest, LinksFasterThanTheMountMovesCountTheSame) {
+  net_.paths = {{"10.0.0.1", {500us, 125us}}, {"10.0.1.1", {500us, 500us}}};
+  net_.server_per_mib = 1ms;
+  UnevenPastThenFree();
+}
+
 // A path four times as fast carries most of the bytes (both are kept busy).
 // Queues of about 80 ms on the fast link: a loaded machine's delays in
 // refilling them are small beside that.
@@ -325,19 +367,48 @@ TEST_F(BalanceTest, AFasterPathCarriesMore) {
   EXPECT_GT(Share("10.0.1.1"), 0.05);
 }
 
-// Unweighted, the slower path's calls wait behind as many bytes as the
-// faster path's, so about four times as long; with weights that say the
-// speeds, its queue is four times shorter and its calls wait about as long.
-TEST_F(BalanceTest, WeightsThatSayTheSpeedsKeepTheSlowerPathsQueueShort) {
-  net_.paths = {{"10.0.0.1", {2ms, 10ms}}, {"10.0.1.1", {2ms, 40ms}}};
-  auto e = Start({"10.0.0.1", "10.0.1.1"}, {4, 1});
-  Drive(*e, 300, 16, kMiB);
-  const auto st = e->Stats();
+// Balanced by bytes alone, the slower path's calls would wait behind as many
+// bytes as the faster path's, so about four times as long. With the link
+// rates measured (no weights given), or with weights that say the speeds,
+// its queue is four times shorter and its calls wait about as long.
+void ExpectTheSlowerPathsQueueShort(Engine& e, double fast_share) {
+  const auto st = e.Stats();
   ASSERT_EQ(st.size(), 2u);
   ASSERT_GT(st[0].sojourn_us, 0u);
   ASSERT_GT(st[1].sojourn_us, 0u);
   EXPECT_LT(st[1].sojourn_us, 2 * st[0].sojourn_us) << st[0].sojourn_us << " " << st[1].sojourn_us;
-  EXPECT_GT(Share("10.0.0.1"), 0.7);
+  EXPECT_GT(fast_share, 0.7);
+}
+
+TEST_F(BalanceTest, MeasuredLinkRatesKeepTheSlowerPathsQueueShort) {
+  net_.paths = {{"10.0.0.1", {2ms, 10ms, false, 0.1}}, {"10.0.1.1", {2ms, 40ms, false, 0.1}}};
+  auto e = Start({"10.0.0.1", "10.0.1.1"});
+  Drive(*e, 300, 16, kMiB);
+  const auto st = e->Stats();
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_GT(st[0].link_rate_bps, 3 * st[1].link_rate_bps);
+  ExpectTheSlowerPathsQueueShort(*e, Share("10.0.0.1"));
+}
+
+TEST_F(BalanceTest, WeightsThatSayTheSpeedsKeepTheSlowerPathsQueueShort) {
+  net_.paths = {{"10.0.0.1", {2ms, 10ms}}, {"10.0.1.1", {2ms, 40ms}}};
+  auto e = Start({"10.0.0.1", "10.0.1.1"}, {4, 1});
+  Drive(*e, 300, 16, kMiB);
+  ExpectTheSlowerPathsQueueShort(*e, Share("10.0.0.1"));
+}
+
+// Weights given override the measured rates: with weights that call the
+// paths equal, the slower path's queue is as long in bytes as the faster
+// one's, so its calls wait much longer, although its link measures 4x
+// slower.
+TEST_F(BalanceTest, GivenWeightsOverrideMeasuredRates) {
+  net_.paths = {{"10.0.0.1", {2ms, 10ms}}, {"10.0.1.1", {2ms, 40ms}}};
+  auto e = Start({"10.0.0.1", "10.0.1.1"}, {1, 1});
+  Drive(*e, 300, 16, kMiB);
+  const auto st = e->Stats();
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_GT(st[0].link_rate_bps, 3 * st[1].link_rate_bps);
+  EXPECT_GT(st[1].sojourn_us, 2 * st[0].sojourn_us) << st[0].sojourn_us << " " << st[1].sojourn_us;
 }
 
 }  // namespace

@@ -76,6 +76,7 @@ ConnectionStats Connection::Snapshot() const {
   s.outstanding_bytes = charged_bytes_;
   s.weight = weight();
   s.rate_bps = rate_;
+  s.link_rate_bps = link_rate_.Get(Clock::now());
   s.sojourn_us = static_cast<uint64_t>(sojourn_.load(std::memory_order_relaxed) * 1e6);
   s.bytes_out = stats_.bytes_out;
   s.bytes_in = stats_.bytes_in;
@@ -158,6 +159,7 @@ void Connection::BecomeUp() {
   backoff_.Reset();
   // A new connection starts unmeasured.
   rate_.store(0, std::memory_order_relaxed);
+  link_rate_.Reset();
   sojourn_.store(0, std::memory_order_relaxed);
   win_bytes_ = 0;
   win_busy_ = {};
@@ -486,6 +488,7 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
   const auto now = Clock::now();
   Heard(now);
   Account(now, r->cost, now - r->charged_at);
+  engine_->NoteMoved(r->cost);
   const ReplySummary sum = r->call->Summarize(result);
   const uint64_t in = sum.data_bytes >= 0 ? static_cast<uint64_t>(sum.data_bytes) : r->call->BytesIn();
   const auto rtt = std::chrono::duration_cast<std::chrono::microseconds>(now - sent);

@@ -48,6 +48,7 @@
 #include "common/thread_annotations.h"
 #include "engine/backoff.h"
 #include "engine/latency.h"
+#include "engine/link_rate.h"
 #include "engine/engine.h"
 #include "engine/request.h"
 #include "engine/transport.h"
@@ -82,6 +83,8 @@ class Connection : public TransportSink {
   // value just balances by it once more.
   int weight() const { return weight_.load(std::memory_order_relaxed); }
   void set_weight(int w) { weight_.store(w, std::memory_order_relaxed); }
+  // What its link carries, bytes per second (link_rate.h); 0: unknown.
+  uint64_t link_rate(Clock::time_point now) const { return link_rate_.Get(now); }
   ConnectionStats Snapshot() const;
 
   // Online path maintenance (see engine.h). Out of the balancing: its path
@@ -133,6 +136,7 @@ class Connection : public TransportSink {
   // TransportSink
   void OnConnected(bool ok, const std::string& error) override;
   void OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) override;
+  void OnLinkRate(uint64_t bytes_per_s) override { link_rate_.Add(Clock::now(), bytes_per_s); }
 
   int registered_fd = -1;      // loop's epoll bookkeeping
   uint32_t registered_events = 0;
@@ -229,6 +233,7 @@ class Connection : public TransportSink {
   double win_wait_ = 0;  // sum of bytes x sojourn (s) over the window
   std::atomic<int64_t> charged_bytes_{0};
   std::atomic<uint64_t> rate_{0};
+  LinkRate link_rate_;  // written by the loop thread (OnLinkRate), read anywhere
   std::atomic<double> sojourn_{0};
   std::atomic<Clock::rep> last_heard_{0};
   std::atomic<bool> suspect_{false};

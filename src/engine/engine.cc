@@ -18,6 +18,7 @@ Engine::Engine(EngineOptions opts, TransportFactory factory)
       factory_(std::move(factory)),
       slots_(new std::atomic<Connection*>[kMaxConnections]),
       xid_(std::random_device{}()) {
+  weighed_.store(opts_.weighed, std::memory_order_relaxed);
   for (int i = 0; i < kMaxConnections; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
 }
 
@@ -82,21 +83,37 @@ Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fal
   const size_t n = nslots_.load(std::memory_order_acquire);
   *fallback = nullptr;
   if (n == 0) return nullptr;
-  // Join the shortest queue, in bytes: a call goes where the least work is
-  // outstanding (queued and in flight), its own included, divided by the
-  // path's configured weight (weight=, default 1). Paths are not weighed by
-  // any estimate of their speed: what a client measures of a path depends on
-  // the load it gives it (a path that is not the limit delivers in
-  // proportion to what it is given; a server that batches, or TCP after
-  // idling, answers a busy connection sooner), so such weights feed on
-  // themselves and starve whichever path was given less (balance_test.cc).
-  // Unweighted, a path whose link is the limit still drains its queue at its
-  // speed, so a faster path is given more and every path stays busy; but a
-  // call on the slower path waits behind as many bytes as on the faster
-  // one, which a single stream feels. weight= says the speeds (as
-  // dm-multipath's service-time selector takes them), so that each path's
-  // queue lasts about as long. Ties go round robin (the scan starts at a
-  // rotating slot). A suspect (silent) connection only if nothing else is up.
+  // The shortest queue in time: a call goes where the work outstanding
+  // (queued and in flight), its own included, would drain first, as
+  // dm-multipath's service-time selector weighs it: bytes divided by the
+  // path's weight where weights are given, else by the connection's link
+  // rate. Never by a path's throughput or latency: what a client measures
+  // of those depends on the load it gives the path (a path that is not the
+  // limit delivers in proportion to what it is given; a server that
+  // batches, or TCP after idling, answers a busy connection sooner), so such
+  // weights feed on themselves and starve whichever path was given less
+  // (balance_test.cc). A link rate is the wire's timing of one large record
+  // (link_rate.h), the same whatever else the path carries, counted at most
+  // as the mount's recent peak rate (a faster link is not what limits it).
+  // A connection whose rate is unknown counts as fast as the fastest known,
+  // so it is given work and measured; none known: every connection the
+  // same, the shortest queue in bytes. Unweighted by either, a path whose link is the
+  // limit would still drain at its speed, but a call on a slower path would
+  // wait behind as many bytes as on a faster one, which a single stream
+  // feels. Ties go round robin (the scan starts at a rotating slot). A
+  // suspect (silent) connection only if nothing else is up.
+  const bool weighed = weighed_.load(std::memory_order_relaxed);
+  const auto now = Clock::now();
+  const uint64_t cap = weighed ? 0 : moved_.Peak(now);
+  auto speed_of = [&](const Connection* c) { return static_cast<double>(std::min(c->link_rate(now), cap)); };
+  double fastest = 0;
+  if (!weighed) {
+    for (size_t i = 0; i < n; ++i) {
+      const Connection* c = slots_[i].load(std::memory_order_acquire);
+      if (c != nullptr) fastest = std::max(fastest, speed_of(c));
+    }
+    if (fastest == 0) fastest = 1;
+  }
   const size_t start = rr_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* best = nullptr;
   bool best_suspect = false;
@@ -106,7 +123,13 @@ Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fal
     if (c == nullptr || c == avoid || c->disabled()) continue;
     if (*fallback == nullptr) *fallback = c;
     if (!c->up()) continue;
-    const double score = static_cast<double>(c->outstanding_bytes() + cost) / c->weight();
+    double speed = fastest;
+    if (weighed) {
+      speed = c->weight();
+    } else if (const double r = speed_of(c); r > 0) {
+      speed = r;
+    }
+    const double score = static_cast<double>(c->outstanding_bytes() + cost) / speed;
     const bool suspect = c->suspect();
     if (best == nullptr || (suspect == best_suspect ? score < best_score : best_suspect)) {
       best = c;
@@ -517,6 +540,10 @@ Result<std::string> Engine::SetWeights(const std::vector<std::pair<std::string, 
 }
 
 std::string Engine::SetWeightLocked(PathEntry& path, int weight) {
+  // Weights given online: the balancer goes by them from now on, for every
+  // path (one unit for all: paths not named keep their weight, 1 unless
+  // given).
+  weighed_.store(true, std::memory_order_relaxed);
   const int was = path.ep.weight;
   path.ep.weight = std::clamp(weight, 1, kMaxWeight);  // Scan divides by it
   for (Connection* c : path.conns) c->set_weight(path.ep.weight);

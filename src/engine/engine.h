@@ -28,16 +28,16 @@
 //    once a connection is up, never lost and never failed on a hard mount.
 //
 // Multipath. Every connection of every path is a candidate for every call.
-// A call goes to the connection with the least work outstanding (bytes
-// queued and in flight, divided by the path's configured weight): join the
-// shortest queue. No estimate of a path's speed weighs in, since what a
-// client measures of a path follows the load it gives it, and such weights
-// were measured to starve paths (engine.cc, Scan). A path whose link is the
-// limit drains its queue at its own speed, so faster paths are given more
-// and all stay busy; Endpoint::weight says how much faster, so that a
-// slower path's queue is shorter (SetWeight changes it on a live mount;
-// mpnfsctl calibrate --apply sets what it measured). A small call lands where the least work
-// is queued ahead of it. Calls stay on the connection they
+// A call goes to the connection whose outstanding work (bytes queued and in
+// flight) would drain first: the bytes divided by the link's rate as the
+// wire shows it (link_rate.h: how fast one large record crossed, never how
+// much the path carried, which follows the load the balancer gives it and
+// was measured to starve paths: engine.cc, Scan), or by the paths' weights
+// where weight= gives them (SetWeight changes them on a live mount; mpnfsctl
+// calibrate --apply sets what it measured), so that each path's queue lasts
+// about as long and a slower path's is shorter. Where no rate is known
+// (small calls only) every path counts the same: join the shortest queue.
+// A small call lands where the least work is queued ahead of it. Calls stay on the connection they
 // were sent on; a timeout retransmits there (duplicate request cache). Only
 // a connection declared dead moves its calls elsewhere: one that has work
 // outstanding, has heard nothing from the server (not even a TCP ACK, nor
@@ -111,6 +111,7 @@
 #include "common/thread_annotations.h"
 #include "engine/cred.h"
 #include "engine/latency.h"
+#include "engine/link_rate.h"
 #include "engine/request.h"
 #include "engine/rpc_call.h"
 #include "engine/transport.h"
@@ -123,6 +124,10 @@ class Loop;
 
 struct EngineOptions {
   std::vector<Endpoint> paths;       // at least one
+  // The paths' weights were given (weight=): the balancer divides by them.
+  // Otherwise it divides by each connection's measured link rate
+  // (link_rate.h) until weights are set online (SetWeight, SetWeights).
+  bool weighed = false;
   int conns_per_path = 1;
   int loops = 0;                     // 0: one per core (at most kMaxPaths x conns_per_path)
   int max_inflight = 128;            // per connection
@@ -205,6 +210,7 @@ struct ConnectionStats {
   int64_t inflight = 0, queued = 0;
   int64_t outstanding_bytes = 0;      // queued + in flight (the balancer divides it by the weight)
   int weight = 1;                     // its path's weight now (weight=, path weight)
+  uint64_t link_rate_bps = 0;         // what its link carries (link_rate.h); 0 = unknown
   uint64_t rate_bps = 0;              // recent throughput while busy; 0 = not measured yet
   uint64_t sojourn_us = 0;            // recent mean time queued to answered, by bytes; 0 = not yet
   uint64_t latency_mean_us = 0, latency_p99_us = 0;  // send to reply
@@ -304,6 +310,9 @@ class Engine {
 
   // Engine-internal (used by Connection).
   uint32_t NextXid() { return xid_.fetch_add(1, std::memory_order_relaxed); }
+  // Bytes of a call answered on any connection (the mount's peak rate, which
+  // caps the link rates: link_rate.h).
+  void NoteMoved(int64_t bytes) { moved_.Add(bytes); }
   // The up connection (other than `avoid`) with the least outstanding bytes,
   // its call's `cost` included, divided by its path's weight (Scan); null if
   // none is up and `avoid` is set.
@@ -381,6 +390,9 @@ class Engine {
   int next_index_ GUARDED_BY(admin_mu_) = 0;  // names connections host:port#index
   std::atomic<uint32_t> xid_;
   std::atomic<uint32_t> rr_{0};
+  // Balance by weights (given, or set online) rather than link rates.
+  std::atomic<bool> weighed_{false};
+  MountRate moved_;
   std::atomic<bool> started_{false};
   std::atomic<bool> stopped_{false};  // written under admin_mu_
   // Bumped by every path operation after it changed connection flags.

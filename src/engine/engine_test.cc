@@ -659,6 +659,7 @@ TEST_F(EngineTest, CallsGoWhereTheLeastWorkIsOutstanding) {
 TEST_F(EngineTest, AWeightedPathTakesCallsUntilItHoldsItsWeightTimesTheOthersWork) {
   auto o = TwoPaths(0ms);
   o.paths[0].weight = 4;
+  o.weighed = true;
   net_.Set([](FakeNet& n) { n.auto_reply = false; });
   auto e = Started(o);
   auto calls = SubmitN(*e, 10, 1 << 20);

@@ -50,6 +50,9 @@ class TransportSink {
   virtual ~TransportSink() = default;
   virtual void OnConnected(bool ok, const std::string& error) = 0;
   virtual void OnReply(CallToken* token, ReplyStatus status, void* result, const char* error) = 0;
+  // A measure of how fast the link carried one large record (link_rate.h),
+  // from inside Service().
+  virtual void OnLinkRate(uint64_t /*bytes_per_s*/) {}
 };
 
 class Transport {

@@ -12,7 +12,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/link_rate.h"
 #include "nfs/local_bind.h"
+#include "nfs/tcp_rate.h"
 #include "proto/nfs3.h"
 #include "proto/rpc.h"
 
@@ -233,6 +235,7 @@ bool RpcTransport::Receive() {
       if (n <= 0) return n == 0;
       rec_len_ += static_cast<size_t>(n);
       frag_left_ -= static_cast<size_t>(n);
+      if (frag_len_ >= engine::LinkRate::kMinRecord) TimeFragment();
       if (frag_left_ > 0) continue;
       size_t unused = 0;
       if (!Consume(nullptr, 0, &unused)) return false;
@@ -310,11 +313,31 @@ bool RpcTransport::Consume(const char* p, size_t n, size_t* used) {
     *used += 4 + take;
     frag_last_ = last;
     frag_left_ = len - take;
+    frag_len_ = len;
+    half_got_ = 0;
     if (frag_left_ > 0) return true;
     size_t unused = 0;
     if (!Consume(nullptr, 0, &unused)) return false;
   }
   return true;
+}
+
+void RpcTransport::TimeFragment() {
+  const size_t got = frag_len_ - frag_left_;
+  const auto now = std::chrono::steady_clock::now();
+  if (half_got_ == 0) {
+    if (got >= frag_len_ / 2 && frag_left_ > 0) {
+      half_got_ = got;
+      half_at_ = now;
+    }
+    return;
+  }
+  if (frag_left_ > 0) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - half_at_).count();
+  const size_t bytes = frag_len_ - half_got_;
+  if (ns > 0 && bytes >= engine::LinkRate::kMinRecord / 8) {
+    sink_->OnLinkRate(static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 / static_cast<double>(ns)));
+  }
 }
 
 bool RpcTransport::Dispatch(char* rec, size_t len) {
@@ -351,6 +374,9 @@ bool RpcTransport::Dispatch(char* rec, size_t len) {
     }
   }
   if (err.empty()) {
+    if (w.call != nullptr && w.call->BytesOut() >= engine::LinkRate::kMinRecord) {
+      if (const uint64_t rate = TcpDeliveryRate(fd_); rate > 0) sink_->OnLinkRate(rate);
+    }
     sink_->OnReply(w.token, engine::ReplyStatus::kSuccess, result, nullptr);
     if (result != nullptr) w.call->DestroyResult(result);
   } else {

@@ -39,6 +39,14 @@
 // sections (event_loop.h) call Service(POLLOUT) to write, and must not
 // complete replies on the submitting thread.
 //
+// Link rate (engine/link_rate.h): a READ reply of at least
+// LinkRate::kMinRecord gives a sample, the bytes of its second half over the
+// time they took to arrive (its first half may ride on a shaper's burst
+// allowance or on queues that emptied while the path idled; its second half
+// comes at the rate the path sustains). A WRITE of that size gives the
+// kernel's delivery rate when its reply arrives (tcp_rate.h), unless the
+// kernel marked it limited by the application.
+//
 // Thread safety: used by one loop thread at a time, like every Transport.
 // The sink's callbacks run inside Service() and Close(); they may Issue()
 // new calls (queued, sent by the next Service()) but must not Close() or
@@ -47,6 +55,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -116,6 +125,9 @@ class RpcTransport final : public engine::Transport {
   // Takes the bytes [p, p + n) of the stream; false: the stream is broken.
   bool Consume(const char* p, size_t n, size_t* used);
   bool Dispatch(char* rec, size_t len);
+  // After a read into rec_ of a fragment of at least LinkRate::kMinRecord:
+  // marks where its second half began; once it is whole, the sink's sample.
+  void TimeFragment();
   bool Broken(std::string why);
 
   engine::TransportSink* const sink_;
@@ -142,6 +154,12 @@ class RpcTransport final : public engine::Transport {
   bool assembling_ = false;  // rec_ holds the first fragments of a record
   size_t frag_left_ = 0;     // bytes of the current fragment still to read into rec_
   bool frag_last_ = false;   // the current fragment ends its record
+  // Timing of a large fragment read into rec_, for the sink's link rate:
+  // its length, and when and after how many of its bytes its second half
+  // began to arrive (0 bytes: not yet).
+  size_t frag_len_ = 0;
+  size_t half_got_ = 0;
+  std::chrono::steady_clock::time_point half_at_{};
 };
 
 }  // namespace mpnfs::nfs

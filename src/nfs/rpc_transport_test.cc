@@ -226,7 +226,9 @@ class Sink final : public engine::TransportSink {
     }
     got.push_back(std::move(g));
   }
+  void OnLinkRate(uint64_t bytes_per_s) override { rates.push_back(bytes_per_s); }
   int connected = 0;
+  std::vector<uint64_t> rates;
   std::string connect_error;
   std::vector<Got> got;
 };
@@ -514,6 +516,40 @@ TEST_F(RpcTransportTest, RepliesAroundTheBulkBufferSizeAreAllDelivered) {
     EXPECT_EQ(sink_.got[i].token, &tokens[i]) << i;
     EXPECT_TRUE(sink_.got[i].data == want[i]) << i;
   }
+}
+
+// A large READ reply whose first half comes at once and whose second half
+// is paced at about 4 MiB/s gives one link rate sample, of the pace of the
+// second half; a small reply gives none.
+TEST_F(RpcTransportTest, ALargeReplysSecondHalfIsTimedAsTheLinkRate) {
+  Connect();
+  CallToken small, large;
+  SendCalls({{1, &small}, {2, &large}});
+  WriteAll(server_, Framed(ReadReplyBody(1, std::string(100000, 's'))));
+  ASSERT_TRUE(PumpUntil([&] { return sink_.got.size() == 1; }));
+  EXPECT_TRUE(sink_.rates.empty()) << "a 100 kB reply was timed";
+  const auto rec = Framed(ReadReplyBody(2, std::string(1 << 20, 'L')));
+  constexpr size_t kPiece = 32 << 10;
+  constexpr auto kGap = 8ms;  // 32 KiB per 8 ms: 4 MiB/s
+  std::thread writer([&] {
+    size_t at = rec.size() * 55 / 100;
+    WriteAll(server_, std::vector<char>(rec.begin(), rec.begin() + static_cast<ptrdiff_t>(at)));
+    while (at < rec.size()) {
+      std::this_thread::sleep_for(kGap);
+      const size_t n = std::min(kPiece, rec.size() - at);
+      WriteAll(server_, std::vector<char>(rec.begin() + static_cast<ptrdiff_t>(at),
+                                          rec.begin() + static_cast<ptrdiff_t>(at + n)));
+      at += n;
+    }
+  });
+  const bool done = PumpUntil([&] { return sink_.got.size() == 2; });
+  if (!done) t_.Close();
+  writer.join();
+  ASSERT_TRUE(done) << t_.LastError();
+  ASSERT_EQ(sink_.rates.size(), 1u);
+  // (sleeps only ever run long: the pace is at most 4 MiB/s)
+  EXPECT_LT(sink_.rates[0], 5u << 20);
+  EXPECT_GT(sink_.rates[0], 1u << 20);
 }
 
 // A WRITE far larger than the socket buffers goes out over many sendmsg

@@ -1,0 +1,20 @@
+#include "nfs/tcp_rate.h"
+
+#include <linux/tcp.h>
+#include <stddef.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+namespace mpnfs::nfs {
+
+uint64_t TcpDeliveryRate(int fd) {
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return 0;
+  // An older kernel's shorter struct: no delivery rate.
+  if (len < offsetof(tcp_info, tcpi_delivery_rate) + sizeof(ti.tcpi_delivery_rate)) return 0;
+  if (ti.tcpi_delivery_rate_app_limited) return 0;
+  return ti.tcpi_delivery_rate;
+}
+
+}  // namespace mpnfs::nfs
