@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <netdb.h>
 
+#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -132,7 +133,9 @@ std::string PathCommand(const std::string& cmd, bool privileged, engine::Engine&
     const int port = eng.options().paths.empty() ? 2049 : eng.options().paths.front().port;
     auto ep = ParseAdd(words, port);
     if (!ep) return ep.error().what.empty() ? kUsage : Refuse("path add: " + ep.error().what);
-    r = eng.AddPath(*ep);
+    const bool weight_given = std::any_of(words.begin() + 3, words.end(),
+                                          [](const std::string& w) { return w.rfind("weight=", 0) == 0; });
+    r = eng.AddPath(*ep, weight_given);
   } else if (op == "weight") {
     if (words.size() != 4) return kUsage;
     const std::optional<int> w = ParseWeight(words[3]);

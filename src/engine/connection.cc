@@ -488,9 +488,9 @@ void Connection::OnReply(CallToken* token, ReplyStatus status, void* result, con
   const auto now = Clock::now();
   Heard(now);
   Account(now, r->cost, now - r->charged_at);
-  engine_->NoteMoved(r->cost);
   const ReplySummary sum = r->call->Summarize(result);
   const uint64_t in = sum.data_bytes >= 0 ? static_cast<uint64_t>(sum.data_bytes) : r->call->BytesIn();
+  engine_->NoteMoved(static_cast<int64_t>(in + r->call->BytesOut()));
   const auto rtt = std::chrono::duration_cast<std::chrono::microseconds>(now - sent);
   stats_.replies.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_in.fetch_add(in, std::memory_order_relaxed);

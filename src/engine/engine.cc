@@ -110,7 +110,7 @@ Connection* Engine::Scan(const Connection* avoid, int64_t cost, Connection** fal
   if (!weighed) {
     for (size_t i = 0; i < n; ++i) {
       const Connection* c = slots_[i].load(std::memory_order_acquire);
-      if (c != nullptr) fastest = std::max(fastest, speed_of(c));
+      if (c != nullptr && c != avoid && c->up() && !c->disabled()) fastest = std::max(fastest, speed_of(c));
     }
     if (fastest == 0) fastest = 1;
   }
@@ -495,7 +495,7 @@ Status Engine::StartConnections(PathEntry& p) {
   return Ok{};
 }
 
-Result<std::string> Engine::AddPath(const Endpoint& ep) {
+Result<std::string> Engine::AddPath(const Endpoint& ep, bool weight_given) {
   MutexLock lock(admin_mu_);
   if (!started_ || stopped_) return Error::Errno(ESHUTDOWN, "the engine is not running");
   for (const auto& p : paths_) {
@@ -514,6 +514,7 @@ Result<std::string> Engine::AddPath(const Endpoint& ep) {
     paths_.pop_back();
     return st.error();
   }
+  if (weight_given) weighed_.store(true, std::memory_order_relaxed);
   return fmt::format("path {} added (weight {}): {} connection(s) joining the balancing once up\n",
                      Name(ep), paths_.back().ep.weight, paths_.back().conns.size());
 }

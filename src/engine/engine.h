@@ -286,7 +286,9 @@ class Engine {
   std::vector<PathInfo> Paths() const;
   Result<std::string> DisablePath(const std::string& addr);
   Result<std::string> EnablePath(const std::string& addr);
-  Result<std::string> AddPath(const Endpoint& ep);
+  // `weight_given`: ep.weight was given (path add weight=): the mount
+  // balances by weights from now on, as after SetWeight().
+  Result<std::string> AddPath(const Endpoint& ep, bool weight_given = false);
   Result<std::string> RemovePath(const std::string& addr);
   // The path's weight from now on (clamped to 1..kMaxWeight, as weight=):
   // new calls are balanced by it at once; calls already queued stay where

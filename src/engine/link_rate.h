@@ -102,6 +102,9 @@ class MountRate {
  private:
   static constexpr Clock::duration kSlot = std::chrono::duration_cast<Clock::duration>(LinkRate::kWindow) / 4;
   void Roll(Clock::time_point now) REQUIRES(mu_) {
+    // Another thread may have rolled since this one looked (its `now` then
+    // precedes or barely follows the new slot's start).
+    if (start_ != Clock::time_point{} && now - start_ < kSlot) return;
     const uint64_t total = total_.load(std::memory_order_relaxed);
     if (start_ != Clock::time_point{}) {
       const double secs = std::chrono::duration<double>(now - start_).count();

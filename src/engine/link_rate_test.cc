@@ -59,5 +59,42 @@ TEST(LinkRateTest, ResetForgets) {
   EXPECT_EQ(r.Get(kT0 + 1ms), 40u);
 }
 
+TEST(MountRateTest, UnknownUntilASlotHasPassed) {
+  MountRate m;
+  m.Add(1 << 20);
+  EXPECT_EQ(m.Peak(kT0), 0u);
+  m.Add(100 << 20);
+  EXPECT_EQ(m.Peak(kT0 + 100ms), 0u) << "rolled before its slot ended";
+}
+
+// The peak of the last four slots: 100 MiB in the first 500 ms slot, then
+// 10 MiB per slot.
+TEST(MountRateTest, ThePeakOfTheLastFourSlots) {
+  MountRate m;
+  m.Peak(kT0);  // starts the first slot
+  m.Add(100 << 20);
+  EXPECT_EQ(m.Peak(kT0 + 500ms), 200ull << 20);
+  auto t = kT0 + 500ms;
+  for (int k = 1; k <= 3; ++k) {
+    m.Add(10 << 20);
+    t += 500ms;
+    EXPECT_EQ(m.Peak(t), 200ull << 20) << "slot " << k;
+  }
+  m.Add(10 << 20);
+  t += 500ms;
+  EXPECT_EQ(m.Peak(t), 20ull << 20) << "the busy slot is more than four slots old";
+}
+
+// After a gap longer than the window, the old slots are gone and the gap's
+// slot stands for the idle time.
+TEST(MountRateTest, AnIdleGapForgetsThePeak) {
+  MountRate m;
+  m.Peak(kT0);
+  m.Add(100 << 20);
+  EXPECT_EQ(m.Peak(kT0 + 500ms), 200ull << 20);
+  m.Add(10 << 20);
+  EXPECT_EQ(m.Peak(kT0 + 500ms + 10s), 1ull << 20);
+}
+
 }  // namespace
 }  // namespace mpnfs::engine

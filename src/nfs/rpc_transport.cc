@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "engine/link_rate.h"
 #include "nfs/local_bind.h"
@@ -144,7 +145,10 @@ int RpcTransport::Queue(uint32_t xid, engine::RpcCall::Program p, const std::sha
   o.head.reset(new char[o.head_len]);
   std::memcpy(o.head.get(), scratch_.data(), o.head_len);
   out_.push_back(std::move(o));
-  waiting_.emplace(xid, Waiting{token, call, seq_++});
+  const auto now = std::chrono::steady_clock::now();
+  const bool after_idle = waiting_.empty() && (idle_since_ == std::chrono::steady_clock::time_point{} ||
+                                               now - idle_since_ >= kIdleRestart);
+  waiting_.emplace(xid, Waiting{token, call, seq_++, after_idle});
   return 0;
 }
 
@@ -335,12 +339,14 @@ void RpcTransport::TimeFragment() {
   if (frag_left_ > 0) return;
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - half_at_).count();
   const size_t bytes = frag_len_ - half_got_;
-  if (ns > 0 && bytes >= engine::LinkRate::kMinRecord / 8) {
-    sink_->OnLinkRate(static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 / static_cast<double>(ns)));
+  // (A short tail can arrive in one burst: no time to measure.)
+  if (ns >= 100'000 && bytes >= frag_len_ / 4) {
+    timed_rate_ = static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 / static_cast<double>(ns));
   }
 }
 
 bool RpcTransport::Dispatch(char* rec, size_t len) {
+  const uint64_t timed = std::exchange(timed_rate_, 0);
   proto::XdrIn x(std::span<const char>(rec, len));
   // The XID, message type and reply status first: a record that is not an
   // RPC reply breaks the stream; one that is can fail its call alone.
@@ -357,6 +363,7 @@ bool RpcTransport::Dispatch(char* rec, size_t len) {
   }
   const Waiting w = std::move(oldest->second);
   waiting_.erase(oldest);
+  if (waiting_.empty()) idle_since_ = std::chrono::steady_clock::now();
   const char* name = w.call != nullptr ? w.call->Name() : "NULL";
   proto::XdrIn hx(std::span<const char>(rec, len));
   proto::ReplyHeader h;
@@ -373,10 +380,14 @@ bool RpcTransport::Dispatch(char* rec, size_t len) {
       err = fmt::format("RPC: the reply to {} does not decode", name);
     }
   }
-  if (err.empty()) {
-    if (w.call != nullptr && w.call->BytesOut() >= engine::LinkRate::kMinRecord) {
+  if (err.empty() && !w.after_idle) {
+    if (timed > 0) {
+      sink_->OnLinkRate(timed);
+    } else if (w.call != nullptr && w.call->BytesOut() >= engine::LinkRate::kMinRecord) {
       if (const uint64_t rate = TcpDeliveryRate(fd_); rate > 0) sink_->OnLinkRate(rate);
     }
+  }
+  if (err.empty()) {
     sink_->OnReply(w.token, engine::ReplyStatus::kSuccess, result, nullptr);
     if (result != nullptr) w.call->DestroyResult(result);
   } else {

@@ -43,9 +43,11 @@
 // LinkRate::kMinRecord gives a sample, the bytes of its second half over the
 // time they took to arrive (its first half may ride on a shaper's burst
 // allowance or on queues that emptied while the path idled; its second half
-// comes at the rate the path sustains). A WRITE of that size gives the
+// comes at the rate the path sustains), if at least a quarter of the
+// record and 100 us are left to time. A WRITE of that size gives the
 // kernel's delivery rate when its reply arrives (tcp_rate.h), unless the
-// kernel marked it limited by the application.
+// kernel marked it limited by the application. A call sent after the
+// connection idled kIdleRestart gives none (Waiting::after_idle).
 //
 // Thread safety: used by one loop thread at a time, like every Transport.
 // The sink's callbacks run inside Service() and Close(); they may Issue()
@@ -113,7 +115,13 @@ class RpcTransport final : public engine::Transport {
     engine::CallToken* token;
     std::shared_ptr<engine::RpcCall> call;
     uint64_t seq;  // issue order: the oldest of one XID is answered first
+    // Sent after the connection had nothing outstanding for kIdleRestart:
+    // TCP may have shrunk its window meanwhile (slow start after idle), so
+    // its reply's timing says how long the connection idled, not what the
+    // link carries; no link rate from it.
+    bool after_idle = false;
   };
+  static constexpr std::chrono::milliseconds kIdleRestart{200};
 
   int Queue(uint32_t xid, engine::RpcCall::Program p, const std::shared_ptr<engine::RpcCall>& call,
             const engine::Cred& cred, engine::CallToken* token);
@@ -160,6 +168,9 @@ class RpcTransport final : public engine::Transport {
   size_t frag_len_ = 0;
   size_t half_got_ = 0;
   std::chrono::steady_clock::time_point half_at_{};
+  uint64_t timed_rate_ = 0;  // the rate of the record just read, for Dispatch(); 0: none
+  // When the last outstanding call was answered (waiting_ became empty).
+  std::chrono::steady_clock::time_point idle_since_{};
 };
 
 }  // namespace mpnfs::nfs

@@ -547,9 +547,10 @@ TEST_F(RpcTransportTest, ALargeReplysSecondHalfIsTimedAsTheLinkRate) {
   writer.join();
   ASSERT_TRUE(done) << t_.LastError();
   ASSERT_EQ(sink_.rates.size(), 1u);
-  // (sleeps only ever run long: the pace is at most 4 MiB/s)
+  // Sleeps only ever run long: the pace is at most 4 MiB/s. Timing the
+  // whole record (its first half came at once) would say about 8.
   EXPECT_LT(sink_.rates[0], 5u << 20);
-  EXPECT_GT(sink_.rates[0], 1u << 20);
+  EXPECT_GT(sink_.rates[0], 256u << 10);
 }
 
 // A WRITE far larger than the socket buffers goes out over many sendmsg
