@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <netdb.h>
 
-#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -41,7 +40,8 @@ Result<std::string> Resolve(const std::string& host) {
 
 // "path add ADDR[:PORT] [local=L] [weight=W]" -> the endpoint, the port
 // defaulting to the mount's (port=).
-Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int default_port) {
+// `*weight_given`: whether weight= was among the words.
+Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int default_port, bool* weight_given) {
   if (words.size() < 3 || words.size() > 5) return Error::Errno(EINVAL, "");
   engine::Endpoint ep;
   std::string host = words[2];
@@ -78,6 +78,7 @@ Result<engine::Endpoint> ParseAdd(const std::vector<std::string>& words, int def
       return Error::Errno(EINVAL, "");
     }
   }
+  *weight_given = have_weight;
   return ep;
 }
 
@@ -131,10 +132,9 @@ std::string PathCommand(const std::string& cmd, bool privileged, engine::Engine&
   Result<std::string> r = std::string();
   if (op == "add") {
     const int port = eng.options().paths.empty() ? 2049 : eng.options().paths.front().port;
-    auto ep = ParseAdd(words, port);
+    bool weight_given = false;
+    auto ep = ParseAdd(words, port, &weight_given);
     if (!ep) return ep.error().what.empty() ? kUsage : Refuse("path add: " + ep.error().what);
-    const bool weight_given = std::any_of(words.begin() + 3, words.end(),
-                                          [](const std::string& w) { return w.rfind("weight=", 0) == 0; });
     r = eng.AddPath(*ep, weight_given);
   } else if (op == "weight") {
     if (words.size() != 4) return kUsage;

@@ -145,9 +145,8 @@ int RpcTransport::Queue(uint32_t xid, engine::RpcCall::Program p, const std::sha
   o.head.reset(new char[o.head_len]);
   std::memcpy(o.head.get(), scratch_.data(), o.head_len);
   out_.push_back(std::move(o));
-  const auto now = std::chrono::steady_clock::now();
   const bool after_idle = waiting_.empty() && (idle_since_ == std::chrono::steady_clock::time_point{} ||
-                                               now - idle_since_ >= kIdleRestart);
+                                               std::chrono::steady_clock::now() - idle_since_ >= kIdleRestart);
   waiting_.emplace(xid, Waiting{token, call, seq_++, after_idle});
   return 0;
 }
