@@ -53,10 +53,16 @@ kill_null() {
   if [ -n "$NULLPID" ]; then fusermount3 -u "$NULLMNT" 2>/dev/null || true; wait "$NULLPID" 2>/dev/null || true; NULLPID=; fi
   rmdir "$NULLMNT" 2>/dev/null || true
 }
-umount_mpnfs() { fusermount3 -u "$MNT"; wait "$PID" || true; PID=; }
+umount_mpnfs() {
+  fusermount3 -u "$MNT"
+  wait "$PID" 2>/dev/null || while kill -0 "$PID" 2>/dev/null; do sleep 0.05; done  # (a daemon is no child)
+  PID=
+}
 
 # Mounts with another system's COMMAND ({server}, {export} and {mnt}
-# replaced), run in the foreground as PID so that its CPU is charged.
+# replaced), run in the foreground as PID so that its CPU is charged. A
+# peer that cannot stay in the foreground (fuse-nfs) forks its daemon and
+# exits: PID is then the newest process of the same program name.
 mount_peer() {  # COMMAND
   local cmd=${1//\{server\}/$SERVER}
   cmd=${cmd//\{export\}/$EXPORT}
@@ -64,7 +70,17 @@ mount_peer() {  # COMMAND
   mkdir -p "$MNT"
   bash -c "exec $cmd" 2>>"$MPNFS_TB/peer.log" &
   PID=$!
-  for _ in $(seq 100); do grep -q " $MNT fuse" /proc/mounts && return 0; sleep 0.1; done
+  for _ in $(seq 100); do
+    if grep -q " $MNT fuse" /proc/mounts; then
+      sleep 0.2
+      if ! kill -0 "$PID" 2>/dev/null; then
+        wait "$PID" || true
+        PID=$(pgrep -n -x "$(basename "${cmd%% *}" | cut -c1-15)") || { echo "no daemon for: $cmd" >&2; exit 1; }
+      fi
+      return 0
+    fi
+    sleep 0.1
+  done
   echo "mount failed: $cmd" >&2; cat "$MPNFS_TB/peer.log" >&2; exit 1
 }
 

@@ -3,9 +3,11 @@
 
 Streams MIB MiB to (write) or from (read) FILE in 1 MiB blocks, takes path K
 of the test bed down DOWN seconds in, and prints one JSON line: throughput
-per half second, before and after the failure, and the stall (the longest
-wait for one block, or for the final fsync, counted from the moment the
-command that takes the path down starts).
+per half second, before and after the failure, and the stall: the longest
+wait for one block, counted from the moment the command that takes the path
+down starts (the command runs beside the stream; how long it took is
+down_command_s). A write ends with an fsync, timed apart (final_fsync_s):
+it waits for everything the page cache still holds, failure or not.
 
   timeline.py {read|write} FILE MIB K DOWN
 """
@@ -23,12 +25,27 @@ def main():
     block = bytearray(os.urandom(1 << 20))
     done = []  # (seconds, MiB moved)
     down = None
+    # The command that takes the path down is started now, before the file
+    # is open, and waits for a line on its stdin. A process started while
+    # the file is open would inherit the descriptor, and its close (at exec
+    # or exit) is a close of the file: the kernel flushes the file's dirty
+    # pages then, and the stream would wait for that flush, not for the
+    # failover.
+    cmd = subprocess.Popen(["sh", "-c", 'read go && exec "$0" link down "$1"', TESTBED, k],
+                           stdin=subprocess.PIPE)
+    down_took = None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if mode == "write" else os.O_RDONLY, 0o644)
     t0 = time.monotonic()
     for i in range(mib):
         if down is None and time.monotonic() - t0 >= down_at:
-            down = time.monotonic() - t0  # the failure counts from the command's start
-            subprocess.run([TESTBED, "link", "down", k], check=True)
+            # The failure counts from the command's start; the command runs
+            # beside the stream, not in its way.
+            down = time.monotonic() - t0
+            cmd.stdin.write(b"go\n")
+            cmd.stdin.close()
+        if down is not None and down_took is None and cmd.poll() is not None:
+            if cmd.returncode != 0:
+                sys.exit("taking the path down failed")
             down_took = time.monotonic() - t0 - down
         if mode == "write":
             block[:8] = i.to_bytes(8, "little")
@@ -36,12 +53,19 @@ def main():
         elif len(os.read(fd, 1 << 20)) == 0:
             break
         done.append((time.monotonic() - t0, i + 1))
+    fsync_s = 0.0
     if mode == "write":
+        f0 = time.monotonic()
         os.fsync(fd)
-        done.append((time.monotonic() - t0, done[-1][1]))
+        fsync_s = time.monotonic() - f0
     os.close(fd)
     if down is None:
+        cmd.kill()
         sys.exit("the transfer ended before the path went down; make it longer")
+    if down_took is None:
+        if cmd.wait() != 0:
+            sys.exit("taking the path down failed")
+        down_took = time.monotonic() - t0 - down
     end = done[-1][0]
     stall, prev = 0.0, down
     for t, _ in done:
@@ -68,6 +92,7 @@ def main():
         "before_mbs": round(rate(max(0.5, down - 2), down), 1),
         "after_mbs": round(rate(down + 3, max(down + 3.5, end - 0.5)), 1),
         "stall_s": round(stall, 2),
+        "final_fsync_s": round(fsync_s, 2),
         "per_half_second_mbs": [round(rate(i / 2, i / 2 + 0.5), 1) for i in range(int(end * 2))],
     }))
 

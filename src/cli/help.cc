@@ -11,7 +11,7 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"Server", "path=ADDR[+ADDR...]", "path=10.0.1.2+10.0.2.2", "server addresses, one network path each (SERVER)"},
       {"Server", "local=L[+L...]", "path=10.0.1.2+10.0.2.2,local=eth1+eth2", "bind the k-th path to this interface or address"},
       {"Server", "weight=W[+W...]", "path=10.0.1.2+10.0.2.2,weight=1+10", "relative speed of the k-th path, 1-1000 (link rates, measured)"},
-      {"Server", "path_timeout=MS", "path_timeout=1000", "silent this long while another path answers: dead (1000)"},
+      {"Server", "path_timeout=MS", "path_timeout=400", "silent this long while another path answers: dead (400)"},
       {"Server", "resend_fence=MS", "resend_fence=5000", "state-changing calls of a lost connection: resent after (2000)"},
       {"Server", "tab=FILE", "tab=/etc/mpnfstab", "mpnfstab(5) file to read first"},
       {"Server", "port=N", "port=2049", "NFS service port (2049)"},

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "engine/event_loop.h"
+#include "engine/silence.h"
 
 namespace mpnfs::engine {
 
@@ -296,7 +297,7 @@ void Connection::Send(std::shared_ptr<Request> r, Clock::time_point now) {
     // Busy from now: idle time counts neither as silence nor as slowness.
     busy_since_ = now;
     mark_ = now;
-    if (opts_.path_timeout.count() > 0) NoteDeadline(now + opts_.path_timeout / 4);
+    if (opts_.path_timeout.count() > 0) NoteDeadline(now + UntilSilenceCheck({}, opts_.path_timeout));
   }
   Attempt& a = inflight_.emplace_back();
   a.self = std::prev(inflight_.end());
@@ -413,7 +414,7 @@ void Connection::CheckSilence(Clock::time_point now) {
       engine_->ProbeOthers(this);
     }
   }
-  NoteDeadline(now + opts_.path_timeout / 4);
+  NoteDeadline(now + UntilSilenceCheck(silent, opts_.path_timeout));
 }
 
 void Connection::Finish(std::shared_ptr<Request> r, const CallOutcome& o) {

@@ -37,7 +37,7 @@ void Engine::Start() {
   // needs no wake-up for a call sent in a direct section (event_loop.h).
   auto idle_cap = std::chrono::duration_cast<Clock::duration>(opts_.timeo);
   if (opts_.path_timeout.count() > 0) {
-    idle_cap = std::min(idle_cap, std::chrono::duration_cast<Clock::duration>(opts_.path_timeout / 4));
+    idle_cap = std::min(idle_cap, std::chrono::duration_cast<Clock::duration>(opts_.path_timeout / 2));
   }
   if (idle_cap <= Clock::duration::zero()) idle_cap = Clock::duration::max();
   for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap));

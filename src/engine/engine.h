@@ -12,7 +12,7 @@
 // event_loop.h: no thread hand-off, the loop wakes only for the reply), else
 // it hands the request over through a mailbox plus an eventfd wake-up. Loops
 // block in epoll_wait until a socket, the mailbox or the nearest deadline is
-// due; an idle loop also wakes every min(timeo, path_timeout/4) to find
+// due; an idle loop also wakes every min(timeo, path_timeout/2) to find
 // nothing to do (the price of direct sends needing no wake-up).
 //
 // The engine owns, above the transport (which only frames, sends and
@@ -143,7 +143,7 @@ struct EngineOptions {
   // A connection with work outstanding that hears nothing this long while
   // another path does is declared dead and its calls move (see above).
   // Zero disables this; then only TCP errors and timeo take a path out.
-  std::chrono::milliseconds path_timeout{1000};
+  std::chrono::milliseconds path_timeout{400};
   // A call that changes the server's state (rpc_call.h ChangesState) and was
   // on the wire of a connection that broke or was declared dead may still
   // be executed by the server later: it is resent elsewhere no sooner than

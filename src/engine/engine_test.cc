@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/event_loop.h"
+#include "engine/silence.h"
 #include "test/fakes/fake_transport.h"
 #include "test/fakes/wait_up.h"
 
@@ -750,6 +751,21 @@ TEST_F(EngineTest, ASilentPathIsDeclaredDeadAndItsCallsMove) {
   uint64_t failovers = 0;
   for (const auto& s : e->Stats()) failovers += s.failovers;
   EXPECT_EQ(failovers, 1u);
+}
+
+// The next silence check falls where the silence would reach half
+// path_timeout (probe), then path_timeout (dead): never a check interval
+// later, whatever the phase at which the path went quiet.
+TEST(SilenceCheck, FallsWhenTheSilenceReachesTheNextMark) {
+  const std::chrono::steady_clock::duration t = 400ms;
+  EXPECT_EQ(UntilSilenceCheck(0ms, t), 200ms);
+  EXPECT_EQ(UntilSilenceCheck(37ms, t), 163ms);
+  EXPECT_EQ(UntilSilenceCheck(200ms, t), 200ms);
+  EXPECT_EQ(UntilSilenceCheck(263ms, t), 137ms);
+  EXPECT_EQ(UntilSilenceCheck(399ms, t), 1ms);
+  // Past both (no other path heard yet): every quarter.
+  EXPECT_EQ(UntilSilenceCheck(400ms, t), 100ms);
+  EXPECT_EQ(UntilSilenceCheck(5s, t), 100ms);
 }
 
 // resend_fence: calls that change the server's state, caught on a path

@@ -21,7 +21,7 @@
 // wait behind submitters). After a section, the loop is woken if the section
 // left a deadline earlier than the one it sleeps until. An idle loop sleeps
 // at most `idle_cap` (the shortest deadline a new call sets: min(timeo,
-// path_timeout/4), 250 ms by default), so a direct call at idle needs no
+// path_timeout/2), as the engine sets it), so a direct call at idle needs no
 // wake-up for its deadlines; the price is that an idle loop wakes that often
 // to find nothing to do. A loop with no connections (kept for paths added
 // later) has no direct sections, so it is not capped: it sleeps until told.
