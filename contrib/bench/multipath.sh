@@ -10,7 +10,7 @@
 # stream is compared with); three paths of 100, 200 and 400 mbit against the
 # sum of what each carries alone (unweighted, with weight= and with the
 # weights mpnfsctl calibrate --apply sets); throughput over time when a path dies in
-# the middle of a write and of a read; mpnfs CPU seconds per GiB moved.
+# the middle of a write, a read and an O_DSYNC write; mpnfs CPU seconds per GiB moved.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=
@@ -141,7 +141,9 @@ for k in 1 2 3; do contrib/testbed.sh shape "$k" "${RATE}mbit"; done
 
 # A path dies 3 s into a write and into a read (4 paths).
 echo | tee -a "$REPORT"
-echo "## A path fails during a transfer (4 paths, path 2 or 3 taken down 3 s in)" | tee -a "$REPORT"
+echo "## A path fails during a transfer (4 paths, path 2, 3 or 4 taken down 3 s in)" | tee -a "$REPORT"
+echo "(write: buffered, fsync at the end; read: cold cache; syncwrite: O_DSYNC, whose WRITE caught" | tee -a "$REPORT"
+echo "on the lost path waits resend_fence)" | tee -a "$REPORT"
 echo '```' >> "$REPORT"
 mount_mpnfs "$(paths 4)"
 python3 contrib/bench/timeline.py write "$MNT/fail.bin" $((8 * PER)) 2 3 | tee -a "$REPORT"
@@ -151,6 +153,10 @@ drop
 mount_mpnfs "$(paths 4)"
 python3 contrib/bench/timeline.py read "$MNT/fail.bin" $((8 * PER)) 3 3 | tee -a "$REPORT"
 contrib/testbed.sh link up 3
+umount_mpnfs
+mount_mpnfs "$(paths 4)"
+python3 contrib/bench/timeline.py syncwrite "$MNT/fail.bin" $((4 * PER)) 4 3 | tee -a "$REPORT"
+contrib/testbed.sh link up 4
 umount_mpnfs
 echo '```' >> "$REPORT"
 

@@ -9,7 +9,10 @@ down starts (the command runs beside the stream; how long it took is
 down_command_s). A write ends with an fsync, timed apart (final_fsync_s):
 it waits for everything the page cache still holds, failure or not.
 
-  timeline.py {read|write} FILE MIB K DOWN
+A syncwrite opens the file O_DSYNC: each block is on the server when its
+write returns, as a database's log writer wants it.
+
+  timeline.py {read|write|syncwrite} FILE MIB K DOWN
 """
 import json
 import os
@@ -34,7 +37,11 @@ def main():
     cmd = subprocess.Popen(["sh", "-c", 'read go && exec "$0" link down "$1"', TESTBED, k],
                            stdin=subprocess.PIPE)
     down_took = None
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if mode == "write" else os.O_RDONLY, 0o644)
+    writing = mode in ("write", "syncwrite")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if writing else os.O_RDONLY
+    if mode == "syncwrite":
+        flags |= os.O_DSYNC
+    fd = os.open(path, flags, 0o644)
     t0 = time.monotonic()
     for i in range(mib):
         if down is None and time.monotonic() - t0 >= down_at:
@@ -47,14 +54,14 @@ def main():
             if cmd.returncode != 0:
                 sys.exit("taking the path down failed")
             down_took = time.monotonic() - t0 - down
-        if mode == "write":
+        if writing:
             block[:8] = i.to_bytes(8, "little")
             os.write(fd, block)
         elif len(os.read(fd, 1 << 20)) == 0:
             break
         done.append((time.monotonic() - t0, i + 1))
     fsync_s = 0.0
-    if mode == "write":
+    if writing:
         f0 = time.monotonic()
         os.fsync(fd)
         fsync_s = time.monotonic() - f0
