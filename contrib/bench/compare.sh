@@ -124,7 +124,7 @@ done
 }
 
 m() { echo "${V[$1]}" | median; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 gib=$(awk -v n="$SIZE" 'BEGIN { print n / 1024 }')
 perg() { awk -v c="$1" -v g="$gib" 'BEGIN { printf "%.2f", c / g }'; }
 cols() {  # KEY [per-GiB]: the median of KEY for each system, as table cells
@@ -152,7 +152,7 @@ dashes() { local x out=; for x in "${SYS[@]}"; do out+="---|"; done; echo "$out"
   echo "| seq write ${SIZE} MiB, dd bs=1M conv=fsync, MB/s (daemon CPU s/GiB) |$(cols w cpu) nfs-cp $(m raw_w) ($(perg "$(m raw_wcpu)")) | $(ratio "$(m mpnfs.w)" "$(m raw_w)") |"
   # A FUSE gateway at queue depth 1 waits for one FUSE round trip and one
   # NFS round trip in turn: its floor is the two latencies added.
-  floor=$(awk -v a="$(m rtt_iops)" -v b="$(m null1)" 'BEGIN { printf "%d", 1 / (1 / a + 1 / b) }')
+  floor=$(awk -v a="$(m rtt_iops)" -v b="$(m null1)" 'BEGIN { if (a > 0 && b > 0) printf "%d", 1 / (1 / a + 1 / b); else print 0 }')
   echo "| 4 KiB random read O_DIRECT, 1 job QD1, IOPS |$(cols qd1) one NFS round trip (nfs-qd1) $(m rtt_iops); FUSE alone (fuse-null) $(m null1); both in turn $floor | $(ratio "$(m mpnfs.qd1)" "$(m rtt_iops)") of nfs-qd1; $(ratio "$(m mpnfs.qd1)" "$(m null1)") of fuse-null; $(ratio "$(m mpnfs.qd1)" "$floor") of both in turn |"
   echo "| same, mean latency, us |$(cols qd1_lat) | |"
   echo "| same, 4 jobs psync, IOPS |$(cols j4) | |"

@@ -55,14 +55,16 @@ kill_null() {
 }
 umount_mpnfs() {
   fusermount3 -u "$MNT"
-  wait "$PID" 2>/dev/null || while kill -0 "$PID" 2>/dev/null; do sleep 0.05; done  # (a daemon is no child)
+  # A forked daemon is no child: wait for it to go, 10 s at most.
+  wait "$PID" 2>/dev/null || for _ in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.05; done
   PID=
 }
 
 # Mounts with another system's COMMAND ({server}, {export} and {mnt}
 # replaced), run in the foreground as PID so that its CPU is charged. A
 # peer that cannot stay in the foreground (fuse-nfs) forks its daemon and
-# exits: PID is then the newest process of the same program name.
+# exits: PID is then the newest process whose arguments name the mount
+# point.
 mount_peer() {  # COMMAND
   local cmd=${1//\{server\}/$SERVER}
   cmd=${cmd//\{export\}/$EXPORT}
@@ -72,10 +74,13 @@ mount_peer() {  # COMMAND
   PID=$!
   for _ in $(seq 100); do
     if grep -q " $MNT fuse" /proc/mounts; then
-      sleep 0.2
+      # A foreground peer is still running a moment later; one that forked
+      # its daemon has exited (or exits now: wait for it, boundedly).
+      local i
+      for i in $(seq 20); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
       if ! kill -0 "$PID" 2>/dev/null; then
         wait "$PID" || true
-        PID=$(pgrep -n -x "$(basename "${cmd%% *}" | cut -c1-15)") || { echo "no daemon for: $cmd" >&2; exit 1; }
+        PID=$(pgrep -n -f -- " $MNT( |\$)") || { echo "no daemon for: $cmd" >&2; exit 1; }
       fi
       return 0
     fi

@@ -119,7 +119,9 @@ def failover():
         y = r["per_half_second_mbs"]
         x = [0.5 * i for i in range(len(y))]
         ax.plot(x, y, drawstyle="steps-post",
-                label=f"{r['mode']}: stall {r['stall_s']} s, {r['before_mbs']} -> {r['after_mbs']} MB/s")
+                label=f"{r['mode']}: longest wait {r['stall_s']} s"
+                      + (f" (final fsync {r['final_fsync_s']} s)" if r.get("final_fsync_s") else "")
+                      + f", {r['before_mbs']} -> {r['after_mbs']} MB/s")
     down = runs[0]["down_at"]
     ax.axvline(down, color="red", linestyle="--", label="path taken down")
     ax.set_ylim(bottom=0)

@@ -8,6 +8,7 @@
 # declare a dead path dead. Prints, from the mount's own statistics, every
 # path death (failovers) and every connection lost (reconnects), per path,
 # with the data each path moved; the target is zero deaths in the soak.
+# Exits 1 if a path was declared dead in the soak, or not when taken down.
 # Prints a markdown report; with -o FILE also appends it there.
 #   contrib/bench/soak.sh [-o FILE] [MINUTES] [RATE_MBIT]
 # MOUNT_OPTS adds mount options (e.g. path_timeout=400).
@@ -31,57 +32,17 @@ bed_start 4 "${RATE}mbit"
 OPTS="path=10.85.1.2+10.85.2.2+10.85.3.2+10.85.4.2${MOUNT_OPTS:+,$MOUNT_OPTS}"
 mount_mpnfs "$OPTS"
 
-# Per path: failovers, reconnects, MiB moved (both ways), from the stats.
-per_path() {
-  "$CTL" stats "$MNT" | /usr/bin/python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-for c in s["connections"]:
-    print(c["endpoint"], c["failovers"], c["reconnects"], (c["bytes_in"] + c["bytes_out"]) >> 20)'
-}
-per_path > "$MPNFS_TB/before"
+stats() { "$CTL" stats "$MNT" > "$MPNFS_TB/$1.json"; }
+stats before
 secs=$((MINUTES * 60))
 fio --output-format=json --output="$MPNFS_TB/fio.json" --directory="$MNT" --time_based --runtime="$secs" \
     --group_reporting=0 \
     --name=seqw --rw=write --bs=1M --size=256M --numjobs=2 --fsync=64 \
     --name=seqr --rw=read --bs=1M --size=256M --numjobs=2 --direct=1 \
     --name=rand --rw=randrw --bs=4k --size=256M --ioengine=libaio --iodepth=16 --direct=1 >/dev/null
-per_path > "$MPNFS_TB/after"
-mbs() {  # JOB rw: MB/s summed over the job's processes
-  /usr/bin/python3 -c '
-import json, sys
-j = json.load(open(sys.argv[1]))
-print("%.1f" % (sum(x[sys.argv[3]]["bw_bytes"] for x in j["jobs"] if x["jobname"] == sys.argv[2]) / 1e6))' \
-    "$MPNFS_TB/fio.json" "$1" "$2"
-}
-iops() {
-  /usr/bin/python3 -c '
-import json, sys
-j = json.load(open(sys.argv[1]))
-print("%d" % sum(x["read"]["iops"] + x["write"]["iops"] for x in j["jobs"] if x["jobname"] == "rand"))' \
-    "$MPNFS_TB/fio.json"
-}
-deaths=0 losses=0
-{
-  echo "## No path fails: $MINUTES minutes of saturation, four ${RATE} mbit paths"
-  echo
-  echo "Recorded $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores, kernel $(uname -r),"
-  echo "NFS-Ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha), mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
-  echo "Command: \`${MOUNT_OPTS:+MOUNT_OPTS=$MOUNT_OPTS }contrib/bench/soak.sh $MINUTES $RATE\`."
-  echo "Load: 2 sequential writers $(mbs seqw write) MB/s, 2 O_DIRECT sequential readers"
-  echo "$(mbs seqr read) MB/s, 4 KiB random read/write at QD16 $(iops) IOPS."
-  echo
-  echo "| path | declared dead (failovers) | connections lost (reconnects) | MiB moved |"
-  echo "|---|---|---|---|"
-} > "$MPNFS_TB/report"
-while read -r ep f r m; do
-  read -r _ f0 r0 m0 < <(grep "^$ep " "$MPNFS_TB/before")
-  deaths=$((deaths + f - f0)); losses=$((losses + r - r0))
-  echo "| $ep | $((f - f0)) | $((r - r0)) | $((m - m0)) |" >> "$MPNFS_TB/report"
-done < "$MPNFS_TB/after"
-echo "| all | $deaths | $losses | |" >> "$MPNFS_TB/report"
+stats after
 
-# The same mount, a path taken down under the same load: it must be seen.
+# The same mount, a path taken down under two readers: it must be seen.
 fio --directory="$MNT" --time_based --runtime=8 --name=seqr --rw=read --bs=1M --size=256M --numjobs=2 \
     --direct=1 >/dev/null &
 FIO=$!
@@ -89,14 +50,46 @@ sleep 3
 contrib/testbed.sh link down 2
 wait "$FIO"
 contrib/testbed.sh link up 2
-dead=$("$CTL" stats "$MNT" | /usr/bin/python3 -c '
-import json, sys
-print(sum(c["failovers"] + c["reconnects"] for c in json.load(sys.stdin)["connections"] if c["endpoint"].startswith("10.85.2.2")))')
-read -r _ f2 r2 _ < <(grep "^10.85.2.2" "$MPNFS_TB/after")
-{
-  echo
-  echo "Then path 10.85.2.2 was taken down under two readers: it was declared dead or lost"
-  echo "$((dead - f2 - r2)) time(s) (at least once expected)."
-} >> "$MPNFS_TB/report"
+stats final
+
+# The report, from the three snapshots; exits 1 on a death in the soak or
+# none when the path went down.
+/usr/bin/python3 - "$MPNFS_TB" "$MINUTES" "$RATE" "${MOUNT_OPTS:-}" "$(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    "$(uname -r)" "$(dpkg-query -W -f='${Version}' nfs-ganesha)" "$(nproc)" > "$MPNFS_TB/report" <<'PY' || fail=1
+import json, sys, time
+d, minutes, rate, opts, rev, kernel, ganesha, cores = sys.argv[1:]
+snap = {k: {c["endpoint"]: c for c in json.load(open(f"{d}/{k}.json"))["connections"]}
+        for k in ("before", "after", "final")}
+fio = json.load(open(f"{d}/fio.json"))["jobs"]
+def mbs(job, rw):
+    return sum(j[rw]["bw_bytes"] for j in fio if j["jobname"] == job) / 1e6
+iops = sum(j["read"]["iops"] + j["write"]["iops"] for j in fio if j["jobname"] == "rand")
+def delta(a, b, ep, key):
+    return snap[b][ep][key] - snap[a].get(ep, {key: 0})[key]
+print(f"## No path fails: {minutes} minutes of saturation, four {rate} mbit paths")
+print()
+print(f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {cores} cores, kernel {kernel},")
+print(f"NFS-Ganesha {ganesha}, mpnfs {rev}.")
+print(f"Command: `{'MOUNT_OPTS=' + opts + ' ' if opts else ''}contrib/bench/soak.sh {minutes} {rate}`.")
+print(f"Load: 2 sequential writers {mbs('seqw', 'write'):.1f} MB/s, 2 O_DIRECT sequential readers "
+      f"{mbs('seqr', 'read'):.1f} MB/s, 4 KiB random read/write at QD16 {iops:.0f} IOPS.")
+print()
+print("| connection | declared dead (failovers) | lost, any cause (reconnects; failovers included) | MiB moved, both ways |")
+print("|---|---|---|---|")
+deaths = lost = 0
+for ep in snap["after"]:
+    f, r = delta("before", "after", ep, "failovers"), delta("before", "after", ep, "reconnects")
+    mib = (delta("before", "after", ep, "bytes_in") + delta("before", "after", ep, "bytes_out")) >> 20
+    deaths += f
+    lost += r
+    print(f"| {ep} | {f} | {r} | {mib} |")
+print(f"| all | {deaths} | {lost} | |")
+seen = sum(delta("after", "final", ep, "failovers") for ep in snap["final"] if ep.startswith("10.85.2.2:"))
+print()
+print(f"Then path 10.85.2.2 was taken down under two readers: declared dead {seen} time(s) "
+      "(once expected).")
+sys.exit(0 if deaths == 0 and seen >= 1 else 1)
+PY
 cat "$MPNFS_TB/report"
 if [ -n "$OUT" ]; then { echo; cat "$MPNFS_TB/report"; } >> "$OUT"; echo "appended to $OUT"; fi
+exit "${fail:-0}"

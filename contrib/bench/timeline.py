@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 TESTBED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "testbed.sh")
@@ -36,7 +37,12 @@ def main():
     # failover.
     cmd = subprocess.Popen(["sh", "-c", 'read go && exec "$0" link down "$1"', TESTBED, k],
                            stdin=subprocess.PIPE)
-    down_took = None
+    ended = []  # when the command ended, noted by a thread that waits for it
+
+    def wait_cmd():
+        cmd.wait()
+        ended.append(time.monotonic())
+    waiter = threading.Thread(target=wait_cmd, daemon=True)
     writing = mode in ("write", "syncwrite")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if writing else os.O_RDONLY
     if mode == "syncwrite":
@@ -50,10 +56,7 @@ def main():
             down = time.monotonic() - t0
             cmd.stdin.write(b"go\n")
             cmd.stdin.close()
-        if down is not None and down_took is None and cmd.poll() is not None:
-            if cmd.returncode != 0:
-                sys.exit("taking the path down failed")
-            down_took = time.monotonic() - t0 - down
+            waiter.start()
         if writing:
             block[:8] = i.to_bytes(8, "little")
             os.write(fd, block)
@@ -69,10 +72,12 @@ def main():
     if down is None:
         cmd.kill()
         sys.exit("the transfer ended before the path went down; make it longer")
-    if down_took is None:
-        if cmd.wait() != 0:
-            sys.exit("taking the path down failed")
-        down_took = time.monotonic() - t0 - down
+    waiter.join(60)
+    if not ended:
+        sys.exit("the command taking the path down did not end")
+    if cmd.returncode != 0:
+        sys.exit("taking the path down failed")
+    down_took = ended[0] - t0 - down
     end = done[-1][0]
     stall, prev = 0.0, down
     for t, _ in done:

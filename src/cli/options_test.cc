@@ -31,7 +31,7 @@ TEST(OptionsTest, DefaultsMatchTheManPage) {
   EXPECT_EQ(m->engine.retrans, 2);
   EXPECT_EQ(m->engine.max_inflight, 128);
   EXPECT_EQ(m->engine.conns_per_path, 1);
-  EXPECT_EQ(m->engine.path_timeout, 1000ms);
+  EXPECT_EQ(m->engine.path_timeout, 400ms);
   EXPECT_EQ(m->engine.resend_fence, 2000ms);
   EXPECT_EQ(m->fs.acregmin, 3);
   EXPECT_EQ(m->fs.acregmax, 60);

@@ -178,6 +178,9 @@ void Connection::BecomeUp() {
   ever_up_ = true;
   reprobe_ = false;
   failed_connects_ = 0;
+  // Calls still in flight (a path enabled again while they were out): their
+  // retransmission and silence checks were not kept while it was probing.
+  if (stats_.inflight.load(std::memory_order_relaxed) > 0) NoteDeadline(Clock::now());
 }
 
 void Connection::Charge(Request& r) {
@@ -402,6 +405,14 @@ void Connection::CheckSilence(Clock::time_point now) {
     if (probe_ == nullptr) SendProbe(now);
   }
   if (silent >= opts_.path_timeout) {
+    // The probe has a quarter of path_timeout to draw at least a TCP ACK
+    // before the path is judged: a check that comes late (a starved loop
+    // thread) must not send the probe and declare the path dead at once.
+    const auto grace = opts_.path_timeout / 4;
+    if (probe_ != nullptr && now - probe_->sent < grace) {
+      NoteDeadline(probe_->sent + grace);
+      return;
+    }
     if (engine_->AnotherHeardSince(this, now - opts_.path_timeout)) {
       stats_.failovers.fetch_add(1, std::memory_order_relaxed);
       Fail(fmt::format("nothing heard for {} ms while another path answers; path declared dead",
@@ -697,7 +708,7 @@ void Connection::OnTimer(Clock::time_point now) {
                                "server not reachable before the deadline"});
       continue;
     }
-    if (r->give_up != Clock::time_point::max()) NoteDeadline(r->give_up);
+    if (!r->done && r->give_up != Clock::time_point::max()) NoteDeadline(r->give_up);
     ++it;
   }
   Pump();

@@ -42,9 +42,11 @@
 // a connection declared dead moves its calls elsewhere: one that has work
 // outstanding, has heard nothing from the server (not even a TCP ACK, nor
 // the answer to a NULL probe sent at half time) for path_timeout, while
-// another connection has heard from the same server in that time. If every
-// path is silent the server, not a path, is the problem: calls wait (hard)
-// or time out (soft) as on one path.
+// another connection has heard from the same server in that time (checked
+// when the silence reaches half and all of path_timeout: silence.h; a
+// server keeping the TCP window shut is slow, not silent: nfs/tcp_info.h).
+// If every path is silent the server, not a path, is the problem: calls
+// wait (hard) or time out (soft) as on one path.
 // Calls that change the server's state and were on the wire of a lost
 // connection are resent only resend_fence after it was lost (the server may
 // still execute the first copy: EngineOptions::resend_fence); the others,

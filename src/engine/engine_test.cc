@@ -726,8 +726,9 @@ TEST_F(EngineTest, ASuspectConnectionGetsNoNewCallWhileAnotherIsUp) {
   auto large = std::make_shared<ProbeCall>(8 << 20);
   e->Submit(small, Cred{}, to_silent);
   e->Submit(large, Cred{}, to_other);
-  // Suspect after 2 s of silence (checked every 1 s); declared dead at about
-  // 5 s (at 4 s the other path, silent too without answers, is probed first).
+  // Suspect after 2 s of silence (checked at 2 s and 4 s, then every 1 s);
+  // declared dead at about 5 s (at 4 s the other path, silent too without
+  // answers, is probed first).
   std::this_thread::sleep_for(3s);
   // By outstanding bytes alone this call would go to the silent path.
   auto next = std::make_shared<ProbeCall>(64 << 10);

@@ -6,7 +6,8 @@
 // those two marks if nothing is heard meanwhile, so a dead path is declared
 // dead at path_timeout, not up to a check interval later. Past both marks
 // (nothing heard from any path yet, the others are being probed), the
-// check repeats every quarter of path_timeout.
+// check repeats every quarter of path_timeout. (Connection::CheckSilence
+// also gives a probe sent late a quarter of path_timeout before it judges.)
 //
 // Pure; thread-agnostic.
 #pragma once

@@ -15,7 +15,7 @@
 
 #include "engine/link_rate.h"
 #include "nfs/local_bind.h"
-#include "nfs/tcp_rate.h"
+#include "nfs/tcp_info.h"
 #include "proto/nfs3.h"
 #include "proto/rpc.h"
 
@@ -400,14 +400,7 @@ bool RpcTransport::Broken(std::string why) {
   return false;
 }
 
-int64_t RpcTransport::SilentMs() const {
-  if (fd_ < 0) return -1;
-  tcp_info ti{};
-  socklen_t len = sizeof(ti);
-  if (getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return -1;
-  // Any segment from the peer (data or a bare ACK of ours) counts.
-  return std::min(ti.tcpi_last_ack_recv, ti.tcpi_last_data_recv);
-}
+int64_t RpcTransport::SilentMs() const { return fd_ < 0 ? -1 : TcpSilentMs(fd_); }
 
 void RpcTransport::Close() {
   if (fd_ >= 0) {

@@ -45,7 +45,7 @@
 // allowance or on queues that emptied while the path idled; its second half
 // comes at the rate the path sustains), if at least a quarter of the
 // record and 100 us are left to time. A WRITE of that size gives the
-// kernel's delivery rate when its reply arrives (tcp_rate.h), unless the
+// kernel's delivery rate when its reply arrives (tcp_info.h), unless the
 // kernel marked it limited by the application. A call sent after the
 // connection idled kIdleRestart gives none (Waiting::after_idle).
 //

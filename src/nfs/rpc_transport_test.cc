@@ -8,21 +8,25 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "engine/engine.h"
 #include "nfs/nfs3.h"
+#include "nfs/tcp_info.h"
 #include "proto/nfs3.h"
 #include "test/fakes/loopback_listener.h"
 
@@ -831,6 +835,57 @@ TEST(RpcTransportNfs3, AReissuedLinkAnsweredExistIsSuccessOnlyIfTheNameHoldsTheF
   auto other = ReissuedLink("another file");
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.error().err, EEXIST);
+}
+
+// A connected pair on loopback: `client` (non-blocking) and the server end.
+struct TcpPair {
+  test::LoopbackListener listener;
+  int client = -1, server = -1;
+  TcpPair() {
+    client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(listener.port());
+    EXPECT_EQ(connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    server = listener.Accept();
+    fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK);
+  }
+  ~TcpPair() {
+    close(client);
+    close(server);
+  }
+};
+
+// A peer that is there but reads nothing: once its receive window is shut,
+// TCP hears from it only at window probes, whose intervals double (0.2 s,
+// 0.4 s, 0.8 s...). That is a slow server, not a dead path: no silence.
+TEST(TcpSilence, APeerWhoseWindowIsShutIsNotSilent) {
+  TcpPair p;
+  std::vector<char> chunk(64 << 10, 'x');
+  size_t sent = 0;
+  for (;;) {  // until the peer's receive buffer and then our send buffer are full
+    const ssize_t n = send(p.client, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+    if (n <= 0) {
+      ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+      break;
+    }
+    sent += static_cast<size_t>(n);
+  }
+  ASSERT_GT(sent, 0u);
+  // Past the third window probe's interval, the last ACK is 0.4 s or more old.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(TcpSilentMs(p.client), 0);
+}
+
+TEST(TcpSilence, APeerThatSendsNothingGrowsSilent) {
+  TcpPair p;
+  ASSERT_EQ(send(p.client, "ping", 4, MSG_NOSIGNAL), 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t ms = TcpSilentMs(p.client);
+  EXPECT_GE(ms, 250);
+  EXPECT_LT(ms, 5000);
+  EXPECT_EQ(TcpSilentMs(-1), -1);
 }
 
 }  // namespace

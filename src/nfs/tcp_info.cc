@@ -1,4 +1,4 @@
-#include "nfs/tcp_rate.h"
+#include "nfs/tcp_info.h"
 
 #include <linux/tcp.h>
 #include <stddef.h>
@@ -15,6 +15,17 @@ uint64_t TcpDeliveryRate(int fd) {
   if (len < offsetof(tcp_info, tcpi_delivery_rate) + sizeof(ti.tcpi_delivery_rate)) return 0;
   if (ti.tcpi_delivery_rate_app_limited) return 0;
   return ti.tcpi_delivery_rate;
+}
+
+int64_t TcpSilentMs(int fd) {
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return -1;
+  if (len >= offsetof(tcp_info, tcpi_snd_wnd) + sizeof(ti.tcpi_snd_wnd) && ti.tcpi_snd_mss > 0 &&
+      ti.tcpi_snd_wnd < ti.tcpi_snd_mss) {
+    return 0;
+  }
+  return ti.tcpi_last_ack_recv < ti.tcpi_last_data_recv ? ti.tcpi_last_ack_recv : ti.tcpi_last_data_recv;
 }
 
 }  // namespace mpnfs::nfs
