@@ -13,7 +13,9 @@
 # COMMAND mounts the bed's export in the foreground (the benchmark charges
 # its process's CPU); {server}, {export} and {mnt} are replaced. Example:
 #   PEERS='mpnfs-ade1922=/tmp/old/build/src/mpnfs {server}:{export} {mnt} -f -o mountport=20048'
-# The report prints only what it measured.
+# A peer's sequential write or read that fails is listed under the table and
+# left out of its median; a failure of mpnfs ends the run. The report prints
+# only what it measured.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=
@@ -63,6 +65,18 @@ mount_sys() { if [ "$1" = mpnfs ]; then mount_mpnfs; else mount_peer "${CMD[$1]}
 
 declare -A V
 add() { V[$1]+="$2 "; }
+# A step of a peer that fails is reported, not fatal: the run goes on and
+# the table shows what that system did not do. A step of mpnfs that fails
+# ends the run.
+FAILED=()
+step() {  # SYSTEM WHAT COMMAND...
+  local x=$1 what=$2; shift 2
+  if [ "$x" = mpnfs ]; then "$@"; return; fi
+  "$@" && return 0
+  FAILED+=("$x: $what failed")
+  echo "$x: $what failed" >&2
+  return 1
+}
 for r in $(seq "$ROUNDS"); do
   echo "round $r of $ROUNDS" >&2
   # The limits. Sequential write, 1 GiB: nfs-cp; read back cold: nfs-cat.
@@ -89,10 +103,16 @@ for r in $(seq "$ROUNDS"); do
     # Sequential write, 1 GiB, fsync at the end, from the same start for
     # every system (nothing dirty on the server: the same machine's page
     # cache); then read back cold.
-    drop; c0=$(cpu); t0=$(now); dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; t1=$(now); c1=$(cpu)
-    add "$x.w" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.wcpu" "$(cpu_secs "$c0" "$c1")"
-    drop; c0=$(cpu); t0=$(now); dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; t1=$(now); c1=$(cpu)
-    add "$x.r" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.rcpu" "$(cpu_secs "$c0" "$c1")"
+    drop; c0=$(cpu); t0=$(now)
+    if step "$x" "round $r, sequential write" dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; then
+      t1=$(now); c1=$(cpu)
+      add "$x.w" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.wcpu" "$(cpu_secs "$c0" "$c1")"
+    fi
+    drop; c0=$(cpu); t0=$(now)
+    if step "$x" "round $r, sequential read" dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; then
+      t1=$(now); c1=$(cpu)
+      add "$x.r" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.rcpu" "$(cpu_secs "$c0" "$c1")"
+    fi
     cat "$EXPORT/rand.bin" > /dev/null
     read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync); add "$x.qd1" "$i"; add "$x.qd1_lat" "$l"
     read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4); add "$x.j4" "$i"
@@ -123,10 +143,10 @@ for n in 1 2 4; do
 done
 }
 
-m() { echo "${V[$1]}" | median; }
+m() { if [ -n "${V[$1]:-}" ]; then echo "${V[$1]}" | median; else echo "n/a"; fi; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 gib=$(awk -v n="$SIZE" 'BEGIN { print n / 1024 }')
-perg() { awk -v c="$1" -v g="$gib" 'BEGIN { printf "%.2f", c / g }'; }
+perg() { awk -v c="$1" -v g="$gib" 'BEGIN { if (c == "n/a") print "n/a"; else printf "%.2f", c / g }'; }
 cols() {  # KEY [per-GiB]: the median of KEY for each system, as table cells
   local x out=
   for x in "${SYS[@]}"; do
@@ -165,6 +185,12 @@ dashes() { local x out=; for x in "${SYS[@]}"; do out+="---|"; done; echo "$out"
     echo "| paths | 1 job QD32 | 4 jobs x QD32 |"
     echo "|---|---|---|"
     for n in 1 2 4; do echo "| $n | $(m "p${n}_qd32") | $(m "p${n}_4x32") |"; done
+  fi
+  if [ ${#FAILED[@]} -gt 0 ]; then
+    echo
+    echo "Failed steps (not in the medians):"
+    echo
+    for f in "${FAILED[@]}"; do echo "- $f"; done
   fi
   echo
   echo "All rounds:"
