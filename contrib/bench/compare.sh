@@ -71,7 +71,7 @@ add() { V[$1]+="$2 "; }
 FAILED=()
 step() {  # SYSTEM WHAT COMMAND...
   local x=$1 what=$2; shift 2
-  if [ "$x" = mpnfs ]; then "$@"; return; fi
+  if [ "$x" = mpnfs ]; then "$@" || { echo "mpnfs: $what failed" >&2; exit 1; }; return 0; fi
   "$@" && return 0
   FAILED+=("$x: $what failed")
   echo "$x: $what failed" >&2
@@ -144,7 +144,7 @@ done
 }
 
 m() { if [ -n "${V[$1]:-}" ]; then echo "${V[$1]}" | median; else echo "n/a"; fi; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "n/a" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 gib=$(awk -v n="$SIZE" 'BEGIN { print n / 1024 }')
 perg() { awk -v c="$1" -v g="$gib" 'BEGIN { if (c == "n/a") print "n/a"; else printf "%.2f", c / g }'; }
 cols() {  # KEY [per-GiB]: the median of KEY for each system, as table cells

@@ -74,10 +74,13 @@ def main():
         sys.exit("the transfer ended before the path went down; make it longer")
     waiter.join(60)
     if not ended:
+        cmd.kill()
         sys.exit("the command taking the path down did not end")
     if cmd.returncode != 0:
         sys.exit("taking the path down failed")
     down_took = ended[0] - t0 - down
+    if not done:
+        sys.exit("nothing moved")
     end = done[-1][0]
     stall, prev = 0.0, down
     for t, _ in done:

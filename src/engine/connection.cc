@@ -405,6 +405,12 @@ void Connection::CheckSilence(Clock::time_point now) {
     if (probe_ == nullptr) SendProbe(now);
   }
   if (silent >= opts_.path_timeout) {
+    const bool other_heard = engine_->AnotherHeardSince(this, now - opts_.path_timeout);
+    // Nobody heard lately: maybe the other paths are merely idle. Ask them.
+    if (!other_heard && !asked_others_) {
+      asked_others_ = true;
+      engine_->ProbeOthers(this);
+    }
     // The probe has a quarter of path_timeout to draw at least a TCP ACK
     // before the path is judged: a check that comes late (a starved loop
     // thread) must not send the probe and declare the path dead at once.
@@ -413,16 +419,11 @@ void Connection::CheckSilence(Clock::time_point now) {
       NoteDeadline(probe_->sent + grace);
       return;
     }
-    if (engine_->AnotherHeardSince(this, now - opts_.path_timeout)) {
+    if (other_heard) {
       stats_.failovers.fetch_add(1, std::memory_order_relaxed);
       Fail(fmt::format("nothing heard for {} ms while another path answers; path declared dead",
                        std::chrono::duration_cast<Millis>(silent).count()));
       return;
-    }
-    // Nobody heard lately: maybe the other paths are merely idle. Ask them.
-    if (!asked_others_) {
-      asked_others_ = true;
-      engine_->ProbeOthers(this);
     }
   }
   NoteDeadline(now + UntilSilenceCheck(silent, opts_.path_timeout));

@@ -20,11 +20,14 @@ uint64_t TcpDeliveryRate(int fd);
 
 // Milliseconds since the peer last sent anything on the connection (data or
 // a bare ACK), or -1 when the kernel does not say. 0 while the peer's
-// receive window is shut (less than one segment): its kernel is there (it
-// answers the window probes TCP sends, at intervals that double up to
-// seconds), and it is the server that reads this connection slowly, which
-// moving the calls to another path would not cure. A path that dies while
-// its window is shut is left to TCP's own limit (TCP_USER_TIMEOUT).
+// receive window is shut (less than one segment, nothing of ours in flight)
+// and its kernel answers the window probes TCP sends (all but at most the
+// one just sent): TCP hears such a peer only at those probes, whose
+// intervals double up to seconds, and it is the server that reads this
+// connection slowly, which moving the calls to another path would not cure.
+// Once two probes in a row go unanswered, the silence counts from the last
+// thing heard, so a path that dies while its window is shut is found after
+// the second probe.
 int64_t TcpSilentMs(int fd);
 
 }  // namespace mpnfs::nfs
