@@ -10,6 +10,7 @@
 
 #include "engine/connection.h"
 #include "engine/event_loop.h"
+#include "engine/silence.h"
 
 namespace mpnfs::engine {
 
@@ -33,11 +34,12 @@ void Engine::Start() {
   int nloops = opts_.loops > 0 ? opts_.loops
                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   nloops = std::clamp(nloops, 1, most);
-  // The shortest deadline a call sets when sent: a loop idle this long
-  // needs no wake-up for a call sent in a direct section (event_loop.h).
+  // The shortest deadline a call sets when sent (its retransmission, or
+  // the first silence check, silence.h): a loop idle this long needs no
+  // wake-up for a call sent in a direct section (event_loop.h).
   auto idle_cap = std::chrono::duration_cast<Clock::duration>(opts_.timeo);
   if (opts_.path_timeout.count() > 0) {
-    idle_cap = std::min(idle_cap, std::chrono::duration_cast<Clock::duration>(opts_.path_timeout / 2));
+    idle_cap = std::min(idle_cap, UntilSilenceCheck({}, opts_.path_timeout));
   }
   if (idle_cap <= Clock::duration::zero()) idle_cap = Clock::duration::max();
   for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap));

@@ -77,8 +77,8 @@ class Transport {
   virtual int IssueProbe(uint32_t xid, CallToken* token) = 0;
   // Milliseconds since the peer was last heard at the transport level (any
   // segment, including bare ACKs of our data); -1 if unknown; 0 while the
-  // peer's receive window is shut (nfs/tcp_info.h: a slow server, not a
-  // dead path).
+  // peer's receive window is shut and its kernel answers TCP's window
+  // probes (nfs/tcp_info.h: a slow server, not a dead path).
   virtual int64_t SilentMs() const { return -1; }
   // Tears the connection down; every call still pending is reported kCancel.
   virtual void Close() = 0;
