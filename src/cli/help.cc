@@ -30,6 +30,7 @@ const std::vector<OptionHelp>& OptionHelpTable() {
       {"Data path", "max_inflight=N", "max_inflight=128", "calls in flight per connection (128)"},
       {"Data path", "conns_per_path=N", "conns_per_path=1", "TCP connections per path (1)"},
       {"Data path", "loops=N", "loops=0", "event-loop threads (0: one per core)"},
+      {"Data path", "busy_poll=US", "busy_poll=200", "at queue depth 1, poll for the reply this long, not sleep (0)"},
       {"Data path", "max_background=N", "max_background=512", "FUSE background requests (512)"},
       {"Data path", "fuse_uring=auto|on|off", "fuse_uring=auto", "FUSE requests through io_uring rings (off)"},
       {"Data path", "fuse_uring_depth=N", "fuse_uring_depth=32", "io_uring entries per CPU queue (32)"},

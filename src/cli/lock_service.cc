@@ -200,6 +200,7 @@ Result<std::unique_ptr<LockService>> LockService::Start(const MountOptions& m, c
   eo.paths = {engine::Endpoint{path.host, *port, path.local, 1}};
   eo.loops = 1;
   eo.conns_per_path = 1;
+  eo.busy_poll = {};  // a lock call is rare and not latency-bound: no core spent on it
   s->engine_ = std::make_unique<engine::Engine>(eo, [tcp_user_timeout_ms](engine::TransportSink* sink) {
     return std::make_unique<nfs::RpcTransport>(
         sink, tcp_user_timeout_ms, engine::RpcCall::Program{proto::nlm4::kProgram, proto::nlm4::kVersion, 0});

@@ -209,6 +209,7 @@ Result<MountOptions> ParseMountArgs(const std::vector<std::string>& args) {
       {"write_behind", {0, 4096, [&](long v) { m.fs.write_behind = static_cast<uint64_t>(v) << 20; }}},
       {"read_ahead_kb", {0, 1 << 20, [&](long v) { m.read_ahead_kb = static_cast<int>(v); }}},
       {"max_background", {1, 65535, [&](long v) { m.max_background = static_cast<int>(v); }}},
+      {"busy_poll", {0, 100000, [&](long v) { m.engine.busy_poll = std::chrono::microseconds(v); }}},
       {"fuse_uring_depth", {1, 1024, [&](long v) { m.fuse_uring_depth = static_cast<int>(v); }}},
   };
   std::map<std::string, std::function<void()>> flags = {

@@ -215,6 +215,20 @@ TEST(OptionsTest, FuseUringSaysWhetherRequestsComeThroughIoUring) {
   EXPECT_FALSE(Parse({"s:/e", "/m", "-o", "fuse_uring_depth=1025"}).ok());
 }
 
+TEST(OptionsTest, BusyPollIsOffUnlessGivenInMicroseconds) {
+  auto d = Parse({"s:/e", "/m"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->engine.busy_poll, std::chrono::microseconds(0));
+  auto m = Parse({"s:/e", "/m", "-o", "busy_poll=150"});
+  ASSERT_TRUE(m.ok()) << m.error().what;
+  EXPECT_EQ(m->engine.busy_poll, std::chrono::microseconds(150));
+  for (const char* bad : {"busy_poll=-1", "busy_poll=100001", "busy_poll=1ms"}) {
+    auto b = Parse({"s:/e", "/m", "-o", bad});
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.error().what.find("busy_poll"), std::string::npos) << b.error().what;
+  }
+}
+
 TEST(OptionsTest, AcceptsFstabOnlyOptions) {
   auto m = Parse({"s:/e", "/m", "-o",
                   "rw,_netdev,nofail,noauto,defaults,x-systemd.automount,x-systemd.mount-timeout=30,"

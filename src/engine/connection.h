@@ -71,6 +71,7 @@ class Connection : public TransportSink {
   // Silent with work outstanding: about to be probed or declared dead.
   bool suspect() const { return suspect_.load(std::memory_order_relaxed); }
   int64_t outstanding_bytes() const { return charged_bytes_.load(std::memory_order_relaxed); }
+  int64_t inflight() const { return stats_.inflight.load(std::memory_order_relaxed); }
   Clock::time_point last_heard() const {
     return Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
   }

@@ -42,7 +42,7 @@ void Engine::Start() {
     idle_cap = std::min(idle_cap, UntilSilenceCheck({}, opts_.path_timeout));
   }
   if (idle_cap <= Clock::duration::zero()) idle_cap = Clock::duration::max();
-  for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap));
+  for (int i = 0; i < nloops; ++i) loops_.push_back(std::make_unique<Loop>(i, idle_cap, opts_.busy_poll));
   MutexLock lock(admin_mu_);
   for (auto ep : opts_.paths) {
     ep.weight = std::clamp(ep.weight, 1, kMaxWeight);  // Scan divides by it
@@ -291,6 +291,12 @@ void Engine::SubmitAfter(std::chrono::milliseconds delay, std::shared_ptr<RpcCal
   Loop* l = loops_[rr_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
   auto later = [this, call, cred]() mutable { Submit(std::move(call), cred); };
   if (!l->RunAt(Clock::now() + delay, std::move(later))) Submit(std::move(call), cred);  // stopped
+}
+
+uint64_t Engine::BusyPolls() const {
+  uint64_t n = 0;
+  for (const auto& l : loops_) n += l->busy_polls();
+  return n;
 }
 
 std::vector<ConnectionStats> Engine::Stats() const {

@@ -154,6 +154,10 @@ struct EngineOptions {
   // after such a late execution, as long as the server held the request
   // less than this. Zero resends at once.
   std::chrono::milliseconds resend_fence{2000};
+  // After handling events with at most one call in flight, a loop polls
+  // for this long before it sleeps (event_loop.h, "Busy polling"). Zero:
+  // it sleeps at once.
+  std::chrono::microseconds busy_poll{0};
   // The logger the connections log to (common/log.h).
   std::string log_layer = "engine";
 };
@@ -280,6 +284,8 @@ class Engine {
   // engine's life sums, so that it never goes down.
   std::vector<ConnectionStats> StatsEver() const;
   const EngineOptions& options() const { return opts_; }
+  // Polls made busy polling (EngineOptions::busy_poll), over every loop.
+  uint64_t BusyPolls() const;
 
   // --- online path maintenance (see the top of this file); any thread,
   // REQUIRES: started. `addr` is "HOST" or "HOST:PORT" (numeric); an error

@@ -541,6 +541,78 @@ TEST_F(EngineTest, ACallSubmittedWhileItsLoopSleepsIsSentByTheSubmittingThread) 
   EXPECT_TRUE(direct) << "every call was handed to the loop thread";
 }
 
+// busy_poll: after a reply with nothing else in flight, the loop polls
+// rather than sleeps; with two calls in flight, or without the option, it
+// does not poll at all.
+TEST_F(EngineTest, BusyPollKeepsTheLoopPollingAfterAReplyAtQueueDepthOne) {
+  auto o = Opts();
+  o.loops = 1;
+  o.path_timeout = 0ms;  // no NULL probe while a call waits: its reply is the only event
+  o.busy_poll = std::chrono::microseconds(100000);
+  auto e = Started(o);
+  // The reply must reach the loop thread: the fake answers a call sent in a
+  // direct section inside the section unless it holds its answers.
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto c = std::make_shared<ProbeCall>();
+  e->Submit(c, Cred{});
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 1; }));
+  // Past any poll after the connection came up or the call went (100 ms at
+  // most); then the loop sleeps: no polls while the call waits.
+  std::this_thread::sleep_for(300ms);
+  const auto p0 = e->BusyPolls();
+  std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(e->BusyPolls(), p0) << "the loop polled with nothing happening";
+  net_.ReplyAll();
+  EXPECT_EQ(Await(c).first, CallStatus::kOk);
+  bool polled = false;
+  for (int i = 0; i < 5000 && !polled; ++i) {
+    polled = e->BusyPolls() > p0 + 100;
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(polled) << "the loop slept after the reply: " << e->BusyPolls() << " polls";
+}
+
+TEST_F(EngineTest, BusyPollSleepsWhileMoreThanOneCallIsInFlight) {
+  auto o = Opts();
+  o.loops = 1;
+  o.path_timeout = 0ms;  // no NULL probe while a call waits: its reply is the only event
+  o.busy_poll = std::chrono::microseconds(100000);
+  net_.Set([](FakeNet& n) { n.auto_reply = false; });
+  auto e = Started(o);
+  // Past any poll after the connection came up (100 ms at most).
+  std::this_thread::sleep_for(300ms);
+  auto calls = SubmitN(*e, 2);
+  ASSERT_TRUE(net_.WaitFor([](FakeNet& n) { return n.issued_xids.size() == 2; }));
+  WaitInflight(*e, 2);
+  // Whatever poll was under way when the calls went out ends within 100 ms.
+  std::this_thread::sleep_for(200ms);
+  const auto p0 = e->BusyPolls();
+  // Events while both are in flight (each transport's eventfd is poked):
+  // the loop wakes and handles them, and goes back to sleep.
+  for (int i = 0; i < 5; ++i) {
+    net_.Set([](FakeNet&) {});
+    std::this_thread::sleep_for(20ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(e->BusyPolls(), p0) << "the loop polled with two calls in flight";
+  net_.Set([](FakeNet& n) { n.auto_reply = true; });
+  net_.ReplyAll();
+  for (auto& c : calls) EXPECT_EQ(Await(c).first, CallStatus::kOk);
+}
+
+TEST_F(EngineTest, WithoutBusyPollTheLoopNeverPolls) {
+  auto o = Opts();
+  o.loops = 1;
+  auto e = Started(o);
+  for (int i = 0; i < 20; ++i) {
+    auto c = std::make_shared<ProbeCall>();
+    e->Submit(c, Cred{});
+    EXPECT_EQ(Await(c).first, CallStatus::kOk);
+  }
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(e->BusyPolls(), 0u);
+}
+
 TEST(LoopTest, AnExceptionInADirectSectionLeavesTheLoopWorking) {
   Loop loop(0);
   loop.Start();

@@ -13,7 +13,8 @@
 
 namespace mpnfs::engine {
 
-Loop::Loop(int index, Clock::duration idle_cap) : index_(index), idle_cap_(idle_cap) {
+Loop::Loop(int index, Clock::duration idle_cap, Clock::duration busy_poll)
+    : index_(index), idle_cap_(idle_cap), busy_poll_(busy_poll) {
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   evfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error(std::string("epoll/eventfd: ") + strerror(errno));
@@ -193,11 +194,39 @@ void Loop::Step(epoll_event* evs, int n) {
   for (auto* c : conns_) SyncPoll(c);
 }
 
+int64_t Loop::InFlight() const {
+  int64_t n = 0;
+  for (const auto* c : conns_) n += c->inflight();
+  return n;
+}
+
+int Loop::Wait(epoll_event* evs, int timeout_ms, Clock::time_point next, bool poll) {
+  if (poll) {
+    const auto until = std::min(next, Clock::now() + busy_poll_);
+    uint64_t polls = 0;
+    int n;
+    do {
+      n = epoll_wait(epfd_, evs, 64, 0);
+      ++polls;
+    } while (n == 0 && Clock::now() < until);
+    busy_polls_.fetch_add(polls, std::memory_order_relaxed);
+    if (n != 0) return n;
+    if (timeout_ms > 0) {
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
+    }
+  }
+  return epoll_wait(epfd_, evs, 64, timeout_ms);
+}
+
 void Loop::Main() {
   epoll_event evs[64];
   loop_tid_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   MutexLock run(run_mu_);
   running_ = true;
+  // The loop has handled events since it last slept or polled in vain: a
+  // pass that only drains mail or tasks (timeout 0) keeps it so.
+  bool had_events = false;
   for (;;) {
     int timeout_ms = -1;
     bool stop;
@@ -225,10 +254,13 @@ void Loop::Main() {
     } else {
       next = now0;
     }
+    const bool poll = busy_poll_ > Clock::duration::zero() && timeout_ms != 0 && had_events &&
+                      InFlight() <= 1;
     sleep_until_.store(next.time_since_epoch().count(), std::memory_order_relaxed);
     awake_.store(false, std::memory_order_relaxed);
     run.Unlock();
-    int n = epoll_wait(epfd_, evs, 64, timeout_ms);
+    int n = Wait(evs, timeout_ms, next, poll);
+    had_events = n > 0 || (had_events && timeout_ms == 0);
     awake_.store(true, std::memory_order_relaxed);
     wakeups_.fetch_add(1, std::memory_order_relaxed);
     run.Lock();
