@@ -4,8 +4,11 @@
 # NFS-Ganesha bed: mpnfs on a default one-path mount; the limits are raw
 # libnfs with no FUSE (nfs-cat, nfs-cp, nfs-qd1) and FUSE with no NFS
 # (fuse-null); the median of ROUNDS rounds each, the systems taking turns
-# within a round (in reverse order every other round). Then random reads over 1, 2 and 4 paths (PATHS=0 skips
-# them). Prints a markdown report; with -o FILE also writes it there.
+# within a round (in reverse order every other round). Each system in turn:
+# a sequential write and a cold read of its own file, random 4 KiB reads at
+# QD1, 4 jobs and QD32, and META_N (5000; 0 skips it) files created with
+# 1 KiB each, stat-ed and removed. Then random reads over 1, 2 and 4 paths
+# (PATHS=0 skips them). Prints a markdown report; with -o FILE also writes it there.
 #   contrib/bench/compare.sh [-o FILE] [ROUNDS] [SIZE_MIB]
 # (With PEERS, an even ROUNDS gives each system each place equally often.)
 # PEERS: systems built by hand outside the repository (another mpnfs
@@ -13,8 +16,8 @@
 # COMMAND mounts the bed's export in the foreground (the benchmark charges
 # its process's CPU); {server}, {export} and {mnt} are replaced. Example:
 #   PEERS='mpnfs-ade1922=/tmp/old/build/src/mpnfs {server}:{export} {mnt} -f -o mountport=20048'
-# A peer's sequential write or read that fails is listed under the table and
-# left out of its median; a failure of mpnfs ends the run. The report prints
+# A peer's step that fails is listed under the table and left out of its
+# median; a failure of mpnfs ends the run. The report prints
 # only what it measured.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +26,7 @@ if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 ROUNDS=${1:-3}
 SIZE=${2:-1024}
 FIO_SECS=${FIO_SECS:-10}
+META_N=${META_N:-5000}  # files of the metadata step (0: none)
 export MPNFS_TB=/tmp/mpnfs-cbench MPNFS_TB_NS=mpnfscb MPNFS_TB_NET=82 MPNFS_TB_LINK=mcb
 SERVER=10.82.1.2
 EXPORT=$MPNFS_TB/export
@@ -36,11 +40,42 @@ Q="version=3&nfsport=2049&mountport=20048"
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # CPU seconds (user + system) of a command run to completion.
 timed_cpu() { /usr/bin/time -f "%e %U %S" -o "$MPNFS_TB/time.out" "$@" >/dev/null; awk '{ printf "%s %.2f\n", $1, $2 + $3 }' "$MPNFS_TB/time.out"; }
-fio_iops() {  # FILE RW-OPTIONS...: IOPS and mean completion latency (us)
+fio_iops() {  # FILE RW-OPTIONS...: IOPS and mean completion latency (us); fails on no I/O
   local f=$1; shift
   fio --name=c --filename="$f" --rw=randread --bs=4k --direct=1 --runtime="$FIO_SECS" --time_based \
       --group_reporting --output-format=terse --terse-version=3 "$@" 2>/dev/null |
-    awk -F';' '{ printf "%d %.0f\n", $8, $40 }'
+    awk -F';' '$8 > 0 { printf "%d %.0f\n", $8, $40; ok = 1 } END { exit !ok }'
+}
+# META_N x (create + 1 KiB write + close) and a sync, then (the kernel's
+# caches dropped; a daemon's own caches stay) stat, then unlink, in a new
+# directory: the seconds of each phase.
+meta() {  # DIR
+  /usr/bin/python3 - "$1" "$META_N" <<'PY'
+import os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+os.mkdir(d)  # a new name each round: what a failed round left is not met
+names = [os.path.join(d, "f%d" % i) for i in range(n)]
+buf = b"x" * 1024
+t0 = time.monotonic()
+for p in names:
+    fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.write(fd, buf)
+    os.close(fd)
+os.sync()  # a system that defers the data pays for it here
+t1 = time.monotonic()
+with open("/proc/sys/vm/drop_caches", "w") as f:
+    f.write("3")
+t2 = time.monotonic()
+for p in names:
+    if os.stat(p).st_size != 1024:
+        sys.exit("wrong size: " + p)
+t3 = time.monotonic()
+for p in names:
+    os.unlink(p)
+t4 = time.monotonic()
+os.rmdir(d)
+print("%.2f %.2f %.2f" % (t1 - t0, t3 - t2, t4 - t3))
+PY
 }
 
 contrib/testbed.sh down >/dev/null 2>&1 || true
@@ -69,12 +104,23 @@ add() { V[$1]+="$2 "; }
 # the table shows what that system did not do. A step of mpnfs that fails
 # ends the run.
 FAILED=()
+failed() {  # SYSTEM WHAT
+  echo "$1: $2 failed" >&2
+  [ "$1" != mpnfs ] || exit 1
+  FAILED+=("$1: $2 failed")
+}
 step() {  # SYSTEM WHAT COMMAND...
   local x=$1 what=$2; shift 2
-  if [ "$x" = mpnfs ]; then "$@" || { echo "mpnfs: $what failed" >&2; exit 1; }; return 0; fi
   "$@" && return 0
-  FAILED+=("$x: $what failed")
-  echo "$x: $what failed" >&2
+  failed "$x" "$what"
+  return 1
+}
+# As step, for a command whose output is wanted: GOT holds it.
+GOT=
+outstep() {  # SYSTEM WHAT COMMAND...
+  local x=$1 what=$2; shift 2
+  GOT=$("$@") && return 0
+  failed "$x" "$what"
   return 1
 }
 for r in $(seq "$ROUNDS"); do
@@ -92,32 +138,48 @@ for r in $(seq "$ROUNDS"); do
   cat "$EXPORT/rand.bin" > /dev/null
   add rtt_iops "$(build/contrib/bench/nfs-qd1 "$URL/rand.bin?$Q" "$FIO_SECS" |
                   /usr/bin/python3 -c 'import json,sys; print(int(json.load(sys.stdin)["iops"]))')"
-  read -r i l < <(fio_iops "$NULLMNT/f" --ioengine=psync); add null1 "$i"
+  outstep mpnfs "round $r, fuse-null QD1" fio_iops "$NULLMNT/f" --ioengine=psync
+  read -r i l <<< "$GOT"; add null1 "$i"
   # The systems take turns, in reverse order every other round (what runs
   # first meets the server's page cache and write-back as the limits left them).
   order=("${SYS[@]}")
   if [ $((r % 2)) = 0 ]; then order=(); for ((i = ${#SYS[@]} - 1; i >= 0; i--)); do order+=("${SYS[$i]}"); done; fi
   for x in "${order[@]}"; do
-    rm -f "$EXPORT/seq.bin"  # written fresh by each system
+    # Each system writes a file of its own name, fresh, and removes it
+    # through its own mount: no system meets a name another one (or the
+    # script, behind the server's back) has just changed.
+    f=seq-$x.bin
     mount_sys "$x"
     # Sequential write, 1 GiB, fsync at the end, from the same start for
     # every system (nothing dirty on the server: the same machine's page
     # cache); then read back cold.
     drop; c0=$(cpu); t0=$(now)
-    if step "$x" "round $r, sequential write" dd if="$SRC" of="$MNT/seq.bin" bs=1M conv=fsync status=none; then
+    if step "$x" "round $r, sequential write" dd if="$SRC" of="$MNT/$f" bs=1M conv=fsync status=none; then
       t1=$(now); c1=$(cpu)
       add "$x.w" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.wcpu" "$(cpu_secs "$c0" "$c1")"
     fi
     drop; c0=$(cpu); t0=$(now)
-    if step "$x" "round $r, sequential read" dd if="$MNT/seq.bin" of=/dev/null bs=1M status=none; then
+    if [ "$(stat -c %s "$MNT/$f" 2>/dev/null)" = $((SIZE << 20)) ] &&
+       step "$x" "round $r, sequential read" dd if="$MNT/$f" of=/dev/null bs=1M status=none; then
       t1=$(now); c1=$(cpu)
       add "$x.r" "$(mbps "$SIZE" "$(secs "$t0" "$t1")")"; add "$x.rcpu" "$(cpu_secs "$c0" "$c1")"
     fi
+    step "$x" "round $r, removing $f" rm -f "$MNT/$f" || true
     cat "$EXPORT/rand.bin" > /dev/null
-    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync); add "$x.qd1" "$i"; add "$x.qd1_lat" "$l"
-    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4); add "$x.j4" "$i"
-    c0=$(cpu); read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32); c1=$(cpu)
-    add "$x.qd32" "$i"; add "$x.qd32cores" "$(awk -v c="$(cpu_secs "$c0" "$c1")" -v s="$FIO_SECS" 'BEGIN { printf "%.2f", c / s }')"
+    if outstep "$x" "round $r, QD1" fio_iops "$MNT/rand.bin" --ioengine=psync; then
+      read -r i l <<< "$GOT"; add "$x.qd1" "$i"; add "$x.qd1_lat" "$l"
+    fi
+    if outstep "$x" "round $r, 4 jobs" fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4; then
+      read -r i l <<< "$GOT"; add "$x.j4" "$i"
+    fi
+    c0=$(cpu)
+    if outstep "$x" "round $r, QD32" fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32; then
+      c1=$(cpu); read -r i l <<< "$GOT"
+      add "$x.qd32" "$i"; add "$x.qd32cores" "$(awk -v c="$(cpu_secs "$c0" "$c1")" -v s="$FIO_SECS" 'BEGIN { printf "%.2f", c / s }')"
+    fi
+    if [ "$META_N" -gt 0 ] && outstep "$x" "round $r, metadata" meta "$MNT/meta-$x-$r"; then
+      read -r a b c <<< "$GOT"; add "$x.mcreate" "$a"; add "$x.mstat" "$b"; add "$x.munlink" "$c"
+    fi
     umount_mpnfs
   done
 done
@@ -136,8 +198,10 @@ for n in 1 2 4; do
   paths=$(seq -s+ -f "10.82.%g.2" 1 "$n")
   mount_mpnfs "path=$paths"
   for r in $(seq "$ROUNDS"); do
-    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32); add "p${n}_qd32" "$i"
-    read -r i l < <(fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32 --numjobs=4); add "p${n}_4x32" "$i"
+    outstep mpnfs "$n paths, QD32" fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32
+    read -r i l <<< "$GOT"; add "p${n}_qd32" "$i"
+    outstep mpnfs "$n paths, 4 jobs x QD32" fio_iops "$MNT/rand.bin" --ioengine=libaio --iodepth=32 --numjobs=4
+    read -r i l <<< "$GOT"; add "p${n}_4x32" "$i"
   done
   umount_mpnfs
 done
@@ -178,6 +242,11 @@ dashes() { local x out=; for x in "${SYS[@]}"; do out+="---|"; done; echo "$out"
   echo "| same, 4 jobs psync, IOPS |$(cols j4) | |"
   echo "| same, libaio QD32, IOPS |$(cols qd32) | |"
   echo "| same, daemon cores busy |$(cols qd32cores) | |"
+  if [ "$META_N" -gt 0 ]; then
+    echo "| $META_N x create O_EXCL + 1 KiB write + close, then sync, s |$(cols mcreate) | |"
+    echo "| same files, stat (kernel caches dropped), s |$(cols mstat) | |"
+    echo "| same files, unlink, s |$(cols munlink) | |"
+  fi
   if [ "${PATHS:-1}" != 0 ]; then
     echo
     echo "mpnfs, random 4 KiB reads, O_DIRECT, libaio, over 1, 2 and 4 paths of one bed (IOPS):"

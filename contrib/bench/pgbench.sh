@@ -30,7 +30,10 @@
 # WB_EXTRA (more options for (a)'s write-back mount, e.g. cache_block=64),
 # CONFIGS (which of (a)'s "default kernelcache writeback local" to run;
 # kernelcache: a default mount with kernel_cache),
-# WORKLOAD, PARTS ("a b" by default), MAX_WAL (max_wal_size, 256MB), PG_CONF
+# WORKLOAD, PEERS (other systems for (a), built by hand outside the
+# repository, measured after mpnfs in the same run: "NAME=COMMAND" entries
+# separated by ';', COMMAND as in compare.sh; it must let other users in,
+# allow_other, and keep owners: PostgreSQL runs as its own user), PARTS ("a b" by default), MAX_WAL (max_wal_size, 256MB), PG_CONF
 # (lines added to every cluster's postgresql.conf, e.g. wal_sync_method = open_datasync),
 # B_ROWS (an extended regex: only (b)'s cached configurations whose label
 # matches run; the no-cache row always does), B_EXTRA (options added to
@@ -85,7 +88,7 @@ on_exit() {
   local rc=$?
   if [ "$rc" != 0 ] && [ -f "$SOCK/server.log" ]; then
     echo "--- failed ($rc); PostgreSQL's log:" >&2; tail -20 "$SOCK/server.log" >&2
-    ! grep -q " $MNT fuse.mpnfs " /proc/mounts || fuser -vm "$MNT" >&2 2>&1 || true
+    ! grep -q " $MNT fuse" /proc/mounts || fuser -vm "$MNT" >&2 2>&1 || true
   fi
   [ -z "$CUR_DATA" ] || pg_stop "$CUR_DATA"; cleanup; rm -rf "$SOCK"
 }
@@ -107,7 +110,7 @@ EOF
 pg_start() { as_pg pg_ctl start -w -t 300 -D "$1" -l "$SOCK/server.log" >/dev/null; CUR_DATA=$1; }
 pg_down() {  # DATA; then waits (up to 60 s) until nothing uses the mount
   pg_stop "$1"; CUR_DATA=
-  grep -q " $MNT fuse.mpnfs " /proc/mounts || return 0
+  grep -q " $MNT fuse" /proc/mounts || return 0
   for _ in $(seq 600); do fuser -m "$MNT" >/dev/null 2>&1 || return 0; sleep 0.1; done
 }
 
@@ -191,9 +194,33 @@ if [[ " $PARTS " == *" a "* ]]; then
   bed_up
   base=
   wbnote=
-  for cfg in ${CONFIGS:-default kernelcache writeback local}; do
+  # PEERS: other systems, built by hand outside the repository, measured
+  # after mpnfs in the same run on the same bed, as "NAME=COMMAND" entries
+  # separated by ';' (lib.sh's mount_peer: {server}, {export} and {mnt} are
+  # replaced). PostgreSQL runs as its own user: the command must let other
+  # users in (allow_other) and keep owners and modes.
+  declare -A PCMD
+  peer_cfgs=
+  IFS=';' read -ra entries <<< "${PEERS:-}"
+  for e in "${entries[@]}"; do
+    e=$(echo "$e" | sed 's/^ *//; s/ *$//')
+    [ -n "$e" ] || continue
+    PCMD[${e%%=*}]=${e#*=}; peer_cfgs+=" peer:${e%%=*}"
+  done
+  for cfg in ${CONFIGS:-default kernelcache writeback local}$peer_cfgs; do
     top=$MNT/pg
     case $cfg in
+      peer:*) mount_peer "${PCMD[${cfg#peer:}]}"
+              # What PostgreSQL needs of the mount before it is run there:
+              # its user may create files, and owners are kept.
+              if ! { mkdir "$MNT/pgcheck" && chown postgres: "$MNT/pgcheck" &&
+                     as_pg touch "$MNT/pgcheck/f" &&
+                     [ "$(stat -c %U "$MNT/pgcheck/f")" = postgres ]; } 2>>"$MPNFS_TB/peer.log"; then
+                echo "${cfg#peer:}: PostgreSQL's user cannot create its own files on the mount" >&2
+                row "${cfg#peer:} (peer, same run)" "failed: PostgreSQL's user cannot create its own files there" "" ""
+                rm -rf "$MNT/pgcheck"; umount_mpnfs; continue
+              fi
+              rm -rf "$MNT/pgcheck" ;;
       default) mount_mpnfs allow_other ;;
       kernelcache) mount_mpnfs allow_other,kernel_cache ;;
       writeback) rm -rf "$SRC/c"; mkdir -p "$SRC/c"
@@ -203,9 +230,10 @@ if [[ " $PARTS " == *" a "* ]]; then
     new_cluster "$top"
     pg_start "$top/data"
     as_pg pgbench -i -q -s "$SCALE" >/dev/null 2>&1
-    r0=0; [ "$cfg" = local ] || r0=$(nfs_reads)
+    ours=1; [ "$cfg" = local ] || [[ $cfg == peer:* ]] && ours=0
+    r0=0; [ "$ours" = 0 ] || r0=$(nfs_reads)
     tps=$(bench "$RUN_A")
-    rpt=-; [ "$cfg" = local ] || rpt=$(awk -v r="$(( $(nfs_reads) - r0 ))" -v t="$tps" -v s="$RUN_A" 'BEGIN { printf "%.2f", t ? r / (t * s) : 0 }')
+    rpt=-; [ "$ours" = 0 ] || rpt=$(awk -v r="$(( $(nfs_reads) - r0 ))" -v t="$tps" -v s="$RUN_A" 'BEGIN { printf "%.2f", t ? r / (t * s) : 0 }')
     [ "$cfg" != writeback ] || wbnote="write-back run: $(stat_of writes) writes taken by the cache, $(stat_of copies) copy-on-write copies ($(stat_of copies_to_partner) back to a partner, $(stat_of copied_pages) pages copied, $(stat_of rewrites_in_place) rewrites in place), $(stat_of write_bypasses) bypassed (sequential), $(stat_of writes_around) around it"
     pg_down "$top/data"
     rm -rf "$top"
@@ -215,10 +243,9 @@ if [[ " $PARTS " == *" a "* ]]; then
     [ "$cfg" = kernelcache ] && label="mpnfs, kernel_cache"
     [ "$cfg" = writeback ] && label="mpnfs, cache_mode=writeback (1 GiB cache${WB_EXTRA:+, $WB_EXTRA})"
     [ "$cfg" = local ] && label="local disk (ceiling)"
+    [[ $cfg != peer:* ]] || label="${cfg#peer:} (peer, same run)"
     row "$label" "$tps" "$(awk -v a="$tps" -v b="$base" 'BEGIN { printf "%.2fx", a / b }')" "$rpt"
   done
-  echo "| (earlier, not this run) fuse-nfs | 847 | | |" | tee -a "$REPORT"
-  echo "| (earlier, not this run) turbonfs | 160 | | |" | tee -a "$REPORT"
   [ -z "$wbnote" ] || printf '\n%s.\n' "$wbnote" | tee -a "$REPORT"
 fi
 
