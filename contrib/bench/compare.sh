@@ -166,8 +166,10 @@ for r in $(seq "$ROUNDS"); do
     fi
     step "$x" "round $r, removing $f" rm -f "$MNT/$f" || true
     cat "$EXPORT/rand.bin" > /dev/null
+    c0=$(cpu)
     if outstep "$x" "round $r, QD1" fio_iops "$MNT/rand.bin" --ioengine=psync; then
-      read -r i l <<< "$GOT"; add "$x.qd1" "$i"; add "$x.qd1_lat" "$l"
+      c1=$(cpu); read -r i l <<< "$GOT"; add "$x.qd1" "$i"; add "$x.qd1_lat" "$l"
+      add "$x.qd1cores" "$(awk -v c="$(cpu_secs "$c0" "$c1")" -v s="$FIO_SECS" 'BEGIN { printf "%.2f", c / s }')"
     fi
     if outstep "$x" "round $r, 4 jobs" fio_iops "$MNT/rand.bin" --ioengine=psync --numjobs=4; then
       read -r i l <<< "$GOT"; add "$x.j4" "$i"
@@ -239,6 +241,7 @@ dashes() { local x out=; for x in "${SYS[@]}"; do out+="---|"; done; echo "$out"
   floor=$(awk -v a="$(m rtt_iops)" -v b="$(m null1)" 'BEGIN { if (a > 0 && b > 0) printf "%d", 1 / (1 / a + 1 / b); else print 0 }')
   echo "| 4 KiB random read O_DIRECT, 1 job QD1, IOPS |$(cols qd1) one NFS round trip (nfs-qd1) $(m rtt_iops); FUSE alone (fuse-null) $(m null1); both in turn $floor | $(ratio "$(m mpnfs.qd1)" "$(m rtt_iops)") of nfs-qd1; $(ratio "$(m mpnfs.qd1)" "$(m null1)") of fuse-null; $(ratio "$(m mpnfs.qd1)" "$floor") of both in turn |"
   echo "| same, mean latency, us |$(cols qd1_lat) | |"
+  echo "| same, daemon cores busy |$(cols qd1cores) | |"
   echo "| same, 4 jobs psync, IOPS |$(cols j4) | |"
   echo "| same, libaio QD32, IOPS |$(cols qd32) | |"
   echo "| same, daemon cores busy |$(cols qd32cores) | |"

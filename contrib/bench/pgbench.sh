@@ -178,7 +178,12 @@ bed_up() {  # [GANESHA_ENV]
   echo "$(dpkg-query -W -f='${Version}' nfs-ganesha), PostgreSQL $(dpkg-query -W -f='${Version}' postgresql-15),"
   echo "mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?'). Command: \`contrib/bench/pgbench.sh\`"
   echo "(RUN_A=$RUN_A RUN_B=$RUN_B WARM_B=$WARM_B WORKLOAD=$WORKLOAD SLOWDISK_US=$SLOWDISK_US"
-  echo "SLOWDISK_SPINDLES=$SLOWDISK_SPINDLES MAX_WAL=$MAX_WAL PARTS=\"$PARTS\"${PG_CONF:+ PG_CONF=\"$PG_CONF\"}). Server and client share the machine's cores."
+  echo "SLOWDISK_SPINDLES=$SLOWDISK_SPINDLES MAX_WAL=$MAX_WAL PARTS=\"$PARTS\"${PG_CONF:+ PG_CONF=\"$PG_CONF\"}${CONFIGS:+ CONFIGS=\"$CONFIGS\"}). Server and client share the machine's cores."
+  IFS=';' read -ra entries <<< "${PEERS:-}"
+  for e in "${entries[@]}"; do
+    e=$(echo "$e" | sed 's/^ *//; s/ *$//')
+    [ -z "$e" ] || echo "Peer ${e%%=*} (built by hand outside the repository): \`${e#*=}\`."
+  done
 } > "$REPORT"
 cat "$REPORT"
 
