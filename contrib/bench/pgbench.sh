@@ -176,10 +176,10 @@ bed_up() {  # [GANESHA_ENV]
   echo
   echo "Recorded $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores, kernel $(uname -r), NFS-Ganesha"
   echo "$(dpkg-query -W -f='${Version}' nfs-ganesha), PostgreSQL $(dpkg-query -W -f='${Version}' postgresql-15),"
-  echo "mpnfs $(git rev-parse --short HEAD 2>/dev/null || echo '?'). Command: \`contrib/bench/pgbench.sh\`"
+  echo "mpnfs $(git describe --always --dirty 2>/dev/null || echo '?'). Command: \`contrib/bench/pgbench.sh\`"
   echo "(RUN_A=$RUN_A RUN_B=$RUN_B WARM_B=$WARM_B WORKLOAD=$WORKLOAD SLOWDISK_US=$SLOWDISK_US"
   echo "SLOWDISK_SPINDLES=$SLOWDISK_SPINDLES MAX_WAL=$MAX_WAL PARTS=\"$PARTS\"${PG_CONF:+ PG_CONF=\"$PG_CONF\"}${CONFIGS:+ CONFIGS=\"$CONFIGS\"}). Server and client share the machine's cores."
-  IFS=';' read -ra entries <<< "${PEERS:-}"
+  [[ " $PARTS " == *" a "* ]] && IFS=';' read -ra entries <<< "${PEERS:-}" || entries=()
   for e in "${entries[@]}"; do
     e=$(echo "$e" | sed 's/^ *//; s/ *$//')
     [ -z "$e" ] || echo "Peer ${e%%=*} (built by hand outside the repository): \`${e#*=}\`."
