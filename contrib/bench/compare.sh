@@ -89,15 +89,8 @@ umount_mpnfs
 start_null
 
 # The systems: mpnfs (this tree's build, or MPNFS_BIN), then each of PEERS.
-SYS=(mpnfs)
-declare -A CMD
-IFS=';' read -ra entries <<< "${PEERS:-}"
-for e in "${entries[@]}"; do
-  e=$(echo "$e" | sed 's/^ *//; s/ *$//')
-  [ -n "$e" ] || continue
-  SYS+=("${e%%=*}"); CMD[${e%%=*}]=${e#*=}
-done
-mount_sys() { if [ "$1" = mpnfs ]; then mount_mpnfs; else mount_peer "${CMD[$1]}"; fi; }
+SYS=(mpnfs "${PEER_NAMES[@]}")
+mount_sys() { if [ "$1" = mpnfs ]; then mount_mpnfs; else mount_peer "${PEER_CMD[$1]}"; fi; }
 
 declare -A V
 add() { V[$1]+="$2 "; }
@@ -232,7 +225,7 @@ dashes() { local x out=; for x in "${SYS[@]}"; do out+="---|"; done; echo "$out"
   echo "libfuse $(pkg-config --modversion fuse3), mpnfs $(git describe --always --dirty 2>/dev/null || echo '?')${MPNFS_BIN:+ (binary $MPNFS_BIN)}."
   echo "Command: \`contrib/bench/compare.sh $ROUNDS $SIZE\` (FIO_SECS=$FIO_SECS META_N=$META_N PATHS=${PATHS:-1}). Medians of $ROUNDS rounds;"
   echo "server and client share the 2 cores."
-  for x in "${SYS[@]:1}"; do echo "Peer $x: \`${CMD[$x]}\`."; done
+  for x in "${SYS[@]:1}"; do echo "Peer $x: \`${PEER_CMD[$x]}\`."; done
   echo
   echo "| test |$(printf ' %s |' "${SYS[@]}") limit, same run | mpnfs / limit |"
   echo "|---|$(dashes)---|---|"

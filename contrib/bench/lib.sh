@@ -89,6 +89,18 @@ mount_peer() {  # COMMAND
   echo "mount failed: $cmd" >&2; cat "$MPNFS_TB/peer.log" >&2; exit 1
 }
 
+# PEERS ("NAME=COMMAND" entries separated by ';', see compare.sh) parsed
+# once: PEER_NAMES in order, PEER_CMD[NAME] the command for mount_peer.
+PEER_NAMES=()
+declare -A PEER_CMD
+IFS=';' read -ra _peers <<< "${PEERS:-}"
+for _e in "${_peers[@]}"; do
+  _e=$(echo "$_e" | sed 's/^ *//; s/ *$//')
+  [ -n "$_e" ] || continue
+  PEER_NAMES+=("${_e%%=*}"); PEER_CMD[${_e%%=*}]=${_e#*=}
+done
+unset _peers _e
+
 fresh_bed_with_data() {  # MIB [SCAN_MIB]: a new one-path bed holding db.bin (and scan.bin)
   contrib/testbed.sh down >/dev/null 2>&1 || true
   rm -rf "$MPNFS_TB" "$SRC"

@@ -179,11 +179,9 @@ bed_up() {  # [GANESHA_ENV]
   echo "mpnfs $(git describe --always --dirty 2>/dev/null || echo '?'). Command: \`contrib/bench/pgbench.sh\`"
   echo "(RUN_A=$RUN_A RUN_B=$RUN_B WARM_B=$WARM_B WORKLOAD=$WORKLOAD SLOWDISK_US=$SLOWDISK_US"
   echo "SLOWDISK_SPINDLES=$SLOWDISK_SPINDLES MAX_WAL=$MAX_WAL PARTS=\"$PARTS\"${PG_CONF:+ PG_CONF=\"$PG_CONF\"}${CONFIGS:+ CONFIGS=\"$CONFIGS\"}). Server and client share the machine's cores."
-  [[ " $PARTS " == *" a "* ]] && IFS=';' read -ra entries <<< "${PEERS:-}" || entries=()
-  for e in "${entries[@]}"; do
-    e=$(echo "$e" | sed 's/^ *//; s/ *$//')
-    [ -z "$e" ] || echo "Peer ${e%%=*} (built by hand outside the repository): \`${e#*=}\`."
-  done
+  if [[ " $PARTS " == *" a "* ]]; then
+    for x in "${PEER_NAMES[@]}"; do echo "Peer $x (built by hand outside the repository): \`${PEER_CMD[$x]}\`."; done
+  fi
 } > "$REPORT"
 cat "$REPORT"
 
@@ -199,23 +197,15 @@ if [[ " $PARTS " == *" a "* ]]; then
   bed_up
   base=
   wbnote=
-  # PEERS: other systems, built by hand outside the repository, measured
-  # after mpnfs in the same run on the same bed, as "NAME=COMMAND" entries
-  # separated by ';' (lib.sh's mount_peer: {server}, {export} and {mnt} are
-  # replaced). PostgreSQL runs as its own user: the command must let other
-  # users in (allow_other) and keep owners and modes.
-  declare -A PCMD
+  # PEERS (parsed by lib.sh), measured after mpnfs in the same run on the
+  # same bed. PostgreSQL runs as its own user: a peer's command must let
+  # other users in (allow_other) and keep owners and modes.
   peer_cfgs=
-  IFS=';' read -ra entries <<< "${PEERS:-}"
-  for e in "${entries[@]}"; do
-    e=$(echo "$e" | sed 's/^ *//; s/ *$//')
-    [ -n "$e" ] || continue
-    PCMD[${e%%=*}]=${e#*=}; peer_cfgs+=" peer:${e%%=*}"
-  done
+  for x in "${PEER_NAMES[@]}"; do peer_cfgs+=" peer:$x"; done
   for cfg in ${CONFIGS:-default kernelcache writeback local}$peer_cfgs; do
     top=$MNT/pg
     case $cfg in
-      peer:*) mount_peer "${PCMD[${cfg#peer:}]}"
+      peer:*) mount_peer "${PEER_CMD[${cfg#peer:}]}"
               # What PostgreSQL needs of the mount before it is run there:
               # its user may create files, and owners are kept.
               if ! { mkdir "$MNT/pgcheck" && chown postgres: "$MNT/pgcheck" &&

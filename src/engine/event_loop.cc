@@ -200,7 +200,7 @@ int64_t Loop::InFlight() const {
   return n;
 }
 
-int Loop::Wait(epoll_event* evs, int timeout_ms, Clock::time_point next, bool poll) {
+int Loop::Wait(epoll_event* evs, Clock::time_point next, bool poll) {
   if (poll) {
     const auto until = std::min(next, Clock::now() + busy_poll_);
     uint64_t polls = 0;
@@ -211,10 +211,11 @@ int Loop::Wait(epoll_event* evs, int timeout_ms, Clock::time_point next, bool po
     } while (n == 0 && Clock::now() < until);
     busy_polls_.fetch_add(polls, std::memory_order_relaxed);
     if (n != 0) return n;
-    if (timeout_ms > 0) {
-      auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
-    }
+  }
+  int timeout_ms = -1;  // next == max: until woken
+  if (next != Clock::time_point::max()) {
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+    timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
   }
   return epoll_wait(epfd_, evs, 64, timeout_ms);
 }
@@ -225,21 +226,21 @@ void Loop::Main() {
   MutexLock run(run_mu_);
   running_ = true;
   // The loop has handled events since it last slept or polled in vain: a
-  // pass that only drains mail or tasks (timeout 0) keeps it so.
+  // pass that only drains mail or tasks keeps it so.
   bool had_events = false;
   for (;;) {
-    int timeout_ms = -1;
+    bool work = false;  // mail or tasks waiting: look at the sockets, do not sleep
     bool stop;
     auto next = Clock::time_point::max();
     {
       MutexLock lock(mu_);
       stop = stop_;
-      if (!mail_.empty() || !tasks_.empty()) timeout_ms = 0;
+      work = !mail_.empty() || !tasks_.empty();
       if (!timers_.empty()) next = timers_.begin()->first;
     }
     if (stop) break;
     const auto now0 = Clock::now();
-    if (timeout_ms != 0) {
+    if (!work) {
       next = std::min(next, NextDue());
       // Idle cap (see the header): a direct section's new deadlines are
       // never earlier than this, so it need not wake the loop for them. No
@@ -247,20 +248,15 @@ void Loop::Main() {
       if (idle_cap_ != Clock::duration::max() && !conns_.empty() && next - now0 > idle_cap_) {
         next = now0 + idle_cap_;
       }
-      if (next != Clock::time_point::max()) {
-        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now0).count();
-        timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
-      }
     } else {
       next = now0;
     }
-    const bool poll = busy_poll_ > Clock::duration::zero() && timeout_ms != 0 && had_events &&
-                      InFlight() <= 1;
+    const bool poll = busy_poll_ > Clock::duration::zero() && !work && had_events && InFlight() <= 1;
     sleep_until_.store(next.time_since_epoch().count(), std::memory_order_relaxed);
     awake_.store(false, std::memory_order_relaxed);
     run.Unlock();
-    int n = Wait(evs, timeout_ms, next, poll);
-    had_events = n > 0 || (had_events && timeout_ms == 0);
+    int n = Wait(evs, next, poll);
+    had_events = n > 0 || (had_events && work);
     awake_.store(true, std::memory_order_relaxed);
     wakeups_.fetch_add(1, std::memory_order_relaxed);
     run.Lock();

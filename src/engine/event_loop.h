@@ -138,8 +138,9 @@ class Loop {
   Clock::time_point NextDue() const REQUIRES(run_mu_);
   // Calls in flight on this loop's connections.
   int64_t InFlight() const REQUIRES(run_mu_);
-  // epoll_wait for events until `next`, busy polling first if `poll`.
-  int Wait(epoll_event* evs, int timeout_ms, Clock::time_point next, bool poll) EXCLUDES(run_mu_);
+  // epoll_wait for events until `next` (max: until woken), busy polling
+  // first if `poll`.
+  int Wait(epoll_event* evs, Clock::time_point next, bool poll) EXCLUDES(run_mu_);
   void Wake();
   void SyncPoll(Connection* c);
   void DrainMailbox();

@@ -37,6 +37,10 @@ SQUASHED = TB + "/squashed"
 # io_uring (fuse_uring=on, with the fuse module's enable_uring set for the
 # run and put back after); otherwise they come through /dev/fuse.
 FUSE_URING = os.environ.get("MPNFS_IT_FUSE_URING") == "1"
+# MPNFS_IT_OPTS: mount options added to every mount the tests start (e.g.
+# busy_poll=200), to run a module against an option by hand; a test's own
+# options come after them, so that they win where both name one.
+EXTRA_OPTS = os.environ.get("MPNFS_IT_OPTS", "")
 ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
 
 
@@ -171,7 +175,7 @@ def start_mount(mountpoint, opts="", source=None, foreground=True, extra=(), por
     tests name its port, which spares the lookup)."""
     o = ",".join(x for x in ("" if portmapper else "mountport=20048",
                              "fuse_uring=on" if FUSE_URING and "fuse_uring=" not in opts else "",
-                             opts) if x)
+                             EXTRA_OPTS, opts) if x)
     log = str(mountpoint) + ".log"
     args = [BIN, source or f"{SERVER}:{EXPORT}", str(mountpoint), "-o", o, *extra]
     if foreground:
